@@ -1,0 +1,175 @@
+"""What every model family provides: rendering, stop tokens, sampling defaults and a parser.
+
+A family wraps the checkpoint's own tokenizer and chat template; it never writes a prompt by hand.
+The parser it makes turns the generated text into channel deltas, which are plain dicts:
+
+    {"type": "thinking", "text": str}
+    {"type": "text", "text": str}
+    {"type": "tool_call", "index": int, "id": "call_…", "name": str,
+     "arguments": str,          # a JSON object, typed by the tool's schema
+     "raw": str,                # the model's own markup for this call, markers included
+     "outcome": "valid" | "invalid_args" | "unknown_tool"}
+    {"type": "tool_call_unparsed", "raw": str}   # counted; the same text follows as a "text" delta
+
+A tool call is emitted whole, once its closing marker has arrived: a call that is cut off or
+malformed can then still be returned as text instead of as a half-sent call a client cannot undo.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+THOUGHT = "thought"
+CONTENT = "content"
+TOOL_CALL = "tool_call"
+
+
+class RenderError(ValueError):
+    """The chat template refused the conversation; its message is meant for the client (a 400)."""
+
+
+class UnsupportedModel(ValueError):
+    """No family knows this checkpoint's output format."""
+
+
+def new_call_id() -> str:
+    # Random, not a counter: several looptrace processes may serve one conversation.
+    return "call_" + secrets.token_hex(12)
+
+
+class Parser:
+    """Incremental parser fed the generated text piece by piece (pieces split anywhere).
+
+    `channel` is where the text fed so far ends up: THOUGHT, CONTENT or TOOL_CALL.
+    """
+
+    channel: str = CONTENT
+
+    def feed(self, text: str) -> list[dict]:
+        raise NotImplementedError
+
+    def finish(self) -> list[dict]:
+        """Flush at the end of generation: held-back text, and an unfinished call as text."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A prompt as the model reads it."""
+
+    text: str  # the exact string, control tokens included
+    ids: list[int]
+    thinking: bool  # the prompt leaves the model inside its thinking channel
+
+
+class Family:
+    """Base class; one subclass per model family, chosen from config.json by `matches`.
+
+    Subclasses name their tokens as strings (`stop_tokens`, `grammar_tokens`); the ids come from
+    the checkpoint's own tokenizer, and tokens it lacks are skipped.
+    """
+
+    name: str = ""
+    model_types: tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()  # prefixes of config.json "architectures" entries
+    stop_tokens: tuple[str, ...] = ()
+    grammar_tokens: tuple[str, ...] = ()  # special tokens the parser needs to see as text
+    card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
+    # Per checkpoint, set in __init__:
+    stop_token_ids: frozenset[int]
+    grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
+
+    def __init__(self, tokenizer: Any, generation_config: dict | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config or {}
+        tok = getattr(tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
+        tok = tok if hasattr(tok, "convert_tokens_to_ids") else tokenizer
+        self.stop_token_ids = frozenset(self._stop_ids(tok))
+        self.grammar_ids = frozenset(i for i in (token_id(tok, t) for t in self.grammar_tokens) if i is not None)
+
+    @classmethod
+    def matches(cls, config: dict) -> bool:
+        text_config = config.get("text_config")
+        inner = text_config.get("model_type") if isinstance(text_config, dict) else None
+        return config.get("model_type") in cls.model_types or inner in cls.model_types
+
+    @classmethod
+    def matches_architecture(cls, config: dict) -> bool:
+        archs = config.get("architectures") or []
+        return any(isinstance(a, str) and a.startswith(cls.architectures) for a in archs)
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None,
+               enable_thinking: bool | None = None) -> Rendered:
+        """Render with the checkpoint's own template; the text is decoded back from the ids."""
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        try:
+            # sanitize: a control token typed by a user or returned by a tool is encoded as text,
+            # so it cannot close a turn or open a tool call.
+            encoded = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
+                return_dict=True, sanitize_control_tokens=True, **extra)
+        except TemplateError as exc:
+            raise RenderError(exc.message or str(exc)) from exc
+        except ValueError as exc:  # an empty conversation, say
+            raise RenderError(str(exc)) from exc
+        ids = encoded["input_ids"]
+        ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
+        # Decoded from the ids, so the stored prompt is exactly what the model read.
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text))
+
+    def prompt_leaves_thinking(self, prompt: str) -> bool:
+        return False
+
+    def sampling_defaults(self, thinking: bool) -> dict:
+        """The checkpoint's generation_config values where it has them, else the family's."""
+        values = dict(self.card_sampling[bool(thinking)])
+        config = self.generation_config
+        for key in ("temperature", "top_p", "top_k"):
+            if config.get(key) is not None:
+                values[key] = config[key]
+        if config.get("do_sample") is False:
+            values["temperature"] = 0.0  # the checkpoint asks for greedy decoding
+        return values
+
+    def new_parser(self, tools: list[dict] | None, thinking: bool) -> Parser:
+        """A parser for one generation; `tools` in OpenAI shape (None: none offered).
+
+        `thinking` is `Rendered.thinking`: whether output starts inside the thinking channel.
+        """
+        raise NotImplementedError
+
+    def forced_call_prefix(self, name: str | None, thinking: bool) -> str:
+        """Text appended to the prompt (and fed to the parser first) that starts a tool call:
+        any call for `tool_choice: "required"` (name None), else the named function.
+
+        `thinking` is whether thinking is on for the request (the enable_thinking rendered).
+        """
+        raise NotImplementedError
+
+    def _stop_ids(self, tok: Any) -> set[int]:
+        ids: set[int] = set()
+        eos = self.generation_config.get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+        if isinstance(getattr(tok, "eos_token_id", None), int):
+            ids.add(tok.eos_token_id)
+        ids.update(i for i in (token_id(tok, t) for t in self.stop_tokens) if i is not None)
+        return ids
+
+
+def token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of `token` as one token of this vocabulary, or None (never the unknown token)."""
+    added = getattr(tokenizer, "added_tokens_encoder", None) or {}
+    if token in added:
+        return added[token]
+    try:
+        i = tokenizer.convert_tokens_to_ids(token)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == token:
+        return i
+    return None

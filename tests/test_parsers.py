@@ -1,0 +1,458 @@
+"""The family parsers, fed realistic output split at every point.
+
+Every case is fed whole, one character at a time, split in two at every point, in three at every
+pair of points (near each other for long strings), and in token-like pieces; the deltas, merged
+where consecutive text of one kind was split, must be exactly the expected ones every time, and no
+delta may ever show Gemma's `<|"|>` token.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from families.chatml import ChatML, HermesParser
+from families.gemma4 import Gemma4, GemmaParser
+from families.qwen3_5 import Qwen3_5, QwenParser
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather forecast for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+WRITE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"},
+                "mode": {"type": ["integer", "null"]},
+                "force": {"type": "boolean"},
+                "ratio": {"type": "number"},
+                "opts": {"type": "object"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "note": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+            },
+            "required": ["path", "content"],
+        },
+    },
+}
+TOOLS = [WEATHER, WRITE]
+
+_ID = re.compile(r"call_[0-9a-f]{24}")
+_TOKENISH = re.compile(r'<\|"\|>|</?[\w|]+\|?>|<\|?\w+\|?>|<\w+=|\w+|\s+|.', re.S)
+FULL_THREE_WAY = 100  # longer strings get three-way splits with the two cuts near each other
+WINDOW = 10
+
+
+def call(index, name, arguments, raw, outcome="valid"):
+    return {"type": "tool_call", "index": index, "id": "ID", "name": name,
+            "arguments": json.dumps(arguments, ensure_ascii=False), "raw": raw, "outcome": outcome}
+
+
+def text(s):
+    return {"type": "text", "text": s}
+
+
+def thinking(s):
+    return {"type": "thinking", "text": s}
+
+
+def unparsed(raw, shown=None, then=""):
+    """An unparsed call, then its markup as text (merged with the text that follows it)."""
+    return [{"type": "tool_call_unparsed", "raw": raw}, text((raw if shown is None else shown) + then)]
+
+
+def splits(s: str):
+    n = len(s)
+    yield [s]
+    yield list(s)
+    yield _TOKENISH.findall(s)
+    for i in range(1, n):
+        yield [s[:i], s[i:]]
+    for i in range(1, n):
+        for j in range(i + 1, n if n <= FULL_THREE_WAY else min(n, i + WINDOW)):
+            yield [s[:i], s[i:j], s[j:]]
+
+
+def run(parser, pieces) -> list[dict]:
+    deltas = []
+    for piece in pieces:
+        deltas += parser.feed(piece)
+    deltas += parser.finish()
+    return deltas
+
+
+def normalize(deltas: list[dict]) -> list[dict]:
+    """Check what must hold for every delta, then merge split text so splits compare equal."""
+    merged: list[dict] = []
+    for i, d in enumerate(deltas):
+        d = dict(d)
+        if d["type"] in ("text", "thinking"):
+            assert d["text"], "empty text delta"
+        for key in ("text", "arguments"):  # Gemma's string token is never shown to a client
+            assert '<|"|>' not in d.get(key, ""), d
+        if d["type"] == "tool_call":
+            assert _ID.fullmatch(d["id"]), d["id"]
+            json.loads(d["arguments"])
+            d["id"] = "ID"
+        if d["type"] == "tool_call_unparsed":  # the raw markup follows as text, never dropped
+            assert deltas[i + 1]["type"] == "text"
+        if merged and d["type"] in ("text", "thinking") and merged[-1]["type"] == d["type"]:
+            merged[-1] = {**merged[-1], "text": merged[-1]["text"] + d["text"]}
+        else:
+            merged.append(d)
+    return merged
+
+
+def check(make, s: str, expected: list[dict]) -> None:
+    """All splits of `s` give exactly `expected`; `make()` returns a fresh parser."""
+    assert normalize(run(make(), [s])) == expected
+    for pieces in splits(s):
+        got = normalize(run(make(), pieces))
+        assert got == expected, pieces
+
+
+def bare(cls):
+    """A family instance for its tokenizer-free methods (forced_call_prefix)."""
+    return cls.__new__(cls)
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen3.5
+# ---------------------------------------------------------------------------------------------
+
+
+def qwen(thinking=False, tools=TOOLS):
+    return lambda: QwenParser(tools, thinking)
+
+
+def test_qwen_plain_text():
+    s = "Hello <b>world</b>: a < b, 2<3 and x<-y.\nSecond line <thinking> is just text."
+    check(qwen(), s, [text(s)])
+
+
+def test_qwen_prompt_inside_think():
+    s = "The user asks about Paris.\n\nIt is the capital.\n</think>\n\nParis is the capital of France."
+    check(qwen(thinking=True), s, [
+        thinking("The user asks about Paris.\n\nIt is the capital."),
+        text("Paris is the capital of France."),
+    ])
+
+
+def test_qwen_model_opens_think_itself_before_content():
+    check(qwen(), "\n<think>\nhmm, easy\n</think>\n\nAnswer: 4", [thinking("hmm, easy"), text("Answer: 4")])
+
+
+def test_qwen_think_tag_after_content_is_text():
+    check(qwen(), "Use a <think> tag.", [text("Use a <think> tag.")])
+
+
+def test_qwen_repeated_think_tag_at_thinking_start_is_dropped():
+    check(qwen(thinking=True), "<think>\nA <think> tag.\n</think>\n\nB", [thinking("A <think> tag."), text("B")])
+
+
+def test_qwen_truncated_inside_thinking():
+    check(qwen(thinking=True), "Still thinking about </thi", [thinking("Still thinking about </thi")])
+
+
+WEATHER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_qwen_several_calls_typed_values():
+    write = ("<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/a.py\n</parameter>\n"
+             "<parameter=content>\ndef f():\n    return '</parameter>'\n</parameter> not yet\n\n</parameter>\n"
+             "<parameter=mode>\n420\n</parameter>\n<parameter=force>\ntrue\n</parameter>\n"
+             "<parameter=ratio>\n2.50\n</parameter>\n<parameter=opts>\n{\"a\": [1, {\"b\": null}]}\n</parameter>\n"
+             "<parameter=tags>\n[\"x\", \"y,}\"]\n</parameter>\n<parameter=note>\nnull\n</parameter>\n"
+             "</function>\n</tool_call>")
+    s = "I'll check.\n\n" + WEATHER_CALL + "\n" + write
+    check(qwen(), s, [
+        text("I'll check.\n\n"),
+        call(0, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL),
+        call(1, "write_file", {
+            "path": "/tmp/a.py",
+            "content": "def f():\n    return '</parameter>'\n</parameter> not yet\n",
+            "mode": 420, "force": True, "ratio": 2.5, "opts": {"a": [1, {"b": None}]},
+            "tags": ["x", "y,}"], "note": None,
+        }, write),
+    ])
+
+
+def test_qwen_call_inside_thinking_returns_to_thinking():
+    s = "I need the weather.\n" + WEATHER_CALL + "\nThen answer.\n</think>\n\nDone."
+    check(qwen(thinking=True), s, [
+        thinking("I need the weather.\n"),
+        call(0, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL),
+        thinking("Then answer."),
+        text("Done."),
+    ])
+
+
+def test_qwen_truncated_call_is_text():
+    s = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"
+    check(qwen(), s, [text("Checking.\n"), *unparsed(s[len("Checking.\n"):])])
+
+
+def test_qwen_bare_opener_then_text_streams_on():
+    check(qwen(), "Write <tool_call> tags, then </tool_call>.", [
+        text("Write "), *unparsed("<tool_call> ", then="tags, then </tool_call>."),
+    ])
+
+
+def test_qwen_garbage_decided_early():
+    # JSON after the opener cannot become `<function=`: it streams on as text at once.
+    parser = QwenParser(TOOLS, False)
+    assert parser.feed("<tool_call>\n{") == [
+        {"type": "tool_call_unparsed", "raw": "<tool_call>\n"}, text("<tool_call>\n"), text("{")]
+
+
+def test_qwen_second_opener_restarts():
+    s = "<tool_call><tool_call>\n<function=f>\n</function>\n</tool_call>"
+    check(qwen(tools=None), s, [*unparsed("<tool_call>"), call(0, "f", {}, s[len("<tool_call>") :])])
+
+
+def test_qwen_unknown_tool_and_invalid_args():
+    unknown = ("<tool_call>\n<function=search>\n<parameter=q>\nParis\n</parameter>\n"
+               "<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>")
+    bad = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+           "<parameter=days>\nabc\n</parameter>\n</function>\n</tool_call>")
+    missing = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>"
+    check(qwen(), unknown + bad + missing, [
+        call(0, "search", {"q": "Paris", "n": 5}, unknown, "unknown_tool"),
+        call(1, "get_weather", {"city": "Paris", "days": "abc"}, bad, "invalid_args"),
+        call(2, "get_weather", {"city": "42"}, missing, "invalid_args"),
+    ])
+
+
+def test_qwen_no_tools_offered_still_parses():
+    check(qwen(tools=None), WEATHER_CALL, [call(0, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL)])
+
+
+@pytest.mark.parametrize("thinking_on", [True, False])
+def test_qwen_forced_call_prefix(thinking_on):
+    prefix = bare(Qwen3_5).forced_call_prefix("get_weather", thinking_on)
+    assert prefix == ("\n</think>\n\n" if thinking_on else "") + "<tool_call>\n<function=get_weather>\n"
+    rest = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    raw = "<tool_call>\n<function=get_weather>\n" + rest
+    check(qwen(thinking_on), prefix + rest, [call(0, "get_weather", {"city": "Paris", "days": 3}, raw)])
+    assert bare(Qwen3_5).forced_call_prefix(None, thinking_on).endswith("<tool_call>\n<function=")
+
+
+def test_qwen_stop_tokens_that_slip_through_are_dropped():
+    check(qwen(), "Hi.<|im_end|>", [text("Hi.")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma 4
+# ---------------------------------------------------------------------------------------------
+
+
+def gemma(tools=TOOLS, thinking=False):
+    return lambda: GemmaParser(tools, thinking)
+
+
+Q = '<|"|>'
+G_WEATHER = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>"
+
+
+def test_gemma_thinking_off_starts_in_content():
+    check(gemma(), "The capital is Paris, {not a call}.", [text("The capital is Paris, {not a call}.")])
+
+
+def test_gemma_thinking_on():
+    s = "<|channel>thought\nThe user asks.\nEasy.\n<channel|>Paris."
+    check(gemma(thinking=True), s, [thinking("The user asks.\nEasy."), text("Paris.")])
+
+
+def test_gemma_other_channel_names_are_thinking():
+    check(gemma(), "<|channel>analysis\nhm<channel|>ok", [thinking("hm"), text("ok")])
+
+
+def test_gemma_calls_back_to_back_with_nested_values():
+    write = (f"<|tool_call>call:write_file{{path:{Q}/tmp/a, b: c}}.txt{Q},content:{Q}line 1\nline {{2}}, [3]{Q},"
+             f"mode:null,force:false,ratio:-1.5,opts:{{k:{Q}v{Q},n:{{deep:[1,{Q}x{Q},true]}}}},"
+             f"tags:[{Q}a{Q},{Q}b,c{Q}]}}<tool_call|>")
+    s = "Let me do both." + G_WEATHER + write
+    check(gemma(), s, [
+        text("Let me do both."),
+        call(0, "get_weather", {"city": "Paris", "days": 3}, G_WEATHER),
+        call(1, "write_file", {
+            "path": "/tmp/a, b: c}.txt", "content": "line 1\nline {2}, [3]", "mode": None, "force": False,
+            "ratio": -1.5, "opts": {"k": "v", "n": {"deep": [1, "x", True]}}, "tags": ["a", "b,c"],
+        }, write),
+    ])
+
+
+def test_gemma_call_inside_thinking():
+    s = "<|channel>thought\nI need the weather." + G_WEATHER + "then answer\n<channel|>Done."
+    check(gemma(), s, [
+        thinking("I need the weather."),
+        call(0, "get_weather", {"city": "Paris", "days": 3}, G_WEATHER),
+        thinking("then answer"),
+        text("Done."),
+    ])
+
+
+def test_gemma_truncated_call_is_text_without_quote_token():
+    s = f"Sure.<|tool_call>call:get_weather{{city:{Q}Par"
+    check(gemma(), s, [text("Sure."), *unparsed(s[5:], '<|tool_call>call:get_weather{city:"Par')])
+
+
+def test_gemma_bare_opener_then_text():
+    check(gemma(), "<|tool_call>Sorry, I can't.", unparsed("<|tool_call>", then="Sorry, I can't."))
+
+
+def test_gemma_malformed_arguments_are_text():
+    s = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q} days:3}}<tool_call|>After."
+    check(gemma(), s, unparsed(s[:-6], '<|tool_call>call:get_weather{city:"Paris" days:3}<tool_call|>', "After."))
+
+
+def test_gemma_quote_token_never_shown():
+    check(gemma(), f"He said {Q}hi{Q}.", [text('He said "hi".')])
+
+
+def test_gemma_unknown_tool_and_invalid_args():
+    unknown = f"<|tool_call>call:search{{q:{Q}x{Q}}}<tool_call|>"
+    bad = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:{Q}abc{Q}}}<tool_call|>"
+    quoted = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:{Q}3{Q}}}<tool_call|>"
+    check(gemma(), unknown + bad + quoted, [
+        call(0, "search", {"q": "x"}, unknown, "unknown_tool"),
+        call(1, "get_weather", {"city": "Paris", "days": "abc"}, bad, "invalid_args"),
+        call(2, "get_weather", {"city": "Paris", "days": 3}, quoted),
+    ])
+
+
+@pytest.mark.parametrize("thinking_on", [True, False])
+def test_gemma_forced_call_prefix(thinking_on):
+    prefix = bare(Gemma4).forced_call_prefix("get_weather", thinking_on)
+    assert prefix == ("<|channel>thought\n<channel|>" if thinking_on else "") + "<|tool_call>call:get_weather{"
+    rest = f"city:{Q}Paris{Q},days:3}}<tool_call|>"
+    check(gemma(thinking=thinking_on), prefix + rest, [call(0, "get_weather", {"city": "Paris", "days": 3}, G_WEATHER)])
+    assert bare(Gemma4).forced_call_prefix(None, thinking_on).endswith("<|tool_call>call:")
+
+
+def test_gemma_stop_tokens_that_slip_through_are_dropped():
+    check(gemma(), "Done.<turn|>" + G_WEATHER + "<|tool_response>", [
+        text("Done."), call(0, "get_weather", {"city": "Paris", "days": 3}, G_WEATHER)])
+
+
+# ---------------------------------------------------------------------------------------------
+# ChatML / Hermes
+# ---------------------------------------------------------------------------------------------
+
+
+def hermes(tools=TOOLS, thinking=False):
+    return lambda: HermesParser(tools, thinking)
+
+
+H_WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "days": 3}}\n</tool_call>'
+
+
+def test_hermes_plain_and_thinking():
+    check(hermes(thinking=True), "Hmm {x}.\n</think>\n\nHi {there}.", [thinking("Hmm {x}."), text("Hi {there}.")])
+
+
+def test_hermes_calls_with_braces_in_strings_and_string_arguments():
+    as_string = ('<tool_call>\n{"name": "write_file", "arguments": "{\\"path\\": \\"a.txt\\", '
+                 '\\"content\\": \\"}</tool_call>{\\\\\\"\\"}"}\n</tool_call>')
+    alias = '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Rome", "days": "2"}}\n</tool_call>'
+    s = "Calling.\n" + H_WEATHER + "\n" + as_string + "\n" + alias + "\n"
+    check(hermes(), s, [
+        text("Calling.\n"),
+        call(0, "get_weather", {"city": "Pa}ris", "days": 3}, H_WEATHER),
+        call(1, "write_file", {"path": "a.txt", "content": '}</tool_call>{"'}, as_string),
+        call(2, "get_weather", {"city": "Rome", "days": 2}, alias),
+    ])
+
+
+def test_hermes_call_inside_thinking():
+    s = "Need data.\n" + H_WEATHER + "\nok\n</think>\n\nDone."
+    check(hermes(thinking=True), s, [
+        thinking("Need data.\n"),
+        call(0, "get_weather", {"city": "Pa}ris", "days": 3}, H_WEATHER),
+        thinking("ok"),
+        text("Done."),
+    ])
+
+
+def test_hermes_json_that_does_not_parse_is_text():
+    bad = '<tool_call>\n{"name": get_weather, "arguments": {}}\n</tool_call>'
+    nameless = '<tool_call>\n{"arguments": {"city": "Paris"}}\n</tool_call>'
+    check(hermes(), bad + "x" + nameless, [*unparsed(bad, then="x"), *unparsed(nameless)])
+
+
+def test_hermes_truncated_and_bare_opener():
+    check(hermes(), "<tool_call> please", unparsed("<tool_call> ", then="please"))
+    s = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    check(hermes(), s, unparsed(s))
+
+
+def test_hermes_outcomes():
+    unknown = '<tool_call>{"name": "search", "arguments": {"q": 1}}</tool_call>'
+    bad = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": "soon"}}</tool_call>'
+    check(hermes(), unknown + bad, [
+        call(0, "search", {"q": 1}, unknown, "unknown_tool"),
+        call(1, "get_weather", {"city": "Paris", "days": "soon"}, bad, "invalid_args"),
+    ])
+    check(hermes(tools=None), unknown, [call(0, "search", {"q": 1}, unknown)])
+
+
+def test_hermes_forced_call_prefix():
+    prefix = bare(ChatML).forced_call_prefix("get_weather", False)
+    assert prefix == '<tool_call>\n{"name": "get_weather", "arguments": '
+    rest = '{"city": "Paris", "days": 3}}\n</tool_call>'
+    check(hermes(), prefix + rest, [call(0, "get_weather", {"city": "Paris", "days": 3}, prefix + rest)])
+    # Fed into a parser that starts in thinking (the prompt ended in `<think>`), it is still a call.
+    anonymous = bare(ChatML).forced_call_prefix(None, True)
+    assert anonymous == '<tool_call>\n{"name": "'
+    check(hermes(thinking=True), anonymous + 'get_weather", "arguments": ' + rest + "\n</think>\n\nok", [
+        call(0, "get_weather", {"city": "Paris", "days": 3}, prefix + rest), text("ok")])
+
+
+def test_gemma_channel_name_too_long_is_thinking():
+    long = "x" * 70 + "\nrest"
+    check(gemma(), "<|channel>" + long + "<channel|>ok", [thinking(long), text("ok")])
+    check(gemma(), "<|channel>thou", [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Random output built from marker fragments: whole, char by char and at random cuts, all the same
+# ---------------------------------------------------------------------------------------------
+
+FRAGMENTS = {
+    QwenParser: ["<think>", "</think>", "<tool_call>", "</tool_call>", "\n", "<function=get_weather>", "<function=",
+                 "<parameter=city>", "<parameter=days>", "</parameter>", "</function>", "Paris", "3", " ", "<", "a"],
+    GemmaParser: ["<|channel>", "<channel|>", "thought\n", "<|tool_call>", "<tool_call|>", "call:", "get_weather",
+                  "{", "}", "[", "]", ",", ":", Q, "city", "days", "3", " ", "\n", "<", "<turn|>"],
+    HermesParser: ["<think>", "</think>", "<tool_call>", "</tool_call>", "\n", '{"name": "get_weather", "arguments": ',
+                   "{", "}", '"', "\\", '"city"', ":", ",", "3", " ", "<"],
+}
+
+
+@pytest.mark.parametrize("parser", list(FRAGMENTS), ids=lambda p: p.__name__)
+def test_random_fragments_are_split_invariant(parser):
+    rng = random.Random(20260401)
+    for _ in range(400):
+        s = "".join(rng.choice(FRAGMENTS[parser]) for _ in range(rng.randint(1, 30)))
+        thinking_on = rng.random() < 0.5
+        expected = normalize(run(parser(TOOLS, thinking_on), [s]))
+        cuts = sorted(rng.sample(range(1, len(s)), min(len(s) - 1, 5))) if len(s) > 1 else []
+        pieces = [s[i:j] for i, j in zip([0, *cuts], [*cuts, len(s)])]
+        assert normalize(run(parser(TOOLS, thinking_on), pieces)) == expected, pieces
+        assert normalize(run(parser(TOOLS, thinking_on), list(s))) == expected, s
