@@ -1,0 +1,47 @@
+"""Loading weights for the local backend: device and dtype chosen once, here."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .checkpoint import Checkpoint, fetch
+from .detokenize import Vocabulary
+from .local import LocalBackend
+
+log = logging.getLogger("looptrace")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    # float32 on a CPU keeps greedy output identical to generate() in full precision; a GPU gets bfloat16.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(checkpoint: Checkpoint, *, dtype: str = "auto", device: str = "auto"):
+    from transformers import AutoModelForCausalLM
+
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, target)
+    folder = fetch(checkpoint)
+    log.info("loading weights from %s (%s, %s)", folder, torch_dtype, target)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **checkpoint.load_kwargs())
+    return model.to(target).eval()
+
+
+def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings) -> LocalBackend:
+    model = load_model(checkpoint, dtype=settings.dtype, device=settings.device)
+    return LocalBackend(model, vocab, max_queue=settings.max_queue)

@@ -1,0 +1,93 @@
+"""The replay backend: recorded model output served again, one recorded step per request.
+
+Each step is the raw text the model wrote (special tokens included) or its token ids. The text is
+tokenized with the checkpoint's own tokenizer and goes through the same parser, API adapters and
+tracing as real decoding, token by token: a session reproduces without a GPU, and real clients can
+be driven through tool calls deterministically. It promises the recorded tokens, not their
+probabilities: every token is reported with p = 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from .base import BackendError, DecodeRequest
+from .detokenize import Vocabulary
+
+
+def read_steps(path: str | Path) -> list[dict]:
+    steps = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(step, dict) or not (isinstance(step.get("text"), str) or isinstance(step.get("token_ids"), list)):
+            raise ValueError(f'{path}:{number}: expected {{"text": "..."}} or {{"token_ids": [...]}}')
+        steps.append(step)
+    if not steps:
+        raise ValueError(f"{path} holds no steps")
+    return steps
+
+
+class ReplayBackend:
+    name = "replay"
+
+    def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        tokenizer = vocab.tokenizer
+        self._steps = [
+            list(step["token_ids"]) if "token_ids" in step else tokenizer.encode(step["text"], add_special_tokens=False)
+            for step in steps
+        ]
+        self._next = 0
+        self.running = 0
+        self.waiting = 0
+
+    async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
+        if self._next >= len(self._steps):
+            raise BackendError(
+                f"the replay has no step left: all {len(self._steps)} recorded steps were served",
+                status=500, code="replay_exhausted",
+            )
+        ids = self._steps[self._next]
+        self._next += 1
+        self.running += 1
+        try:
+            yield {"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": 0, "seconds": 0.0}
+            special = self.vocab.special
+            detokenizer = self.vocab.detokenizer(request.prompt_ids[-4:])
+            started = time.perf_counter()
+            count, finish = 0, "stop"  # a recording that ends without a stop token was a whole answer
+            for token_id in ids:
+                if request.cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if count >= request.max_tokens:
+                    finish = "length"
+                    break
+                stop = token_id in request.stop_ids
+                yield {
+                    "type": "token", "index": count, "id": token_id, "piece": self.vocab.piece(token_id),
+                    "text": "" if stop else detokenizer.step(token_id), "special": token_id in special,
+                    "logprob": 0.0, "p": 1.0, "rank": 1, "top_ids": [token_id], "top_logprobs": [0.0],
+                }
+                count += 1
+                if stop:
+                    break
+                await asyncio.sleep(0)  # let the loop see a disconnect between tokens
+            seconds = time.perf_counter() - started
+            yield {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
+                   "tokens_per_second": (count - 1) / seconds if count > 1 and seconds > 0 else 0.0,
+                   "drafts": 0, "drafted": 0, "accepted": 0}
+        finally:
+            self.running -= 1
+
+    async def close(self) -> None:
+        return None

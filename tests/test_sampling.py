@@ -1,0 +1,69 @@
+"""The sampling steps, in the promised order, and the per-token report."""
+
+import math
+
+import pytest
+import torch
+
+from backends.base import SamplingParams
+from backends.sampling import choose, generator_for, report
+
+
+def draws(logits, params, n=4000, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(logits.numel())
+    for _ in range(n):
+        counts[choose(logits, params, generator)] += 1
+    return counts / n
+
+
+def test_greedy_takes_the_lowest_id_among_equal_maxima():
+    logits = torch.tensor([0.0, 3.0, 1.0, 3.0, 3.0])
+    assert choose(logits, SamplingParams(temperature=0), None).item() == 1
+
+
+def test_top_k_one_is_greedy_at_any_temperature():
+    logits = torch.tensor([0.1, 0.2, 2.0, 0.3])
+    params = SamplingParams(temperature=1.5, top_k=1)
+    assert set(draws(logits, params, n=200).nonzero().flatten().tolist()) == {2}
+
+
+def test_top_p_keeps_tokens_until_the_mass_is_reached_then_renormalises():
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    freq = draws(probs.log(), SamplingParams(temperature=1.0, top_p=0.7))
+    # 0.5 < 0.7 so the second token stays; 0.8 >= 0.7 so the third goes.
+    assert freq[2] == 0
+    assert freq[0] == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_top_p_keeps_at_least_one_token():
+    probs = torch.tensor([0.6, 0.4])
+    assert draws(probs.log(), SamplingParams(temperature=1.0, top_p=0.01), n=300)[0] == 1.0
+
+
+def test_temperature_divides_before_top_k_and_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -5.0])
+    freq = draws(logits, SamplingParams(temperature=2.0, top_k=3), n=6000)
+    expected = torch.softmax(torch.tensor([1.0, 0.5, 0.0]), dim=-1)
+    assert freq[3] == 0
+    assert torch.allclose(freq[:3], expected, atol=0.03)
+
+
+def test_a_seed_reproduces_the_draws():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    params = SamplingParams(temperature=1.0, seed=1234)
+    first = [choose(logits, params, g).item() for g in [generator_for(params, torch.device("cpu"))] for _ in range(20)]
+    second = [choose(logits, params, g).item() for g in [generator_for(params, torch.device("cpu"))] for _ in range(20)]
+    assert first == second and len(set(first)) > 1
+
+
+def test_report_gives_the_models_own_logprob_rank_and_top_five():
+    logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
+    numbers = report(logits, torch.tensor(2))
+    logprobs = torch.log_softmax(logits, dim=-1)
+    assert numbers[0] == 2
+    assert numbers[1] == pytest.approx(logprobs[2].item())
+    assert numbers[2] == 4  # 4.0, 3.0 and 2.5 are more likely
+    assert [int(i) for i in numbers[3:8]] == [1, 3, 5, 2, 0]
+    assert numbers[8] == pytest.approx(logprobs[1].item())
+    assert math.exp(numbers[1]) == pytest.approx(torch.softmax(logits, -1)[2].item())
