@@ -1,0 +1,69 @@
+"""Type checks for request bodies that name the offending field, so a 400 says exactly what is wrong.
+
+Written by hand instead of with a schema library: the API's own types are few, unknown fields must
+pass through silently, and the error must carry OpenAI's `param`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from .errors import invalid
+
+_MISSING = object()
+
+TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array", dict: "an object"}
+
+
+async def json_body(request: web.Request) -> dict:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def field(obj: dict, key: str, kind: type, param: str, *, required: bool = False, default: Any = None,
+          nullable: bool = True) -> Any:
+    """obj[key] checked against `kind` (int accepts no bools; float accepts ints)."""
+    value = obj.get(key, _MISSING)
+    if value is _MISSING or (value is None and nullable):
+        if required:
+            raise invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+        return default
+    if not is_a(value, kind):
+        raise invalid(
+            f"Invalid type for '{param}': expected {TYPE_NAMES[kind]}, but got {describe(value)}.",
+            param=param, code="invalid_type",
+        )
+    return float(value) if kind is float else value
+
+
+def is_a(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def describe(value: Any) -> str:
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"),
+                       (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def in_range(value: float | int | None, param: str, low: float | None = None, high: float | None = None) -> None:
+    if value is None:
+        return
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if low is not None and high is not None else (
+            f"at least {low}" if low is not None else f"at most {high}")
+        raise invalid(f"Invalid value for '{param}': {value} is not {bounds}.", param=param)

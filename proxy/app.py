@@ -1,0 +1,68 @@
+"""The aiohttp application: routes, authentication, and the model's lifetime."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from aiohttp import web
+
+from .chat import chat_completions
+from .errors import APIError, error_middleware
+from .keys import RUNTIME, SETTINGS
+from .runtime import Runtime
+from .settings import Settings
+
+PUBLIC_PATHS = ("/health", "/metrics")
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, _auth_middleware], client_max_size=256 * 1024**2)
+    app[SETTINGS] = settings
+    app[RUNTIME] = runtime or Runtime(settings)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+async def _start(app: web.Application) -> None:
+    app[RUNTIME].start()
+
+
+async def _stop(app: web.Application) -> None:
+    await app[RUNTIME].close()
+
+
+@web.middleware
+async def _auth_middleware(request: web.Request, handler):
+    key = request.app[SETTINGS].api_key
+    if key and request.path not in PUBLIC_PATHS:
+        given = request.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(
+                401, "Incorrect API key provided: send it as 'Authorization: Bearer KEY'." if given
+                else "No API key provided: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key",
+            )
+    return await handler(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    body = request.app[RUNTIME].health()
+    return web.json_response(body, status=200 if body["status"] == "ready" else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    await runtime.ready()
+    return web.json_response({"object": "list", "data": [{
+        "id": runtime.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "looptrace",
+        "max_model_len": runtime.max_model_len,
+        "root": runtime.settings.model,
+    }]})

@@ -1,0 +1,66 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+from aiohttp import web
+
+from backends.base import BackendError
+
+from ._validate import json_body
+from .chat_request import parse_chat
+from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
+from .errors import APIError, model_not_found
+from .generation import Generation
+from .keys import RUNTIME
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME]
+    body = await json_body(request)
+    generation_request, options = parse_chat(body)
+    await runtime.ready()
+    if options.model != runtime.model_name:
+        raise model_not_found(options.model, runtime.model_name)
+
+    generation = Generation(runtime, generation_request)
+    await generation.prepare()
+    texts = TokenTexts(runtime.tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
+    try:
+        if options.stream:
+            return await _stream(request, generation, ChatStream(runtime.model_name, include_usage=options.include_usage,
+                                                                 logprobs=texts))
+        collector = ChatCollector(runtime.model_name, texts)
+        async with aclosing(generation.run()) as steps:
+            async for event, deltas in steps:
+                collector.add(event, deltas)
+        return web.json_response(collector.body(generation))
+    except BackendError as err:
+        raise APIError(err.status, err.message, type="server_error" if err.status >= 500 else "invalid_request_error",
+                       code=err.code) from err
+    finally:
+        generation.cancel()  # a client that went away stops its generation
+
+
+async def _stream(request: web.Request, generation: Generation, stream: ChatStream) -> web.StreamResponse:
+    async with aclosing(generation.run()) as steps:
+        # Headers wait for the first token, so a refusal during prefill still gets its own status code.
+        first = await anext(steps, None)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(stream.start())
+        try:
+            if first is not None:
+                await response.write(stream.frames(*first))
+                async for event, deltas in steps:
+                    frame = stream.frames(event, deltas)
+                    if frame:
+                        await response.write(frame)
+            await response.write(stream.finish(generation))
+        except BackendError as err:
+            # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+            await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
+        return response

@@ -1,0 +1,227 @@
+"""A Chat Completions request body → a `GenerationRequest`, refusing bad input with a precise 400."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ._validate import field, in_range, is_a
+from .errors import invalid
+from .generation import GenerationRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 5  # the backends report the five most likely tokens
+
+
+@dataclass(slots=True)
+class ChatOptions:
+    model: str
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+
+
+def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
+    model = field(body, "model", str, "model", required=True)
+    messages = [_message(m, i) for i, m in enumerate(_messages(body))]
+    tools = parse_tools(field(body, "tools", list, "tools"))
+    tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
+
+    max_tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = field(body, max_tokens_param, int, max_tokens_param)
+    in_range(max_tokens, max_tokens_param, 1)
+    temperature = field(body, "temperature", float, "temperature")
+    in_range(temperature, "temperature", 0, 2)
+    top_p = field(body, "top_p", float, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
+    top_k = field(body, "top_k", int, "top_k")
+    in_range(top_k, "top_k", -1)
+    n = field(body, "n", int, "n", default=1)
+    if n != 1:
+        raise invalid("Only n=1 is supported: this server decodes one sequence per request.", param="n")
+
+    logprobs = field(body, "logprobs", bool, "logprobs", default=False)
+    top_logprobs = field(body, "top_logprobs", int, "top_logprobs")
+    in_range(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top_logprobs and not logprobs:
+        raise invalid("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
+
+    stream = field(body, "stream", bool, "stream", default=False)
+    stream_options = field(body, "stream_options", dict, "stream_options", default={})
+    include_usage = field(stream_options, "include_usage", bool, "stream_options.include_usage", default=False)
+
+    request = GenerationRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=field(body, "parallel_tool_calls", bool, "parallel_tool_calls", default=True),
+        enable_thinking=_thinking(body),
+        max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=field(body, "seed", int, "seed"),
+        stop=_stop(body.get("stop")),
+        top_logprobs=(top_logprobs or 0) if logprobs else None,
+    )
+    return request, ChatOptions(model=model, stream=stream, include_usage=include_usage, logprobs=logprobs)
+
+
+def _messages(body: dict) -> list:
+    messages = field(body, "messages", list, "messages", required=True)
+    if not messages:
+        raise invalid("'messages' must hold at least one message.", param="messages", code="empty_array")
+    return messages
+
+
+def _message(message: object, i: int) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+    role = field(message, "role", str, f"{where}.role", required=True)
+    if role not in ROLES:
+        raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of {', '.join(ROLES)}.",
+                      param=f"{where}.role")
+    # Chat templates know "system"; "developer" is OpenAI's newer name for the same turn.
+    out: dict = {"role": "system" if role == "developer" else role, "content": _content(message, where, role)}
+    if role == "assistant":
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise invalid(f"Invalid type for '{where}.reasoning_content': expected a string.",
+                              param=f"{where}.reasoning_content", code="invalid_type")
+            out["reasoning_content"] = reasoning
+        calls = field(message, "tool_calls", list, f"{where}.tool_calls")
+        if calls:
+            out["tool_calls"] = [_history_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+    elif role == "tool":
+        out["tool_call_id"] = field(message, "tool_call_id", str, f"{where}.tool_call_id", default="")
+        name = field(message, "name", str, f"{where}.name")
+        if name:
+            out["name"] = name
+    return out
+
+
+def _content(message: dict, where: str, role: str) -> str | None:
+    content = message.get("content")
+    if content is None:
+        if role in ("assistant", "tool"):
+            return None if role == "assistant" else ""
+        raise invalid(f"Missing required parameter: '{where}.content'.", param=f"{where}.content",
+                      code="missing_required_parameter")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"Invalid type for '{where}.content': expected a string or an array of content parts.",
+                      param=f"{where}.content", code="invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        if not isinstance(part, dict):
+            raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            texts.append(field(part, "text", str, f"{param}.text", required=True))
+        elif kind in ("image_url", "input_image", "input_audio", "file"):
+            raise invalid(f"'{param}' is {kind}: this server accepts text content only.", param=param,
+                          code="unsupported_content")
+        else:
+            raise invalid(f"Invalid value for '{param}.type': {kind!r}.", param=f"{param}.type")
+    # Joined into one string, as vLLM does: not every template can take a list of parts.
+    return "\n".join(texts)
+
+
+def _history_call(call: object, where: str) -> dict:
+    if not isinstance(call, dict):
+        raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+    function = field(call, "function", dict, f"{where}.function", required=True)
+    name = field(function, "name", str, f"{where}.function.name", required=True)
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise invalid(f"'{where}.function.arguments' is not valid JSON: {exc}",
+                          param=f"{where}.function.arguments") from exc
+    if not isinstance(arguments, dict):
+        raise invalid(f"'{where}.function.arguments' must be a JSON object.", param=f"{where}.function.arguments")
+    out = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    call_id = call.get("id")
+    if isinstance(call_id, str):
+        out["id"] = call_id
+    return out
+
+
+def parse_tools(tools: list | None) -> list[dict] | None:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+        if tool.get("type", "function") != "function":
+            raise invalid(f"Invalid value for '{where}.type': {tool.get('type')!r}; only 'function' tools are "
+                          "supported here.", param=f"{where}.type")
+        function = field(tool, "function", dict, f"{where}.function", required=True)
+        name = field(function, "name", str, f"{where}.function.name", required=True)
+        if not name:
+            raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
+        spec = {"name": name}
+        description = field(function, "description", str, f"{where}.function.description")
+        if description is not None:
+            spec["description"] = description
+        parameters = field(function, "parameters", dict, f"{where}.function.parameters")
+        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": spec})
+    return out
+
+
+def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise invalid(f"Invalid value for 'tool_choice': {choice!r}; expected 'auto', 'none', 'required' or a "
+                          "named function.", param="tool_choice")
+        if choice == "required" and not tools:
+            raise invalid("'tool_choice' is 'required' but no tools were given.", param="tool_choice")
+        return choice
+    if isinstance(choice, dict):
+        function = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+        name = function.get("name")
+        if not isinstance(name, str):
+            raise invalid("'tool_choice' names no function.", param="tool_choice")
+        if name not in {t["function"]["name"] for t in tools or []}:
+            raise invalid(f"'tool_choice' names the function {name!r}, which is not among the tools.",
+                          param="tool_choice")
+        return {"name": name}
+    raise invalid("Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice",
+                  code="invalid_type")
+
+
+def _thinking(body: dict) -> bool | None:
+    kwargs = field(body, "chat_template_kwargs", dict, "chat_template_kwargs", default={})
+    thinking = field(kwargs, "enable_thinking", bool, "chat_template_kwargs.enable_thinking")
+    if thinking is not None:
+        return thinking
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if not isinstance(effort, str):
+        raise invalid("Invalid type for 'reasoning_effort': expected a string.", param="reasoning_effort",
+                      code="invalid_type")
+    return effort != "none"
+
+
+def _stop(stop: object) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(is_a(s, str) for s in stop):
+        return stop
+    raise invalid("Invalid type for 'stop': expected a string or an array of strings.", param="stop",
+                  code="invalid_type")

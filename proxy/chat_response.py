@@ -1,0 +1,161 @@
+"""Channel deltas → Chat Completions: SSE chunks for a stream, one JSON object otherwise.
+
+Reasoning goes out under both `reasoning_content` and `reasoning`, because clients differ in which
+they read. Chunks are assembled from a preformatted prefix, so the per-token cost is one
+`json.dumps` of the new text.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from families.base import CONTENT
+
+if TYPE_CHECKING:
+    from .generation import Generation
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class TokenTexts:
+    """Logprob entries in OpenAI's shape; built only when the client asked for logprobs."""
+
+    def __init__(self, tokenizer, top: int) -> None:
+        self.tokenizer = tokenizer
+        self.top = top
+
+    def entry(self, event: dict) -> dict:
+        token = self.tokenizer.decode([event["id"]])
+        entry = {"token": token, "logprob": event["logprob"], "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+        for token_id, logprob in list(zip(event["top_ids"], event["top_logprobs"]))[: self.top]:
+            text = self.tokenizer.decode([token_id])
+            entry["top_logprobs"].append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))})
+        return entry
+
+
+def usage(generation: "Generation") -> dict:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": generation.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": generation.reasoning_tokens},
+    }
+
+
+def tool_call_json(delta: dict) -> dict:
+    return {"id": delta["id"], "type": "function", "function": {"name": delta["name"], "arguments": delta["arguments"]}}
+
+
+class ChatStream:
+    def __init__(self, model: str, *, include_usage: bool, logprobs: TokenTexts | None) -> None:
+        self.id = completion_id()
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self._head = f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{_dumps(model)},"choices":[{{"index":0,"delta":'
+        self._pending_logprobs: list[dict] = []
+
+    def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None) -> bytes:
+        body = delta if isinstance(delta, str) else _dumps(delta)
+        tail_logprobs = "null" if logprobs is None else _dumps({"content": logprobs})
+        tail_finish = "null" if finish_reason is None else f'"{finish_reason}"'
+        return f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}}}]}}\n\n'.encode()
+
+    def start(self) -> bytes:
+        return self._chunk('{"role":"assistant","content":""}')
+
+    def frames(self, event: dict | None, deltas: list[dict]) -> bytes:
+        if self.logprobs is not None and event is not None and event.get("channel") == CONTENT:
+            self._pending_logprobs.append(self.logprobs.entry(event))
+        if not deltas:
+            return b""
+        out = []
+        for delta in deltas:
+            kind = delta["type"]
+            if kind == "text":
+                logprobs, self._pending_logprobs = (self._pending_logprobs or None), []
+                out.append(self._chunk('{"content":' + _dumps(delta["text"]) + "}", logprobs=logprobs))
+            elif kind == "thinking":
+                text = _dumps(delta["text"])
+                out.append(self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}"))
+            elif kind == "tool_call":
+                # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
+                call = tool_call_json(delta)
+                call["index"] = delta["index"]
+                out.append(self._chunk({"tool_calls": [call]}))
+        return b"".join(out)
+
+    def finish(self, generation: "Generation") -> bytes:
+        logprobs = self._pending_logprobs or None
+        out = [self._chunk("{}", generation.finish_reason, logprobs=logprobs)]
+        if self.include_usage:
+            out.append(
+                f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},'
+                f'"model":{_dumps(self.model)},"choices":[],"usage":{_dumps(usage(generation))}}}\n\n'.encode()
+            )
+        out.append(DONE_FRAME)
+        return b"".join(out)
+
+
+def error_frame(body: dict) -> bytes:
+    return f"data: {_dumps(body)}\n\n".encode() + DONE_FRAME
+
+
+class ChatCollector:
+    """Accumulates a whole answer for a non-streaming response."""
+
+    def __init__(self, model: str, logprobs: TokenTexts | None) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[dict] = []
+        self.entries: list[dict] = []
+
+    def add(self, event: dict | None, deltas: list[dict]) -> None:
+        if self.logprobs is not None and event is not None and event.get("channel") == CONTENT:
+            self.entries.append(self.logprobs.entry(event))
+        for delta in deltas:
+            kind = delta["type"]
+            if kind == "text":
+                self.text.append(delta["text"])
+            elif kind == "thinking":
+                self.reasoning.append(delta["text"])
+            elif kind == "tool_call":
+                self.calls.append(tool_call_json(delta))
+
+    def body(self, generation: "Generation") -> dict:
+        text = "".join(self.text)
+        message: dict = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.reasoning:
+            reasoning = "".join(self.reasoning)
+            message["reasoning_content"] = reasoning
+            message["reasoning"] = reasoning
+        if self.calls:
+            message["tool_calls"] = self.calls
+        return {
+            "id": completion_id(),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": self.entries} if self.logprobs is not None else None,
+                "finish_reason": generation.finish_reason,
+            }],
+            "usage": usage(generation),
+        }

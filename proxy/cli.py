@@ -1,0 +1,65 @@
+"""`looptrace serve`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .settings import DEFAULT_MODEL, Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over the OpenAI API")
+    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                       help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="the model id clients use (default: MODEL as given)")
+    serve.add_argument("--revision", help="a branch, tag or commit of a Hub checkpoint, pinned for reproducibility")
+    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                       help="auto: float32 on CPU, bfloat16 on GPU")
+    serve.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
+    serve.add_argument("--max-model-len", type=int, help="context length to allow (default: the checkpoint's)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the model before a 429")
+    serve.add_argument("--backend", choices=["local", "replay"], default="local",
+                       help="local: decode here with transformers; replay: serve recorded output (--replay)")
+    serve.add_argument("--replay", metavar="FILE", help="JSON Lines of recorded steps, one per request, for --backend replay")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        model=args.model, host=args.host, port=args.port, served_model_name=args.served_model_name,
+        revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
+        max_model_len=args.max_model_len, max_queue=args.max_queue, backend=args.backend, replay=args.replay,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.backend == "replay" and not args.replay:
+        parser.error("--backend replay needs --replay FILE")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    from aiohttp import web
+
+    from .app import create_app
+
+    settings = settings_from(args)
+    app = create_app(settings)
+    # handler_cancellation: a client that disconnects cancels its handler, which stops its generation.
+    web.run_app(app, host=settings.host, port=settings.port, handler_cancellation=True, access_log=None,
+                print=lambda *_: logging.getLogger("looptrace").info(
+                    "serving %s on http://%s:%d/v1", settings.model, settings.host, settings.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""One request's run, whatever API it came from: render → decode → parse.
+
+The API adapters build a `GenerationRequest`, then iterate `Generation.run()`, which yields each
+backend token event with the channel deltas its text produced. Observers (tracing, metrics) see
+the same events; they never change them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+from backends.base import DecodeRequest, SamplingParams
+from families.base import THOUGHT, Rendered
+
+from .errors import APIError, invalid
+from .stops import StopStrings
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    messages: list[dict]  # Hugging Face's common format; tool-call arguments as dicts
+    tools: list[dict] | None = None  # OpenAI function tools
+    tool_choice: str | dict = "auto"  # "auto" | "none" | "required" | {"name": NAME}
+    parallel_tool_calls: bool = True
+    enable_thinking: bool | None = None  # None: the template's own default
+    max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field the client used, for error messages
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None  # None: no logprobs asked for
+
+
+class Observer:
+    """Sees one generation happen. The base class ignores everything."""
+
+    def rendered(self, rendered: Rendered, prompt_ids: list[int]) -> None: ...
+    def prefill(self, event: dict) -> None: ...
+    def token(self, event: dict) -> None: ...
+    def tool_call(self, delta: dict) -> None: ...
+    def finished(self, generation: "Generation") -> None: ...
+
+
+class Generation:
+    def __init__(self, runtime: "Runtime", request: GenerationRequest, observer: Observer | None = None) -> None:
+        self.runtime = runtime
+        self.request = request
+        self.observer = observer or Observer()
+        self.rendered: Rendered | None = None
+        self.prompt_ids: list[int] = []
+        self.forced_prefix = ""
+        self.max_tokens = 0
+        self.sampling = SamplingParams()
+        # Filled in while running:
+        self.prefill_event: dict | None = None
+        self.done_event: dict | None = None
+        self.completion_tokens = 0
+        self.reasoning_tokens = 0
+        self.tool_calls: list[dict] = []
+        self.finish_reason: str | None = None
+        self.first_token_at: float | None = None
+        self.started_at = time.perf_counter()
+        self._decode: DecodeRequest | None = None
+
+    # -- before any byte goes to the client: everything that can refuse the request --
+
+    async def prepare(self) -> None:
+        await self.runtime.ready()
+        # Rendering and tokenizing a long agent conversation takes milliseconds: not on the event loop.
+        await asyncio.to_thread(self._prepare)
+
+    def _prepare(self) -> None:
+        runtime, request = self.runtime, self.request
+        family = runtime.family
+        tools = request.tools if request.tool_choice != "none" else None
+        try:
+            rendered = family.render(request.messages, tools, request.enable_thinking)
+        except ValueError as exc:
+            raise invalid(f"the chat template refused these messages: {exc}", param="messages", code="template_error") from exc
+        forced_name = request.tool_choice.get("name") if isinstance(request.tool_choice, dict) else None
+        if request.tools and (request.tool_choice == "required" or forced_name):
+            thinking_on = bool(request.enable_thinking) or rendered.thinking
+            self.forced_prefix = family.forced_call_prefix(forced_name, thinking_on)
+        ids = rendered.ids + (runtime.encode(self.forced_prefix) if self.forced_prefix else [])
+        self.rendered, self.prompt_ids = rendered, ids
+        self.observer.rendered(rendered, ids)
+
+        limit = runtime.max_model_len
+        room = limit - len(ids)
+        if room <= 0:
+            raise APIError(
+                400, f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+                f"{len(ids)} tokens. Please reduce the length of the messages.", param="messages",
+                code="context_length_exceeded",
+            )
+        if request.max_tokens is not None and request.max_tokens > room:
+            raise invalid(
+                f"{request.max_tokens_param} is too large: {request.max_tokens_param} is {request.max_tokens}, but the "
+                f"prompt already uses {len(ids)} of this model's {limit} tokens of context, leaving {room}.",
+                param=request.max_tokens_param, code="context_length_exceeded",
+            )
+        self.max_tokens = request.max_tokens if request.max_tokens is not None else room
+
+        defaults = family.sampling_defaults(rendered.thinking)
+        self.sampling = SamplingParams(
+            temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
+            top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
+            top_k=max(0, _pick(request.top_k, defaults.get("top_k"), 0)),
+            seed=request.seed,
+        )
+
+    # -- the run --
+
+    async def run(self) -> AsyncIterator[tuple[dict | None, list[dict]]]:
+        """Yields (token event, deltas); the event is None for deltas not tied to a token."""
+        runtime, request = self.runtime, self.request
+        family, observer = runtime.family, self.observer
+        parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
+        grammar = family.grammar_ids
+        stops = StopStrings(request.stop) if request.stop else None
+        self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids)
+
+        if self.forced_prefix:
+            # The prompt already holds the call's opening; the parser must read it as the model's own words.
+            yield None, self._screen(parser.feed(self.forced_prefix))
+
+        stopped_by: str | None = None
+        try:
+            async for event in runtime.backend.generate(self._decode):
+                kind = event["type"]
+                if kind == "token":
+                    if self.first_token_at is None:
+                        self.first_token_at = time.perf_counter()
+                    deltas: list[dict] = []
+                    text = event["text"]
+                    # Special tokens outside the family's grammar (a stray <|im_start|>, say) are recorded
+                    # in the trace but never shown as text.
+                    if text and (not event["special"] or event["id"] in grammar):
+                        if stops is not None:
+                            text = stops.feed(text)
+                        if text:
+                            deltas = self._screen(parser.feed(text))
+                    event["channel"] = parser.channel
+                    self.completion_tokens += 1
+                    if parser.channel == THOUGHT:
+                        self.reasoning_tokens += 1
+                    observer.token(event)
+                    yield event, deltas
+                    if stops is not None and stops.hit:
+                        stopped_by = "stop"
+                        break
+                    if self.tool_calls and not request.parallel_tool_calls:
+                        stopped_by = "tool_calls"  # one call per turn was asked for: don't wait for more
+                        break
+                elif kind == "prefill":
+                    self.prefill_event = event
+                    observer.prefill(event)
+                elif kind == "done":
+                    self.done_event = event
+        finally:
+            self._decode.cancel.set()
+
+        tail = parser.feed(stops.flush()) if stops is not None and not stops.hit else []
+        tail = self._screen(tail + parser.finish())
+        if tail:
+            yield None, tail
+        self.finish_reason = self._finish_reason(stopped_by)
+        observer.finished(self)
+
+    def cancel(self) -> None:
+        if self._decode is not None:
+            self._decode.cancel.set()
+
+    def _screen(self, deltas: list[dict]) -> list[dict]:
+        """Record tool calls; with tool_choice "none" a call the model makes anyway comes back as text."""
+        if not deltas:
+            return deltas
+        out = []
+        for delta in deltas:
+            if delta["type"] == "tool_call":
+                if self.request.tool_choice == "none":
+                    out.append({"type": "text", "text": delta["raw"]})
+                    continue
+                self.tool_calls.append(delta)
+                self.observer.tool_call(delta)
+            elif delta["type"] == "tool_call_unparsed":
+                self.observer.tool_call(delta)
+            out.append(delta)
+        return out
+
+    def _finish_reason(self, stopped_by: str | None) -> str:
+        if stopped_by:
+            return stopped_by
+        backend_reason = self.done_event["finish_reason"] if self.done_event else "cancelled"
+        if backend_reason == "stop" and self.tool_calls:
+            return "tool_calls"
+        return backend_reason
+
+    # -- figures for usage and traces --
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prefill_event["cached_tokens"] if self.prefill_event else 0
+
+
+def _pick(asked, default, fallback):
+    if asked is not None:
+        return asked
+    return default if default is not None else fallback

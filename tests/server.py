@@ -1,0 +1,117 @@
+"""Running a real `looptrace serve` process for a test module, and talking to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def looptrace_command() -> list[str]:
+    exe = shutil.which("looptrace", path=str(Path(sys.executable).parent)) or shutil.which("looptrace")
+    return [exe] if exe else [sys.executable, "-m", "proxy.cli"]
+
+
+class Server:
+    """`looptrace serve ARGS` on a free port; its log goes to a file shown when it fails."""
+
+    def __init__(self, *args: str, log_dir: Path, env: dict | None = None, api_key: str | None = None) -> None:
+        self.port = free_port()
+        self.api_key = api_key
+        self.log_path = log_dir / f"looptrace-{self.port}.log"
+        command = [*looptrace_command(), "serve", *args, "--port", str(self.port)]
+        if api_key:
+            command += ["--api-key", api_key]
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"looptrace exited with {self.process.returncode}:\n{self.log()}")
+            status, body = self.get("/health")
+            if status == 200:
+                return body
+            if body.get("status") == "failed":
+                raise RuntimeError(f"looptrace failed to load: {body}\n{self.log()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"looptrace was not ready after {timeout} s:\n{self.log()}")
+
+    def request(self, method: str, path: str, body: object | None = None, *, raw: bytes | None = None,
+                headers: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        all_headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            all_headers["Authorization"] = f"Bearer {self.api_key}"
+        all_headers.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=all_headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                return response.status, _json(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, _json(err.read())
+        except (ConnectionError, urllib.error.URLError):
+            return 0, {}
+
+    def get(self, path: str, **kw) -> tuple[int, dict]:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: object | None = None, **kw) -> tuple[int, dict]:
+        return self.request("POST", path, body, **kw)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def _json(data: bytes) -> dict:
+    try:
+        value = json.loads(data)
+    except json.JSONDecodeError:
+        return {"_raw": data.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def sse_events(data: bytes) -> list[dict | str]:
+    """The `data:` payloads of an SSE body, parsed; `[DONE]` kept as a string."""
+    events: list[dict | str] = []
+    for block in data.decode().split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                payload = line[len("data: "):]
+                events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
