@@ -79,6 +79,7 @@ class Family:
     stop_tokens: tuple[str, ...] = ()
     grammar_tokens: tuple[str, ...] = ()  # special tokens the parser needs to see as text
     card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
+    media_tokens: dict[str, str] = {}  # placeholder token → "image" | "video" | "audio", counted in traces
     # Per checkpoint, set in __init__:
     stop_token_ids: frozenset[int]
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
@@ -90,6 +91,8 @@ class Family:
         tok = tok if hasattr(tok, "convert_tokens_to_ids") else tokenizer
         self.stop_token_ids = frozenset(self._stop_ids(tok))
         self.grammar_ids = frozenset(i for i in (token_id(tok, t) for t in self.grammar_tokens) if i is not None)
+        self.media_ids = {i: kind for i, kind in ((token_id(tok, t), k) for t, k in self.media_tokens.items())
+                          if i is not None}
 
     @classmethod
     def matches(cls, config: dict) -> bool:

@@ -139,6 +139,7 @@ class Gemma4(Family):
     stop_tokens = ("<eos>", "<turn|>", "<|tool_response>")
     grammar_tokens = ("<|channel>", "<channel|>", _OPEN, _CLOSE, QUOTE)
     # The model card's recommendations, used when the checkpoint has no generation_config.
+    media_tokens = {"<|image|>": "image", "<|video|>": "video", "<|audio|>": "audio"}
     card_sampling = {
         True: {"temperature": 1.0, "top_p": 0.95, "top_k": 64},
         False: {"temperature": 1.0, "top_p": 0.95, "top_k": 64},

@@ -138,6 +138,7 @@ class Qwen3_5(Family):
     stop_tokens = ("<|im_end|>", "<|endoftext|>")
     grammar_tokens = ("<think>", "</think>", "<tool_call>", "</tool_call>")
     # The model card's recommendations (Qwen3.5 ships no generation_config.json).
+    media_tokens = {"<|image_pad|>": "image", "<|video_pad|>": "video", "<|audio_pad|>": "audio"}
     card_sampling = {
         True: {"temperature": 1.0, "top_p": 0.95, "top_k": 20},
         False: {"temperature": 0.7, "top_p": 0.8, "top_k": 20},

@@ -13,31 +13,42 @@ from .chat_request import parse_chat
 from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
 from .errors import APIError, model_not_found
 from .generation import Generation
-from .keys import RUNTIME
+from .keys import RUNTIME, TELEMETRY
+from .request_trace import RequestTrace
+from .telemetry import conversation_id
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    async with request.app[TELEMETRY].request(request, "chat") as trace:
+        return await _chat(request, trace)
+
+
+async def _chat(request: web.Request, trace: RequestTrace) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     body = await json_body(request)
     generation_request, options = parse_chat(body)
+    trace.requested(options.model, stream=options.stream, conversation=conversation_id(request.headers, body))
     await runtime.ready()
     if options.model != runtime.model_name:
         raise model_not_found(options.model, runtime.model_name)
 
-    generation = Generation(runtime, generation_request)
+    generation = Generation(runtime, generation_request, observer=trace)
     await generation.prepare()
     texts = TokenTexts(runtime.tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
     try:
         if options.stream:
-            return await _stream(request, generation, ChatStream(runtime.model_name, include_usage=options.include_usage,
-                                                                 logprobs=texts))
+            stream = ChatStream(runtime.model_name, include_usage=options.include_usage, logprobs=texts)
+            trace.responded(stream.id)
+            return await _stream(request, generation, stream, trace)
         collector = ChatCollector(runtime.model_name, texts)
         async with aclosing(generation.run()) as steps:
             async for event, deltas in steps:
                 collector.add(event, deltas)
-        return web.json_response(collector.body(generation))
+        body = collector.body(generation)
+        trace.responded(body["id"])
+        return web.json_response(body)
     except BackendError as err:
         raise APIError(err.status, err.message, type="server_error" if err.status >= 500 else "invalid_request_error",
                        code=err.code) from err
@@ -45,7 +56,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         generation.cancel()  # a client that went away stops its generation
 
 
-async def _stream(request: web.Request, generation: Generation, stream: ChatStream) -> web.StreamResponse:
+async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
+                  trace: RequestTrace) -> web.StreamResponse:
     async with aclosing(generation.run()) as steps:
         # Headers wait for the first token, so a refusal during prefill still gets its own status code.
         first = await anext(steps, None)
@@ -62,5 +74,6 @@ async def _stream(request: web.Request, generation: Generation, stream: ChatStre
             await response.write(stream.finish(generation))
         except BackendError as err:
             # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+            trace.stream_failed(err.code)
             await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
         return response

@@ -40,9 +40,13 @@ class GenerationRequest:
 
 
 class Observer:
-    """Sees one generation happen. The base class ignores everything."""
+    """Sees one generation happen (tracing, metrics); never changes it. The base class ignores everything.
 
-    def rendered(self, rendered: Rendered, prompt_ids: list[int]) -> None: ...
+    `rendered` is called from the rendering thread, the rest from the event loop.
+    """
+
+    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int) -> None: ...
+    def submitted(self, generation: "Generation", decode: DecodeRequest) -> None: ...
     def prefill(self, event: dict) -> None: ...
     def token(self, event: dict) -> None: ...
     def tool_call(self, delta: dict) -> None: ...
@@ -81,6 +85,7 @@ class Generation:
         runtime, request = self.runtime, self.request
         family = runtime.family
         tools = request.tools if request.tool_choice != "none" else None
+        started_ns = time.time_ns()
         try:
             rendered = family.render(request.messages, tools, request.enable_thinking)
         except ValueError as exc:
@@ -91,7 +96,7 @@ class Generation:
             self.forced_prefix = family.forced_call_prefix(forced_name, thinking_on)
         ids = rendered.ids + (runtime.encode(self.forced_prefix) if self.forced_prefix else [])
         self.rendered, self.prompt_ids = rendered, ids
-        self.observer.rendered(rendered, ids)
+        self.observer.rendered(self, started_ns, time.time_ns())
 
         limit = runtime.max_model_len
         room = limit - len(ids)
@@ -127,6 +132,7 @@ class Generation:
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids)
+        observer.submitted(self, self._decode)
 
         if self.forced_prefix:
             # The prompt already holds the call's opening; the parser must read it as the model's own words.

@@ -35,6 +35,9 @@ class Server:
         self.api_key = api_key
         self.log_path = log_dir / f"looptrace-{self.port}.log"
         command = [*looptrace_command(), "serve", *args, "--port", str(self.port)]
+        if "--trace-db" not in args:  # never the user's own store
+            self.trace_db = log_dir / f"traces-{self.port}.sqlite3"
+            command += ["--trace-db", str(self.trace_db)]
         if api_key:
             command += ["--api-key", api_key]
         self._log = open(self.log_path, "wb")

@@ -1,0 +1,73 @@
+"""Prometheus metrics, prefix `looptrace_`, served on GET /metrics.
+
+Histograms carry `trace_id` exemplars, which only the OpenMetrics exposition shows: /metrics
+answers in OpenMetrics when the scraper asks for it (Prometheus does, with exemplar storage on).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+# Below vLLM's lowest bucket too: a small model on a GPU produces a token every few milliseconds.
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+               0.5, 0.75, 1.0, 2.5)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("looptrace_requests", "Requests finished, by endpoint and HTTP status.",
+                                ["model", "endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("looptrace_prompt_tokens", "Prompt tokens read.", ["model"], registry=r)
+        self.cached_tokens = Counter("looptrace_prompt_cached_tokens",
+                                     "Prompt tokens served from a prefix cache.", ["model"], registry=r)
+        self.generation_tokens = Counter("looptrace_generation_tokens",
+                                         "Tokens generated, by channel (thought, content, tool_call).",
+                                         ["model", "channel"], registry=r)
+        self.ttft = Histogram("looptrace_time_to_first_token_seconds",
+                              "From the request's arrival to its first generated token.", ["model", "endpoint"],
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("looptrace_inter_token_latency_seconds", "Time between consecutive generated tokens.",
+                             ["model"], buckets=ITL_BUCKETS, registry=r)
+        self.duration = Histogram("looptrace_request_duration_seconds", "From a request's arrival to its end.",
+                                  ["model", "endpoint"], buckets=DURATION_BUCKETS, registry=r)
+        self.decode_rate = Histogram("looptrace_decode_tokens_per_second",
+                                     "Decode speed of each request (tokens after the first ÷ their time).",
+                                     ["model"], buckets=RATE_BUCKETS, registry=r)
+        self.spec_draft_tokens = Counter("looptrace_spec_decode_draft_tokens", "Tokens proposed by a draft model.",
+                                         ["model"], registry=r)
+        self.spec_accepted_tokens = Counter("looptrace_spec_decode_accepted_tokens",
+                                            "Draft tokens the target model accepted.", ["model"], registry=r)
+        self.spec_drafts = Counter("looptrace_spec_decode_drafts", "Draft proposals made.", ["model"], registry=r)
+        self.tool_calls = Counter("looptrace_tool_calls", "Tool calls the model made, by outcome "
+                                  "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
+        self.running = Gauge("looptrace_requests_running", "Requests being decoded.", ["model"], registry=r)
+        self.waiting = Gauge("looptrace_requests_waiting", "Requests queued for the model.", ["model"], registry=r)
+        self.spans_dropped = Counter("looptrace_trace_spans_dropped", "Spans a trace sink lost (queue full or "
+                                     "export failed), by sink.", ["sink"], registry=r)
+        for sink in ("sqlite", "otlp"):
+            self.spans_dropped.labels(sink)  # present from the start, so a rate() has a baseline
+
+    def watch(self, model: str, running, waiting) -> None:
+        """Gauges read at scrape time, so requests do no gauge bookkeeping."""
+        self.running.labels(model).set_function(running)
+        self.waiting.labels(model).set_function(waiting)
+        # The model's children of the families labelled by model alone, at zero from the start: a
+        # dashboard's rate() of cached tokens or speculative drafts is then 0 (or 0/0), not "no data",
+        # on a backend that never reports any.
+        for family in (self.prompt_tokens, self.cached_tokens, self.spec_draft_tokens, self.spec_accepted_tokens,
+                       self.spec_drafts, self.itl, self.decode_rate):
+            family.labels(model)
+
+    def dropped(self, sink: str, count: int) -> None:
+        self.spans_dropped.labels(sink).inc(count)
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

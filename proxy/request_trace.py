@@ -1,0 +1,358 @@
+"""One request's trace and metrics, fed by the Generation it watches.
+
+Span tree, one trace per request (an incoming traceparent is continued):
+
+    chat {model} | responses {model}      server span: request, usage, finish reasons, status
+    ├── render                            the exact prompt, its ids, what is new in this conversation
+    ├── prefill                           submission → first token: prompt and cached tokens
+    ├── decode                            the backend call (its traceparent goes upstream), token events
+    └── execute_tool {name}               one per tool call the model made
+
+The per-token path (`token`) appends to lists and touches two metric children; spans get their
+token events in groups (trace_store/tokens.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from math import exp
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.propagate import inject
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from backends.base import TOP_N
+from trace_store import tokens as token_events
+from trace_store.sqlite import RESULT_EVENT, ROOT_MARK
+
+from .errors import APIError
+from .generation import Observer
+
+if TYPE_CHECKING:
+    from backends.base import DecodeRequest
+
+    from .generation import Generation
+    from .telemetry import Telemetry
+
+# Pieces of a token that are content; dropped with --no-trace-content.
+CONTENT_TOKEN_FIELDS = frozenset(token_events.CONTENT_FIELDS)
+
+
+class RequestTrace(Observer):
+    def __init__(self, telemetry: "Telemetry", http: web.Request, endpoint: str, parent) -> None:
+        from .telemetry import client_of
+
+        self.t = telemetry
+        self.metrics = telemetry.metrics
+        self.content = telemetry.content
+        self.endpoint = endpoint
+        self.model = ""
+        self.conversation: str | None = None
+        self.status = 200
+        self.error_type: str | None = None
+        self.started = time.perf_counter()
+        self.span = telemetry.tracer.start_span(
+            endpoint, context=parent, kind=SpanKind.SERVER,
+            attributes={ROOT_MARK: endpoint, "gen_ai.provider.name": "looptrace",
+                        "gen_ai.operation.name": "chat", "http.request.method": http.method, "url.path": http.path},
+        )
+        agent = http.headers.get("User-Agent")
+        if agent:
+            name, version = client_of(agent)
+            self.span.set_attributes({"user_agent.original": agent, **({"looptrace.client.name": name} if name else {}),
+                                      **({"looptrace.client.version": version} if version else {})})
+        # Exemplars point at traces only when the trace is kept somewhere.
+        self.trace_id = format(self.span.get_span_context().trace_id, "032x") if self.span.is_recording() else None
+        self._exemplar = {"trace_id": self.trace_id} if self.trace_id else None
+        self._context = trace.set_span_in_context(self.span)
+        self._generation: Generation | None = None
+        self._decode_span = None
+        self._submitted_ns = 0
+        self._last_token: float | None = None
+        self._max_itl = 0.0
+        self._tokens: dict[str, list] | None = None
+        self._token_count = 0
+        self._output_ids: list[int] = []
+        self._channel_counters: dict = {}
+
+    # -- what the adapter knows --
+
+    def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
+        self.model = model
+        self.conversation = conversation
+        self.span.update_name(f"{self.endpoint} {model}")
+        self.span.set_attributes({"gen_ai.request.model": model, "gen_ai.request.stream": stream})
+        if conversation:
+            self.span.set_attribute("gen_ai.conversation.id", conversation)
+
+    def responded(self, response_id: str) -> None:
+        self.span.set_attribute("gen_ai.response.id", response_id)
+
+    # -- the generation --
+
+    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int) -> None:
+        self._generation = generation
+        runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
+        family, tokenizer = runtime.family, runtime.tokenizer
+        results, links = self._tool_results(generation.request.messages)
+        with self.t.lock:
+            seen = self.t.conversations.get(self.conversation) if self.conversation else None
+        new_at = _common_prefix(seen, ids) if seen else 0
+        attributes = {
+            "looptrace.family": family.name,
+            "looptrace.template.sha256": _template_hash(tokenizer),
+            "looptrace.prompt.tokens": len(ids),
+            "looptrace.prompt.new_offset": new_at,
+            "looptrace.prompt.thinking": rendered.thinking,
+        }
+        for kind, count in _media_counts(runtime, ids).items():
+            attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
+        if generation.forced_prefix:
+            attributes["looptrace.prompt.forced_prefix"] = generation.forced_prefix if self.content else ""
+        if self.content:
+            attributes["looptrace.prompt.text"] = rendered.text + generation.forced_prefix
+            attributes["looptrace.prompt.ids"] = ids
+            attributes["looptrace.prompt.new_text"] = tokenizer.decode(ids[new_at:]) if new_at else ""
+        span = self.t.tracer.start_span("render", context=self._context, start_time=started_ns, links=links,
+                                        attributes=attributes)
+        for result in results:
+            span.add_event(RESULT_EVENT, result, timestamp=ended_ns)
+        span.end(end_time=ended_ns)
+
+    def submitted(self, generation: "Generation", decode: "DecodeRequest") -> None:
+        self._generation = generation
+        sampling = decode.sampling
+        self.span.set_attributes({
+            "gen_ai.request.temperature": sampling.temperature, "gen_ai.request.top_p": sampling.top_p,
+            "gen_ai.request.top_k": sampling.top_k, "gen_ai.request.max_tokens": decode.max_tokens,
+            **({"gen_ai.request.seed": sampling.seed} if sampling.seed is not None else {}),
+        })
+        self._submitted_ns = time.time_ns()
+        backend = generation.runtime.backend
+        self._decode_span = self.t.tracer.start_span(
+            "decode", context=self._context, start_time=self._submitted_ns,
+            attributes={"looptrace.backend": backend.name, **_route(backend)})
+        carrier: dict = {}
+        inject(carrier, context=trace.set_span_in_context(self._decode_span))
+        decode.traceparent = carrier.get("traceparent")
+        self._pieces = generation.runtime.vocab.pieces
+        if self._decode_span.is_recording():
+            self._tokens = {name: [] for name in token_events.FIELDS if self.content or name not in CONTENT_TOKEN_FIELDS}
+        self._channel_counters = {}
+
+    def prefill(self, event: dict) -> None:
+        now = time.time_ns()
+        span = self.t.tracer.start_span("prefill", context=self._context, start_time=self._submitted_ns, attributes={
+            "looptrace.prefill.prompt_tokens": event["prompt_tokens"],
+            "looptrace.prefill.cached_tokens": event["cached_tokens"],
+            "looptrace.prefill.seconds": event["seconds"],
+        })
+        span.end(end_time=now)
+        self.metrics.prompt_tokens.labels(self.model).inc(event["prompt_tokens"])
+        if event["cached_tokens"]:
+            self.metrics.cached_tokens.labels(self.model).inc(event["cached_tokens"])
+
+    def token(self, event: dict) -> None:
+        now = time.perf_counter()
+        if self._last_token is None:
+            self.metrics.ttft.labels(self.model, self.endpoint).observe(now - self.started, self._exemplar)
+        else:
+            gap = now - self._last_token
+            if gap > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
+                self._max_itl = gap
+                self.metrics.itl.labels(self.model).observe(gap, self._exemplar)
+            else:
+                self.metrics.itl.labels(self.model).observe(gap)
+        self._last_token = now
+        channel = event["channel"]
+        counter = self._channel_counters.get(channel)
+        if counter is None:
+            counter = self._channel_counters[channel] = self.metrics.generation_tokens.labels(self.model, channel)
+        counter.inc()
+        self._output_ids.append(event["id"])
+
+        columns = self._tokens
+        if columns is None:
+            return
+        top_ids = event["top_ids"]
+        pad = TOP_N - len(top_ids)
+        columns["index"].append(event["index"])
+        columns["time_unix_nano"].append(time.time_ns())
+        columns["special"].append(event["special"])
+        columns["channel"].append(channel)
+        columns["p"].append(event["p"])
+        columns["logprob"].append(event["logprob"])
+        columns["rank"].append(event["rank"])
+        columns["top_p"].extend([exp(lp) for lp in event["top_logprobs"]] + [-1.0] * pad)
+        columns["drafted"].append(event.get("drafted", 0))
+        columns["accepted"].append(event.get("accepted", 0))
+        if self.content:
+            pieces = self._pieces
+            columns["id"].append(event["id"])
+            columns["piece"].append(event["piece"])
+            columns["text"].append(event["text"])
+            columns["top_ids"].extend(top_ids + [-1] * pad)
+            columns["top_pieces"].extend([pieces[i] if i < len(pieces) else "" for i in top_ids] + [""] * pad)
+        self._token_count += 1
+        if len(columns["index"]) >= token_events.GROUP:
+            self._flush_tokens()
+
+    def _flush_tokens(self) -> None:
+        columns = self._tokens
+        if not columns or not columns["index"]:
+            return
+        self._decode_span.add_event(
+            token_events.EVENT, {token_events.PREFIX + name: values for name, values in columns.items()},
+            timestamp=columns["time_unix_nano"][0])
+        for values in columns.values():
+            values.clear()
+
+    def tool_call(self, delta: dict) -> None:
+        unparsed = delta["type"] == "tool_call_unparsed"
+        outcome = "unparsed" if unparsed else delta["outcome"]
+        self.metrics.tool_calls.labels(self.model, outcome).inc()
+        attributes = {"gen_ai.operation.name": "execute_tool", "looptrace.tool.outcome": outcome}
+        if not unparsed:
+            attributes.update({"gen_ai.tool.name": delta["name"], "gen_ai.tool.call.id": delta["id"],
+                               "gen_ai.tool.type": "function", "looptrace.tool.index": delta["index"]})
+            if self.content:
+                attributes["gen_ai.tool.call.arguments"] = delta["arguments"]
+        if self.content:
+            attributes["looptrace.tool.raw"] = delta["raw"]
+        name = "execute_tool" if unparsed else f"execute_tool {delta['name']}"
+        span = self.t.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
+        span.end()
+        if not unparsed:
+            with self.t.lock:
+                self.t.pending_calls.remember(delta["id"], (span.get_span_context(), delta["name"]))
+
+    def finished(self, generation: "Generation") -> None:
+        done = generation.done_event or {}
+        reasons = [generation.finish_reason] if generation.finish_reason else []
+        self.span.set_attributes({
+            "gen_ai.response.model": self.model,
+            "gen_ai.response.finish_reasons": reasons,
+            "gen_ai.usage.input_tokens": generation.prompt_tokens,
+            "gen_ai.usage.output_tokens": generation.completion_tokens,
+            "gen_ai.usage.reasoning.output_tokens": generation.reasoning_tokens,
+            "looptrace.usage.cached_tokens": generation.cached_tokens,
+        })
+        rate = done.get("tokens_per_second", 0.0)
+        if rate:
+            self.metrics.decode_rate.labels(self.model).observe(rate, self._exemplar)
+        if done.get("drafted"):
+            self.metrics.spec_draft_tokens.labels(self.model).inc(done["drafted"])
+            self.metrics.spec_accepted_tokens.labels(self.model).inc(done["accepted"])
+            self.metrics.spec_drafts.labels(self.model).inc(done["drafts"])
+        self._end_decode({
+            "gen_ai.response.finish_reasons": reasons,
+            "looptrace.decode.tokens": generation.completion_tokens,
+            "looptrace.decode.seconds": done.get("seconds", 0.0),
+            "looptrace.decode.tokens_per_second": rate,
+            "looptrace.decode.backend_finish_reason": done.get("finish_reason", ""),
+            "looptrace.spec.drafts": done.get("drafts", 0),
+            "looptrace.spec.drafted_tokens": done.get("drafted", 0),
+            "looptrace.spec.accepted_tokens": done.get("accepted", 0),
+        })
+        if self.conversation:
+            with self.t.lock:
+                self.t.conversations.remember(self.conversation, generation.prompt_ids + self._output_ids)
+
+    def _end_decode(self, attributes: dict, error: str | None = None) -> None:
+        span = self._decode_span
+        if span is None:
+            return
+        self._flush_tokens()
+        self._decode_span = None
+        span.set_attributes(attributes)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+            span.set_attribute("error.type", error)
+        span.end()
+
+    # -- the request's end --
+
+    def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, APIError):
+            self.status, self.error_type = exc.status, exc.code or exc.type
+        elif isinstance(exc, web.HTTPException):
+            self.status, self.error_type = exc.status, type(exc).__name__
+        elif isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):
+            self.status, self.error_type = 499, "client_disconnected"  # nginx's code for a client that left
+        else:
+            self.status, self.error_type = 500, type(exc).__name__
+
+    def stream_failed(self, code: str) -> None:
+        """An error after the status line went out: the status stays, the span says what broke."""
+        self.error_type = code
+
+    def end(self) -> None:
+        if self.error_type:
+            self._end_decode({}, self.error_type)
+            self.span.set_status(Status(StatusCode.ERROR, self.error_type))
+            self.span.set_attribute("error.type", self.error_type)
+        elif self._decode_span is not None:
+            self._end_decode({}, "incomplete")
+        self.span.set_attribute("http.response.status_code", self.status)
+        self.span.end()
+        seconds = time.perf_counter() - self.started
+        model = self.model or "unknown"
+        self.metrics.requests.labels(model, self.endpoint, str(self.status)).inc()
+        self.metrics.duration.labels(model, self.endpoint).observe(seconds, self._exemplar)
+
+    # -- helpers --
+
+    def _tool_results(self, messages: list[dict]) -> tuple[list[dict], list[Link]]:
+        """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
+        results, links = [], []
+        for message in messages:
+            if message.get("role") != "tool":
+                continue
+            with self.t.lock:
+                pending = self.t.pending_calls.pop(message.get("tool_call_id"), None)
+            if pending is None:
+                continue
+            context, name = pending
+            result = {"gen_ai.tool.call.id": message["tool_call_id"], "gen_ai.tool.name": name}
+            if self.content:
+                content = message.get("content")
+                result["looptrace.tool.result"] = content if isinstance(content, str) else str(content)
+            results.append(result)
+            links.append(Link(context, {"gen_ai.tool.call.id": message["tool_call_id"]}))
+        return results, links
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _template_hash(tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = "".join(template.get(k, "") for k in sorted(template))
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
+def _media_counts(runtime, ids: list[int]) -> dict[str, int]:
+    media = runtime.family.media_ids
+    if not media:
+        return {}
+    counts = {kind: 0 for kind in media.values()}
+    for token_id in ids:
+        kind = media.get(token_id)
+        if kind:
+            counts[kind] += 1
+    return counts
+
+
+def _route(backend) -> dict:
+    route = getattr(backend, "route", None)
+    return {"looptrace.backend.route": route} if route else {}

@@ -1,0 +1,86 @@
+"""A real Prometheus (Debian's `prometheus`) scraping a test's looptrace, with exemplar storage on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from server import free_port
+
+
+class Prometheus:
+    def __init__(self, targets: list[str], workdir: Path, *, interval: str = "1s", extra_scrape: str = "") -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("Prometheus is not installed: `apt-get install prometheus` (Debian) — tests/run.sh does it")
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+            "scrape_configs:\n  - job_name: looptrace\n    static_configs:\n"
+            f"      - targets: {json.dumps(targets)}\n" + extra_scrape
+        )
+        self.log_path = workdir / "prometheus.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _get(self, path: str, **params) -> dict:
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        with urllib.request.urlopen(self.url + path + query, timeout=10) as response:
+            return json.loads(response.read())
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited:\n{self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus not ready:\n{self.log_path.read_text()}")
+
+    def query(self, promql: str) -> list[dict]:
+        body = self._get("/api/v1/query", query=promql)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 60) -> list[dict]:
+        """The query's result once it has at least one series (scrapes and rates need a few seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(promql)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.5)
+
+    def exemplars(self, promql: str, seconds: float = 600) -> list[dict]:
+        now = time.time()
+        body = self._get("/api/v1/query_exemplars", query=promql, start=str(now - seconds), end=str(now + 60))
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def scraped(self) -> bool:
+        return any(s["value"][1] == "1" for s in self.query('up{job="looptrace"}'))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log.close()

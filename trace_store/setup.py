@@ -1,0 +1,48 @@
+"""Where spans go: the embedded SQLite store, and OTLP/HTTP to any collector, side by side."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+from .processor import QueueingSpanProcessor
+from .sqlite import SQLiteTraceStore
+
+# Prompts are long and a decode span carries every token: lift the SDK's defaults (128 events per
+# span, 128 attributes) so nothing is cut; attribute values stay whole (no length limit).
+SPAN_LIMITS = SpanLimits(max_events=1_000_000, max_span_attributes=1024, max_event_attributes=256,
+                         max_links=1024, max_attributes=1024)
+
+
+def otlp_traces_url(endpoint: str) -> str:
+    """OTLP/HTTP takes spans at /v1/traces; accept the collector's base URL too."""
+    endpoint = endpoint.rstrip("/")
+    return endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
+
+
+def build_provider(*, store: SQLiteTraceStore | None, otlp_endpoint: str | None,
+                   on_dropped: Callable[[str, int], None], service_name: str = "looptrace",
+                   attributes: dict | None = None) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
+    # With no sink at all, spans are not recorded: no per-token work is done for a trace nobody keeps.
+    # (Parent-based, so an incoming sampled traceparent is still not recorded: there is nowhere to put it.)
+    sampler = None if store is not None or otlp_endpoint else ParentBased(ALWAYS_OFF, remote_parent_sampled=ALWAYS_OFF)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name, **(attributes or {})}),
+        span_limits=SPAN_LIMITS,
+        shutdown_on_exit=False,
+        **({"sampler": sampler} if sampler else {}),
+    )
+    processors = []
+    if store is not None:
+        processors.append(QueueingSpanProcessor(store, name="sqlite", on_dropped=on_dropped))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=10)
+        processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped))
+    for processor in processors:
+        provider.add_span_processor(processor)
+    return provider, processors
