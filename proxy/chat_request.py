@@ -138,20 +138,24 @@ def _history_call(call: object, where: str) -> dict:
         raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
     function = field(call, "function", dict, f"{where}.function", required=True)
     name = field(function, "name", str, f"{where}.function.name", required=True)
-    arguments = function.get("arguments", "{}")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise invalid(f"'{where}.function.arguments' is not valid JSON: {exc}",
-                          param=f"{where}.function.arguments") from exc
-    if not isinstance(arguments, dict):
-        raise invalid(f"'{where}.function.arguments' must be a JSON object.", param=f"{where}.function.arguments")
+    arguments = call_arguments(function.get("arguments", "{}"), f"{where}.function.arguments")
     out = {"type": "function", "function": {"name": name, "arguments": arguments}}
     call_id = call.get("id")
     if isinstance(call_id, str):
         out["id"] = call_id
     return out
+
+
+def call_arguments(arguments: object, param: str) -> dict:
+    """A past call's arguments (a JSON string or an object) as the dict templates iterate over."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
+    if not isinstance(arguments, dict):
+        raise invalid(f"'{param}' must be a JSON object.", param=param)
+    return arguments
 
 
 def parse_tools(tools: list | None) -> list[dict] | None:

@@ -1,0 +1,125 @@
+"""POST /v1/responses: the Responses API, which codex speaks (and only it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import aclosing, suppress
+
+from aiohttp import web
+
+from backends.base import BackendError
+
+from ._validate import field, json_body
+from .errors import APIError, model_not_found
+from .generation import Generation
+from .keys import RUNTIME, TELEMETRY
+from .request_trace import RequestTrace
+from .response_store import RESPONSE_STORE
+from .responses_request import parse_responses
+from .responses_stream import ResponseBuilder
+from .telemetry import conversation_id
+
+log = logging.getLogger("looptrace")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE_SECONDS = 15.0  # silence after which `response.in_progress` is sent again
+_END = object()
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    async with request.app[TELEMETRY].request(request, "responses") as trace:
+        return await _create(request, trace)
+
+
+async def _create(request: web.Request, trace: RequestTrace) -> web.StreamResponse:
+    runtime = request.app[RUNTIME]
+    store = request.app[RESPONSE_STORE]
+    body = await json_body(request)
+    previous_id = field(body, "previous_response_id", str, "previous_response_id")
+    previous = store.conversation(previous_id) if previous_id else None
+    generation_request, options, names = parse_responses(body, previous)
+    trace.requested(options.model, stream=options.stream, conversation=conversation_id(request.headers, body))
+    await runtime.ready()
+    if options.model != runtime.model_name:
+        raise model_not_found(options.model, runtime.model_name)
+
+    generation = Generation(runtime, generation_request, observer=trace)
+    await generation.prepare()  # refusals (a too-long prompt, say) leave as HTTP errors, before any event
+    builder = ResponseBuilder(runtime.model_name, names, options.echo, stream=options.stream)
+    trace.responded(builder.id)
+    try:
+        if options.stream:
+            response = await _stream(request, generation, builder, trace)
+        else:
+            async with aclosing(generation.run()) as steps:
+                async for _, deltas in steps:
+                    builder.add(deltas)
+            builder.finish(generation)
+            response = web.json_response(builder.final)
+    except BackendError as err:
+        raise APIError(err.status, err.message, type="server_error" if err.status >= 500 else "invalid_request_error",
+                       code=err.code) from err
+    finally:
+        generation.cancel()  # a client that went away stops its generation
+    if options.store and builder.status in ("completed", "incomplete"):
+        store.put(builder.id, options.items, builder.output)
+    return response
+
+
+async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
+                  trace: RequestTrace) -> web.StreamResponse:
+    async with aclosing(generation.run()) as steps:
+        first = asyncio.ensure_future(anext(steps, _END))
+        try:
+            # A refusal that comes quickly (a full queue) keeps its HTTP status; a slow prefill gets
+            # the stream opened, so keepalives can flow while it runs.
+            await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
+            if first.done():
+                first.result()
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            await response.write(builder.start())
+            pacer = asyncio.create_task(_keep_alive(response, builder))
+            try:
+                step = await first
+                if step is not _END:
+                    frames = builder.add(step[1])
+                    if frames:
+                        await response.write(frames)
+                    async for _, deltas in steps:
+                        frames = builder.add(deltas)
+                        if frames:
+                            await response.write(frames)
+                end = builder.finish(generation)
+            except BackendError as err:
+                trace.stream_failed(err.code)
+                end = builder.failed(err.code, err.message, generation)
+            except (asyncio.CancelledError, ConnectionResetError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+                log.exception("responses stream failed")
+                trace.stream_failed("internal_error")
+                end = builder.failed("internal_error", f"internal error: {type(exc).__name__}: {exc}", generation)
+            finally:
+                pacer.cancel()
+            await response.write(end)
+            return response
+        finally:
+            if not first.done():
+                first.cancel()
+                with suppress(BaseException):
+                    await first  # the generator must be idle before aclosing closes it
+
+
+async def _keep_alive(response: web.StreamResponse, builder: ResponseBuilder) -> None:
+    while True:
+        wait = builder.last_sent + KEEPALIVE_SECONDS - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+            continue
+        try:
+            await response.write(builder.keepalive())
+        except ConnectionError:
+            return  # the client left; the handler is being cancelled too

@@ -1,0 +1,374 @@
+"""A Responses request body → a `GenerationRequest`, plus the map from the tool names the model sees
+back to the client's tools.
+
+Input items become messages in Hugging Face's common format, as the Chat Completions adapter makes
+them: calls in a row (with the reasoning and text before them) are one assistant turn, and their
+outputs are tool messages. The model sees every tool as a function: a `custom` tool (codex's
+apply_patch) takes one string parameter `input`, and a `namespace` tool's functions are offered as
+`namespace.tool`. Tools that nothing here can run (web search, tool search) are dropped, never
+refused, because clients send them whatever the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field as dc_field
+
+from ._validate import describe, field, in_range
+from .chat_request import call_arguments, parse_tool_choice
+from .errors import invalid
+from .generation import GenerationRequest
+
+log = logging.getLogger("looptrace")
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant")
+CALL_ITEMS = ("function_call", "custom_tool_call")
+OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
+REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn
+IMAGE_NOTE = "[an image was attached here; this server reads text only]"
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args) -> None:
+    # Clients send the same unusable tools on every request: say it once, not per request.
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRef:
+    """A client tool behind the name the model calls."""
+
+    kind: str  # "function" | "custom"
+    name: str
+    namespace: str | None = None
+
+
+class ToolNames:
+    """Flat names offered to the model ↔ the client's tools."""
+
+    def __init__(self) -> None:
+        self.by_flat: dict[str, ToolRef] = {}
+        self._bare: dict[str, list[str]] = {}
+
+    def add(self, flat: str, ref: ToolRef) -> None:
+        self.by_flat[flat] = ref
+        self._bare.setdefault(ref.name, []).append(flat)
+
+    def flat(self, name: str) -> str | None:
+        """The flat name the model meant: itself, `namespace::tool`, or a bare name that is unique."""
+        if name in self.by_flat:
+            return name
+        if "::" in name and (dotted := name.replace("::", ".", 1)) in self.by_flat:
+            return dotted
+        flats = self._bare.get(name, ())
+        return flats[0] if len(flats) == 1 else None
+
+    def resolve(self, name: str) -> ToolRef | None:
+        flat = self.flat(name)
+        return self.by_flat[flat] if flat is not None else None
+
+
+@dataclass(slots=True)
+class ResponsesOptions:
+    model: str
+    stream: bool
+    store: bool
+    items: list  # the conversation as Responses items (a previous response's included), for the store
+    echo: dict = dc_field(default_factory=dict)  # request fields the response object repeats
+
+
+def parse_responses(body: dict, previous_items: list | None = None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
+    """`previous_items`: the stored conversation of `previous_response_id`, its output included."""
+    model = field(body, "model", str, "model", required=True)
+    instructions = field(body, "instructions", str, "instructions")
+    items = previous_items + _input(body) if previous_items else _input(body)
+    tools, names = parse_response_tools(field(body, "tools", list, "tools"))
+    tool_choice = _tool_choice(body.get("tool_choice"), tools, names)
+
+    max_tokens = field(body, "max_output_tokens", int, "max_output_tokens")
+    in_range(max_tokens, "max_output_tokens", 1)
+    temperature = field(body, "temperature", float, "temperature")
+    in_range(temperature, "temperature", 0, 2)
+    top_p = field(body, "top_p", float, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
+    reasoning = field(body, "reasoning", dict, "reasoning", default={})
+    effort = field(reasoning, "effort", str, "reasoning.effort")
+    text = field(body, "text", dict, "text", default={})
+    field(text, "format", dict, "text.format")  # accepted; output is not constrained to it
+    parallel = field(body, "parallel_tool_calls", bool, "parallel_tool_calls", default=True)
+    for name, kind in (("prompt_cache_key", str), ("include", list), ("client_metadata", dict), ("metadata", dict)):
+        field(body, name, kind, name)  # accepted, typed, otherwise unused
+
+    messages = to_messages(items, instructions, names)
+    if not messages:
+        raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
+    request = GenerationRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        enable_thinking=None if effort is None else effort != "none",
+        max_tokens=max_tokens,
+        max_tokens_param="max_output_tokens",
+        temperature=temperature,
+        top_p=top_p,
+    )
+    stream = field(body, "stream", bool, "stream", default=False)
+    store = field(body, "store", bool, "store", default=True)
+    echo = {
+        "instructions": instructions, "max_output_tokens": max_tokens, "parallel_tool_calls": parallel,
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
+        "temperature": temperature, "top_p": top_p, "text": {"format": text.get("format") or {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+        "metadata": body.get("metadata") or {}, "prompt_cache_key": body.get("prompt_cache_key"), "store": store,
+    }
+    options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo)
+    return request, options, names
+
+
+def _input(body: dict) -> list:
+    value = body.get("input")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise invalid(f"Invalid type for 'input': expected a string or an array of items, but got {describe(value)}.",
+                      param="input", code="invalid_type")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise invalid(f"Invalid type for 'input[{i}]': expected an object, but got {describe(item)}.",
+                          param=f"input[{i}]", code="invalid_type")
+    return value
+
+
+# -- tools --
+
+def parse_response_tools(tools: list | None) -> tuple[list[dict] | None, ToolNames]:
+    """Responses tools → OpenAI function tools as the family renders them, and the name map."""
+    names = ToolNames()
+    out: list[dict] = []
+    for i, tool in enumerate(tools or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+        kind = field(tool, "type", str, f"{where}.type", default="function")
+        if kind == "namespace":
+            namespace = _name(tool, where)
+            members = field(tool, "tools", list, f"{where}.tools", default=[])
+            for j, member in enumerate(members):
+                at = f"{where}.tools[{j}]"
+                if not isinstance(member, dict):
+                    raise invalid(f"Invalid type for '{at}': expected an object.", param=at, code="invalid_type")
+                _offer(member, at, out, names, namespace)
+        elif kind in ("function", "custom"):
+            _offer(tool, where, out, names, None)
+        else:
+            _warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+    return out or None, names
+
+
+def _name(tool: dict, where: str) -> str:
+    name = field(tool, "name", str, f"{where}.name", required=True)
+    if not name:
+        raise invalid(f"'{where}.name' must not be empty.", param=f"{where}.name")
+    return name
+
+
+def _offer(tool: dict, where: str, out: list, names: ToolNames, namespace: str | None) -> None:
+    kind = field(tool, "type", str, f"{where}.type", default="function")
+    if kind not in ("function", "custom"):
+        _warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+        return
+    name = _name(tool, where)
+    flat = f"{namespace}.{name}" if namespace else name
+    if flat in names.by_flat:
+        raise invalid(f"Duplicate tool name {flat!r} in 'tools'.", param=f"{where}.name")
+    description = field(tool, "description", str, f"{where}.description")
+    if kind == "function":
+        parameters = field(tool, "parameters", dict, f"{where}.parameters")
+        parameters = parameters if parameters is not None else {"type": "object", "properties": {}}
+    else:
+        parameters, description = _custom_parameters(tool, where, description)
+    spec: dict = {"name": flat}
+    if description is not None:
+        spec["description"] = description
+    spec["parameters"] = parameters
+    out.append({"type": "function", "function": spec})
+    names.add(flat, ToolRef(kind, name, namespace))
+
+
+def _custom_parameters(tool: dict, where: str, description: str | None) -> tuple[dict, str | None]:
+    """A free-form tool as a function of one string; its grammar, if any, goes in the description,
+    since the model can only follow what it is shown."""
+    fmt = field(tool, "format", dict, f"{where}.format", default={})
+    input_doc = "The tool's whole input, as free-form text."
+    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        input_doc = f"The tool's whole input, as text matching this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+    parameters = {"type": "object", "properties": {"input": {"type": "string", "description": input_doc}},
+                  "required": ["input"]}
+    return parameters, description
+
+
+def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> str | dict:
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "allowed_tools":
+            mode = choice.get("mode", "auto")
+            return parse_tool_choice(mode if isinstance(mode, str) else None, tools)
+        if kind in ("function", "custom") or (kind is None and "name" in choice):
+            name = choice.get("name")
+            namespace = choice.get("namespace")
+            if isinstance(name, str) and isinstance(namespace, str):
+                name = f"{namespace}.{name}"
+            flat = names.flat(name) if isinstance(name, str) else None
+            return parse_tool_choice({"name": flat or name}, tools)
+        if isinstance(kind, str):
+            _warn_once(f"choice:{kind}", "tool_choice %r names a tool this server dropped; using 'auto'", kind)
+            return "auto"
+    if choice == "required" and not tools:
+        return "auto"  # the only tools were dropped ones: nothing left to require
+    return parse_tool_choice(choice, tools)
+
+
+# -- input items → messages --
+
+def to_messages(items: list, instructions: str | None, names: ToolNames) -> list[dict]:
+    """Responses items → Hugging Face messages.
+
+    System and developer messages before the first other item, with `instructions` first, become
+    one system message: templates take the system prompt from the first message only, and codex
+    sends several developer messages.
+    """
+    system: list[str] = [instructions] if instructions else []
+    messages: list[dict] = []
+    turn: dict | None = None  # the assistant turn being gathered
+    stage = 0  # how far that turn has got: REASONING, TEXT, CALLS
+    call_names: dict[str, str] = {}  # call_id → the name the model called, for tool messages
+    leading = True
+
+    def assistant(step: int) -> dict:
+        nonlocal turn, stage
+        # A turn reads reasoning, then text, then calls; an item that goes back starts a new turn.
+        if turn is None or step < stage:
+            turn = {"role": "assistant", "content": ""}
+            messages.append(turn)
+        stage = step
+        return turn
+
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = field(item, "role", str, f"{where}.role", required=True)
+            if role not in MESSAGE_ROLES:
+                raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of "
+                              f"{', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
+            text = content_text(item.get("content"), f"{where}.content")
+            if role in ("system", "developer"):
+                if leading:
+                    system.append(text)
+                    continue
+                messages.append({"role": "system", "content": text})
+                turn = None
+            elif role == "assistant":
+                assistant(TEXT)["content"] += text
+            else:
+                messages.append({"role": "user", "content": text})
+                turn = None
+        elif kind in CALL_ITEMS:
+            call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
+            name = _name(item, where)
+            namespace = field(item, "namespace", str, f"{where}.namespace")
+            flat = f"{namespace}.{name}" if namespace else name
+            if kind == "function_call":
+                arguments = call_arguments(item.get("arguments", "{}"), f"{where}.arguments")
+            else:
+                arguments = {"input": field(item, "input", str, f"{where}.input", default="")}
+            call_names[call_id] = flat
+            assistant(CALLS).setdefault("tool_calls", []).append(
+                {"id": call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
+        elif kind in OUTPUT_ITEMS:
+            call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
+            message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output"),
+                       "tool_call_id": call_id}
+            if call_id in call_names:
+                message["name"] = call_names[call_id]
+            messages.append(message)
+            turn = None
+        elif kind == "reasoning":
+            text = reasoning_text(item)
+            current = assistant(REASONING)
+            if text:
+                previous = current.get("reasoning_content")
+                current["reasoning_content"] = f"{previous}\n\n{text}" if previous else text
+        else:
+            text = _loose_text(item)
+            if not text:
+                log.warning("skipping input item %d of type %r: nothing here can replay it", i, kind)
+                continue
+            role = item.get("role") if item.get("role") in ("user", "assistant") else "user"
+            if role == "assistant":
+                assistant(TEXT)["content"] += text
+            else:
+                messages.append({"role": "user", "content": text})
+                turn = None
+        leading = False
+    if system:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return messages
+
+
+def content_text(content: object, param: str) -> str:
+    """A message's content, or a tool output: a string, or parts joined as the Chat adapter joins them."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"Invalid type for '{param}': expected a string or an array of content parts, but got "
+                      f"{describe(content)}.", param=param, code="invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise invalid(f"Invalid type for '{param}[{j}]': expected an object.", param=f"{param}[{j}]",
+                          code="invalid_type")
+        kind = part.get("type")
+        if isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in ("input_image", "image_url", "input_file"):
+            _warn_once("image", "an image or file in the input was replaced by a note: this server reads text only")
+            texts.append(IMAGE_NOTE)
+        else:
+            raise invalid(f"Invalid value for '{param}[{j}].type': {kind!r}.", param=f"{param}[{j}].type")
+    return "\n".join(texts)
+
+
+def reasoning_text(item: dict) -> str:
+    """The reasoning's own text, else its summary; `encrypted_content` means nothing here."""
+    for key, kinds in (("content", ("reasoning_text", "text")), ("summary", ("summary_text",))):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") in kinds
+                     and isinstance(p.get("text"), str)]
+            if texts:
+                return "\n\n".join(texts)
+    return ""
+
+
+def _loose_text(item: dict) -> str:
+    if isinstance(item.get("text"), str):
+        return item["text"]
+    content = item.get("content", item.get("output"))
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""

@@ -1,0 +1,221 @@
+"""Channel deltas → a Responses object and its event stream.
+
+Output items follow the model: reasoning (`rs_`), then a message (`msg_`), then calls (`fc_` for
+functions, `ctc_` for custom tools); an open item is closed before the next one opens. Every event
+carries `sequence_number`, and `response.output_item.done` carries the whole item: codex acts on that
+event alone, and a call it does not get whole is never run. Each frame carries an `event:` line like
+OpenAI's, though codex and the openai SDK read only `data.type`.
+
+Text deltas are the per-token path: their frames are assembled from a prefix made once per item, so
+each costs one `json.dumps` of the new text.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from .responses_request import ToolNames
+
+if TYPE_CHECKING:
+    from .generation import Generation
+
+REASONING, MESSAGE = "reasoning", "message"
+
+
+def new_id(prefix: str) -> str:
+    # Random, not a counter: several looptrace processes may serve one conversation.
+    return prefix + secrets.token_hex(16)
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def usage(generation: "Generation") -> dict:
+    return {
+        "input_tokens": generation.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": generation.cached_tokens},
+        "output_tokens": generation.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": generation.reasoning_tokens},
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+
+
+class ResponseBuilder:
+    """Builds one response; with `stream` it also returns the SSE frames of each step."""
+
+    def __init__(self, model: str, names: ToolNames, echo: dict, *, stream: bool) -> None:
+        self.id = new_id("resp_")
+        self.names = names
+        self.stream = stream
+        self.created_at = int(time.time())
+        self.head = {"id": self.id, "object": "response", "created_at": self.created_at, "model": model}
+        self.echo = echo
+        self.output: list[dict] = []
+        self.status = "in_progress"
+        self.sequence = 0
+        self.last_sent = time.monotonic()
+        self.final: dict | None = None  # the response object, once it ended
+        self._item: dict | None = None  # the reasoning or message item being written
+        self._index = 0  # its place in the output
+        self._texts: list[str] = []
+        self._delta_head = ""  # the open item's delta frame up to its sequence number
+        self._delta_mid = ""  # … from after the sequence number up to the delta text
+
+    # -- events --
+
+    def _event(self, kind: str, payload: dict) -> bytes:
+        if not self.stream:
+            return b""
+        number = self.sequence
+        self.sequence += 1
+        self.last_sent = time.monotonic()
+        body = _dumps({"type": kind, "sequence_number": number, **payload})
+        return f"event: {kind}\ndata: {body}\n\n".encode()
+
+    def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None) -> dict:
+        return {**self.head, "status": self.status, "error": error, "incomplete_details": incomplete,
+                "output": self.output, **self.echo, "truncation": "disabled", "usage": usage}
+
+    def start(self) -> bytes:
+        snapshot = self.response()
+        return self._event("response.created", {"response": snapshot}) + self._event(
+            "response.in_progress", {"response": snapshot})
+
+    def keepalive(self) -> bytes:
+        """Sent after a silence, so clients and proxies with idle timeouts keep waiting."""
+        return self._event("response.in_progress", {"response": self.response()})
+
+    # -- the run --
+
+    def add(self, deltas: list[dict]) -> bytes:
+        if not deltas:
+            return b""
+        out = []
+        for delta in deltas:
+            kind = delta["type"]
+            if kind == "text":
+                out.append(self._text(MESSAGE, delta["text"]))
+            elif kind == "thinking":
+                out.append(self._text(REASONING, delta["text"]))
+            elif kind == "tool_call":
+                out.append(self._close())
+                out.append(self._call(delta))
+            # tool_call_unparsed: its text follows as a "text" delta.
+        return b"".join(out)
+
+    def _text(self, kind: str, text: str) -> bytes:
+        if not text:
+            return b""
+        opened = b""
+        if self._item is None or self._item["type"] != kind:
+            opened = self._close() + self._open(kind)
+        self._texts.append(text)
+        if not self.stream:
+            return opened
+        number = self.sequence
+        self.sequence += 1
+        self.last_sent = time.monotonic()
+        return opened + f"{self._delta_head}{number}{self._delta_mid}{_dumps(text)}}}\n\n".encode()
+
+    def _open(self, kind: str) -> bytes:
+        index = len(self.output)
+        if kind == REASONING:
+            item = {"id": new_id("rs_"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+            part, delta_kind = {"type": "reasoning_text", "text": ""}, "response.reasoning_text.delta"
+            extra = ""
+        else:
+            item = {"id": new_id("msg_"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            delta_kind, extra = "response.output_text.delta", ',"logprobs":[]'
+        self.output.append(item)
+        self._item, self._index, self._texts = item, index, []
+        self._delta_head = f'event: {delta_kind}\ndata: {{"type":"{delta_kind}","sequence_number":'
+        self._delta_mid = f',"item_id":"{item["id"]}","output_index":{index},"content_index":0{extra},"delta":'
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return (self._event("response.output_item.added", {"output_index": index, "item": dict(item)})
+                + self._event("response.content_part.added", {**where, "part": part}))
+
+    def _close(self, status: str = "completed") -> bytes:
+        item = self._item
+        if item is None:
+            return b""
+        self._item = None
+        text = "".join(self._texts)
+        index = self._index
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        if item["type"] == REASONING:
+            part = {"type": "reasoning_text", "text": text}
+            done = self._event("response.reasoning_text.done", {**where, "text": text})
+        else:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            done = self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+        item["content"] = [part]
+        item["status"] = status
+        return (done + self._event("response.content_part.done", {**where, "part": part})
+                + self._event("response.output_item.done", {"output_index": index, "item": item}))
+
+    def _call(self, delta: dict) -> bytes:
+        """A parsed call, reported as the client's tool: a function (its namespace apart) or a custom tool."""
+        ref = self.names.resolve(delta["name"])
+        index = len(self.output)
+        if ref is not None and ref.kind == "custom":
+            value = _custom_input(delta["arguments"])
+            item = {"id": new_id("ctc_"), "type": "custom_tool_call", "status": "completed",
+                    "call_id": delta["id"], "name": ref.name, "input": value}
+            field, events = "input", ("response.custom_tool_call_input.delta", "response.custom_tool_call_input.done")
+        else:
+            value = delta["arguments"]
+            item = {"id": new_id("fc_"), "type": "function_call", "status": "completed",
+                    "call_id": delta["id"], "name": ref.name if ref else delta["name"], "arguments": value}
+            if ref is not None and ref.namespace:
+                item["namespace"] = ref.namespace
+            field, events = "arguments", ("response.function_call_arguments.delta",
+                                          "response.function_call_arguments.done")
+        self.output.append(item)
+        if not self.stream:
+            return b""
+        where = {"item_id": item["id"], "output_index": index}
+        return (self._event("response.output_item.added", {"output_index": index,
+                                                           "item": {**item, "status": "in_progress", field: ""}})
+                + self._event(events[0], {**where, "delta": value})
+                + self._event(events[1], {**where, field: value})
+                + self._event("response.output_item.done", {"output_index": index, "item": item}))
+
+    # -- the end --
+
+    def finish(self, generation: "Generation") -> bytes:
+        """`response.completed`, or `response.incomplete` when the token budget ran out."""
+        cut = generation.finish_reason == "length"
+        closed = self._close("incomplete" if cut else "completed")
+        self.status = "incomplete" if cut else "completed"
+        body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation))
+        self.final = body
+        return closed + self._event(f"response.{self.status}", {"response": body})
+
+    def failed(self, code: str, message: str, generation: "Generation | None" = None) -> bytes:
+        """Too late for an HTTP status: the error ends the stream, where codex shows its message."""
+        self.status = "failed"
+        body = self.response(error={"code": code, "message": message},
+                             usage=usage(generation) if generation is not None else None)
+        self.final = body
+        return self._event("response.failed", {"response": body})
+
+
+def _custom_input(arguments: str) -> str:
+    """The free-form input of a custom tool from the function call the model made of it."""
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    if isinstance(args, dict):
+        value = args.get("input")
+        if isinstance(value, str):
+            return value
+        if len(args) == 1:  # one parameter under another name: still the whole input
+            (only,) = args.values()
+            return only if isinstance(only, str) else _dumps(only)
+    return arguments

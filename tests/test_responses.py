@@ -1,0 +1,501 @@
+"""/v1/responses over HTTP: the event stream against the rules codex relies on, the response object,
+tool calls as the client's own tools, refusals before streaming and failures after it.
+
+The application runs in this process on a loop of its own thread, serving the tiny Qwen3.5
+checkpoint (real tokenizer and template) with the replay backend; each test sets the recorded output
+it needs, and a few wrap the backend to make it slow or fail, which a subprocess could not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+import checkpoints
+import proxy.responses
+from backends.base import BackendError
+from backends.replay import ReplayBackend
+from proxy.app import create_app
+from proxy.keys import RUNTIME
+from proxy.responses_request import parse_responses
+from proxy.settings import Settings
+
+MODEL = "tiny-qwen"
+ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}
+EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}, "yield_time_ms": {"type": "number"}},
+                       "required": ["cmd"]}}
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}
+AGENTS = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+    {"type": "function", "name": "close_agent", "description": "Close one.",
+     "parameters": {"type": "object", "properties": {"target": {"type": "string"}}, "required": ["target"]}}]}
+TOOLS = [EXEC, PATCH, AGENTS, {"type": "web_search", "external_web_access": False}, {"type": "tool_search"}]
+
+
+def call(name, **params):
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+class AppThread:
+    """The real application on 127.0.0.1, its event loop in a thread of this process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "AppThread":
+        self._thread.start()
+        if not self._ready.wait(300):
+            raise TimeoutError("the application did not start")
+        if self.error:
+            raise self.error
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        from aiohttp import web
+
+        try:
+            self.app = create_app(self.settings)
+            runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+            await self.app[RUNTIME].ready()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self.error = exc
+            self._ready.set()
+            return
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    def stop(self) -> None:
+        if hasattr(self, "_stop"):
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def runtime(self):
+        return self.app[RUNTIME]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def replay(self, *texts: str) -> ReplayBackend:
+        """The next requests get these recorded outputs, one per request."""
+        backend = ReplayBackend([{"text": t} for t in texts], self.runtime.vocab)
+        self.runtime.backend = backend
+        return backend
+
+    def post(self, body: dict) -> tuple[int, str, bytes]:
+        req = urllib.request.Request(self.url + "/v1/responses", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return response.status, response.headers["Content-Type"], response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers["Content-Type"], err.read()
+
+
+@pytest.fixture(scope="module")
+def app(qwen3_5_dir, tmp_path_factory):
+    placeholder = tmp_path_factory.mktemp("replay") / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    server = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
+                                served_model_name=MODEL)).start()
+    yield server
+    server.stop()
+
+
+def respond(app, **body):
+    body.setdefault("model", MODEL)
+    body.setdefault("input", "Hello")
+    return app.post(body)
+
+
+def stream(app, **body) -> list[dict]:
+    status, kind, data = respond(app, stream=True, **body)
+    assert status == 200, data
+    assert kind.startswith("text/event-stream")
+    return sse(data)
+
+
+def sse(data: bytes) -> list[dict]:
+    """Every frame is `event: TYPE` + `data: {...}` with the same type, as OpenAI sends them."""
+    events = []
+    for block in data.decode().split("\n\n"):
+        if not block:
+            continue
+        head, body = block.split("\n")
+        event = json.loads(body.removeprefix("data: "))
+        assert head == f"event: {event['type']}" and body.startswith("data: ")
+        events.append(event)
+    return events
+
+
+def check_stream(events: list[dict]) -> dict:
+    """The rules every stream keeps, whatever it carries; returns the final response object."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    created, progress, final = events[0], events[1], events[-1]
+    assert (created["type"], progress["type"]) == ("response.created", "response.in_progress")
+    response_id = created["response"]["id"]
+    assert response_id.startswith("resp_")
+    assert created["response"]["status"] == "in_progress" and created["response"]["output"] == []
+    assert final["type"] in ("response.completed", "response.incomplete", "response.failed")
+    assert final["response"]["id"] == response_id and final["response"]["object"] == "response"
+    item, pieces, done = None, [], []
+    deltas = {"reasoning": "response.reasoning_text.delta", "message": "response.output_text.delta",
+              "function_call": "response.function_call_arguments.delta",
+              "custom_tool_call": "response.custom_tool_call_input.delta"}
+    for event in events[2:-1]:
+        kind = event["type"]
+        where = {"item_id": event.get("item_id"), "output_index": event.get("output_index")}
+        if kind == "response.in_progress":  # a keepalive
+            assert event["response"]["id"] == response_id and event["response"]["status"] == "in_progress"
+        elif kind == "response.output_item.added":
+            assert item is None, "an item opened before the previous one was done"
+            item, pieces = event["item"], []
+            assert event["output_index"] == len(done) and item["status"] == "in_progress"
+            assert item["id"].startswith(ID_PREFIX[item["type"]])
+        elif kind == deltas.get(item and item["type"]):
+            assert where == {"item_id": item["id"], "output_index": len(done)}
+            pieces.append(event["delta"])
+        elif kind in ("response.content_part.added", "response.content_part.done", "response.reasoning_text.done",
+                      "response.output_text.done"):
+            assert item["type"] in ("reasoning", "message") and event["content_index"] == 0
+            assert where == {"item_id": item["id"], "output_index": len(done)}
+            text = "".join(pieces)
+            if kind == "response.content_part.added":
+                assert event["part"]["text"] == "" and not pieces
+            elif kind == "response.content_part.done":
+                assert event["part"]["text"] == text
+            else:
+                assert event["text"] == text
+        elif kind in ("response.function_call_arguments.done", "response.custom_tool_call_input.done"):
+            key = "arguments" if item["type"] == "function_call" else "input"
+            assert where == {"item_id": item["id"], "output_index": len(done)} and event[key] == "".join(pieces)
+        elif kind == "response.output_item.done":
+            whole = event["item"]
+            assert whole["id"] == item["id"] and whole["type"] == item["type"] and event["output_index"] == len(done)
+            assert whole["status"] in ("completed", "incomplete")
+            if whole["type"] in ("reasoning", "message"):
+                assert [p["text"] for p in whole["content"]] == ["".join(pieces)]
+            else:
+                assert whole["arguments" if whole["type"] == "function_call" else "input"] == "".join(pieces)
+            done.append(whole)
+            item = None
+        else:
+            raise AssertionError(f"unexpected event {kind} (open item: {item})")
+    ids = [i["id"] for i in done]
+    assert len(set(ids)) == len(ids)
+    if final["type"] != "response.failed":
+        assert item is None and final["response"]["output"] == done
+    return final["response"]
+
+
+def kinds(events):
+    """Event types with runs of deltas folded to one, for exact sequence checks."""
+    out = []
+    for e in events:
+        if not (e["type"].endswith(".delta") and out and out[-1] == e["type"]):
+            out.append(e["type"])
+    return out
+
+
+def strip_ids(items):
+    return [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]
+
+
+def prompt_tokens(app, messages, tools=None, **kwargs) -> int:
+    return len(app.runtime.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                         tokenize=True, return_dict=True, **kwargs)["input_ids"])
+
+
+def count(app, text) -> int:
+    return len(app.runtime.tokenizer.encode(text, add_special_tokens=False))
+
+
+# -- answers --
+
+ANSWER = "Greeting the user.\n</think>\n\nHello to you too.<|im_end|>"
+
+
+def test_a_streamed_answer_with_reasoning(app):
+    app.replay(ANSWER)
+    events = stream(app, instructions="Be kind.")
+    response = check_stream(events)
+    assert kinds(events) == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert response["status"] == "completed" and response["error"] is None and response["incomplete_details"] is None
+    assert response["model"] == MODEL and response["instructions"] == "Be kind."
+    assert strip_ids(response["output"]) == [
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Greeting the user."}],
+         "status": "completed"},
+        {"type": "message", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hello to you too.", "annotations": [], "logprobs": []}]}]
+    prompt = prompt_tokens(app, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello"}])
+    assert response["usage"] == {
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": count(app, ANSWER), "output_tokens_details": {"reasoning_tokens": count(app, "Greeting the user.\n")},
+        "total_tokens": prompt + count(app, ANSWER)}
+
+
+def test_not_streaming_returns_the_same_response_object(app):
+    app.replay(ANSWER, ANSWER)
+    final = check_stream(stream(app))
+    status, kind, data = respond(app)
+    assert status == 200 and kind.startswith("application/json")
+    body = json.loads(data)
+    assert body["id"].startswith("resp_") and body["id"] != final["id"]
+    assert strip_ids(body["output"]) == strip_ids(final["output"])
+    assert {k: v for k, v in body.items() if k not in ("id", "created_at", "output")} == {
+        k: v for k, v in final.items() if k not in ("id", "created_at", "output")}
+
+
+def test_thinking_off_with_effort_none(app):
+    app.replay("Just the answer.<|im_end|>")
+    response = check_stream(stream(app, reasoning={"effort": "none"}))
+    assert strip_ids(response["output"]) == [{"type": "message", "status": "completed", "role": "assistant", "content": [
+        {"type": "output_text", "text": "Just the answer.", "annotations": [], "logprobs": []}]}]
+    assert response["reasoning"] == {"effort": "none", "summary": None}
+    assert response["usage"]["input_tokens"] == prompt_tokens(app, [{"role": "user", "content": "Hello"}],
+                                                              enable_thinking=False)
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_a_token_budget_cut_is_incomplete(app):
+    app.replay("One two three four five six seven eight.<|im_end|>")
+    events = stream(app, reasoning={"effort": "none"}, max_output_tokens=4)
+    response = check_stream(events)
+    assert events[-1]["type"] == "response.incomplete"
+    assert response["status"] == "incomplete" and response["incomplete_details"] == {"reason": "max_output_tokens"}
+    (message,) = response["output"]
+    assert message["status"] == "incomplete" and message["content"][0]["text"] == "One two three four"
+    assert response["usage"]["output_tokens"] == 4 and response["max_output_tokens"] == 4
+
+
+# -- tool calls --
+
+def test_calls_come_back_as_the_clients_own_tools(app):
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch"
+    app.replay("Three things.\n</think>\n\n" + call("exec_command", cmd="echo hi", yield_time_ms=1000) + "\n"
+               + call("multi_agent_v1::close_agent", target="agent-7") + "\n" + call("apply_patch", input=patch)
+               + "<|im_end|>")
+    events = stream(app, tools=TOOLS, input=[{"type": "message", "role": "user", "content": "Go"}])
+    response = check_stream(events)
+    assert kinds(events)[8:] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done", "response.output_item.done", "response.completed"]
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"][1:]
+    assert [(a["status"], a.get("arguments", a.get("input"))) for a in added] == [("in_progress", "")] * 3
+    reasoning, shell, close, edit = response["output"]
+    assert reasoning["content"][0]["text"] == "Three things."
+    assert shell["id"].startswith("fc_") and shell["call_id"].startswith("call_")
+    assert {k: v for k, v in shell.items() if k not in ("id", "call_id")} == {
+        "type": "function_call", "status": "completed", "name": "exec_command",
+        "arguments": json.dumps({"cmd": "echo hi", "yield_time_ms": 1000})}
+    assert {k: v for k, v in close.items() if k not in ("id", "call_id")} == {
+        "type": "function_call", "status": "completed", "name": "close_agent", "namespace": "multi_agent_v1",
+        "arguments": json.dumps({"target": "agent-7"})}
+    assert edit["id"].startswith("ctc_")
+    assert {k: v for k, v in edit.items() if k not in ("id", "call_id")} == {
+        "type": "custom_tool_call", "status": "completed", "name": "apply_patch", "input": patch}
+    assert len({shell["call_id"], close["call_id"], edit["call_id"]}) == 3
+    assert response["tools"] == TOOLS  # echoed as sent
+
+
+def test_the_tools_the_model_sees(app):
+    app.replay(call("close_agent", target="x") + "<|im_end|>")
+    response = check_stream(stream(app, tools=TOOLS, reasoning={"effort": "none"}))
+    offered = [
+        {"type": "function", "function": {"name": "exec_command", "description": "Run a command.",
+                                          "parameters": EXEC["parameters"]}},
+        {"type": "function", "function": {"name": "apply_patch", "description": "Edit files.", "parameters": {
+            "type": "object", "properties": {"input": {"type": "string", "description": (
+                "The tool's whole input, as text matching this lark grammar:\nstart: begin_patch hunk+ end_patch")}},
+            "required": ["input"]}}},
+        {"type": "function", "function": {"name": "multi_agent_v1.close_agent", "description": "Close one.",
+                                          "parameters": AGENTS["tools"][0]["parameters"]}}]
+    # web_search and tool_search were dropped: the prompt holds exactly the three functions.
+    assert response["usage"]["input_tokens"] == prompt_tokens(app, [{"role": "user", "content": "Hello"}], offered,
+                                                              enable_thinking=False)
+    (bare,) = response["output"]  # a bare name that is unique resolves to its namespace
+    assert (bare["name"], bare["namespace"]) == ("close_agent", "multi_agent_v1")
+
+
+def test_text_before_a_call_is_closed_before_the_call_opens(app):
+    app.replay("Let me look.\n" + call("exec_command", cmd="ls") + "<|im_end|>")
+    response = check_stream(stream(app, tools=[EXEC], reasoning={"effort": "none"}))
+    assert [(i["type"], i.get("name")) for i in response["output"]] == [("message", None), ("function_call", "exec_command")]
+    assert response["output"][0]["content"][0]["text"] == "Let me look.\n"  # the parser keeps the newline
+
+
+def test_a_call_to_an_unknown_tool_is_still_reported(app):
+    app.replay(call("rm_everything", path="/") + "<|im_end|>")
+    (item,) = check_stream(stream(app, tools=[EXEC], reasoning={"effort": "none"}))["output"]
+    assert (item["type"], item["name"], json.loads(item["arguments"])) == ("function_call", "rm_everything", {"path": "/"})
+
+
+def test_a_tool_loop_continued_by_previous_response_id(app):
+    app.replay("Run it.\n</think>\n\n" + call("exec_command", cmd="echo ok") + "<|im_end|>",
+               "It printed ok.\n</think>\n\nIt printed ok.<|im_end|>")
+    first = check_stream(stream(app, tools=[EXEC], input="Run echo ok"))
+    (_, shell) = first["output"]
+    output = [{"type": "function_call_output", "call_id": shell["call_id"], "output": "ok\n"}]
+    second = check_stream(stream(app, tools=[EXEC], input=output, previous_response_id=first["id"]))
+    assert second["previous_response_id"] == first["id"]
+    assert second["output"][-1]["content"][0]["text"] == "It printed ok."
+    conversation = [
+        {"role": "user", "content": "Run echo ok"},
+        {"role": "assistant", "content": "", "reasoning_content": "Run it.", "tool_calls": [
+            {"id": shell["call_id"], "type": "function", "function": {"name": "exec_command", "arguments": {"cmd": "echo ok"}}}]},
+        {"role": "tool", "content": "ok\n", "tool_call_id": shell["call_id"], "name": "exec_command"}]
+    offered = [{"type": "function", "function": {"name": "exec_command", "description": "Run a command.",
+                                                 "parameters": EXEC["parameters"]}}]
+    assert second["usage"]["input_tokens"] == prompt_tokens(app, conversation, offered)
+
+
+def test_an_unstored_or_unknown_previous_response_is_a_404(app):
+    app.replay(ANSWER)
+    unstored = check_stream(stream(app, store=False))
+    assert unstored["store"] is False
+    for previous in (unstored["id"], "resp_nothing"):
+        status, _, data = respond(app, previous_response_id=previous)
+        assert status == 404
+        assert json.loads(data)["error"] == {
+            "message": f"Previous response with id '{previous}' not found.", "type": "invalid_request_error",
+            "param": "previous_response_id", "code": "previous_response_not_found"}
+
+
+# -- refusals and failures --
+
+def test_refusals_before_streaming_keep_their_http_status(app):
+    app.replay()  # nothing left to replay: the backend refuses at once
+    status, kind, data = respond(app, stream=True)
+    assert status == 500 and kind.startswith("application/json")
+    assert json.loads(data)["error"]["code"] == "replay_exhausted"
+
+    status, _, data = respond(app, stream=True, model="gpt-5")
+    assert status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
+
+    too_many = app.runtime.max_model_len
+    status, _, data = respond(app, stream=True, max_output_tokens=too_many)
+    error = json.loads(data)["error"]
+    assert status == 400 and (error["code"], error["param"]) == ("context_length_exceeded", "max_output_tokens")
+
+    status, _, data = respond(app, stream=True, input=[{"type": "function_call", "call_id": "c", "name": "f",
+                                                        "arguments": "not json"}])
+    assert status == 400 and json.loads(data)["error"]["param"] == "input[0].arguments"
+
+
+class Wrapped:
+    """The replay backend made slow before its first token, or failing after some tokens."""
+
+    def __init__(self, inner: ReplayBackend, *, delay: float = 0.0, fail_after: int | None = None) -> None:
+        self.inner, self.delay, self.fail_after = inner, delay, fail_after
+        self.name, self.running, self.waiting = "replay", 0, 0
+
+    async def generate(self, request):
+        tokens = 0
+        async for event in self.inner.generate(request):
+            if event["type"] == "token":
+                if tokens == 0:
+                    await asyncio.sleep(self.delay)
+                if tokens == self.fail_after:
+                    raise BackendError("the upstream server went away", status=502, code="upstream_error")
+                tokens += 1
+            yield event
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_failure_after_streaming_started_is_response_failed(app):
+    app.runtime.backend = Wrapped(app.replay("Some text here that never ends.<|im_end|>"), fail_after=3)
+    events = stream(app, reasoning={"effort": "none"})
+    response = check_stream(events)
+    assert events[-1]["type"] == "response.failed"
+    assert response["status"] == "failed"
+    assert response["error"] == {"code": "upstream_error", "message": "the upstream server went away"}
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Some", " text", " here"]
+
+
+def test_silence_gets_in_progress_keepalives(app, monkeypatch):
+    monkeypatch.setattr(proxy.responses, "KEEPALIVE_SECONDS", 0.2)
+    app.runtime.backend = Wrapped(app.replay("Late.<|im_end|>"), delay=1.0)
+    events = stream(app, reasoning={"effort": "none"})
+    response = check_stream(events)
+    assert response["status"] == "completed"
+    first_item = next(i for i, e in enumerate(events) if e["type"] == "response.output_item.added")
+    # Headers and response.created go out after one interval; then one keepalive per interval of silence.
+    assert events[first_item - 1]["type"] == "response.in_progress"
+    keepalives = [e for e in events[2:first_item] if e["type"] == "response.in_progress"]
+    assert 2 <= len(keepalives) <= 5
+
+
+def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_failed(app, monkeypatch):
+    monkeypatch.setattr(proxy.responses, "KEEPALIVE_SECONDS", 0.2)
+    app.runtime.backend = Wrapped(app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
+    status, kind, data = respond(app, stream=True, reasoning={"effort": "none"})
+    assert status == 200 and kind.startswith("text/event-stream")
+    events = sse(data)
+    response = check_stream(events)
+    assert events[-1]["type"] == "response.failed" and response["error"]["code"] == "upstream_error"
+
+
+# -- clients' own parsers --
+
+def test_the_openai_sdk_accumulates_the_stream(app):
+    app.replay("Plan.\n</think>\n\nCalling.\n" + call("apply_patch", input="*** Begin Patch\n*** End Patch") + "<|im_end|>")
+    client = OpenAI(base_url=app.url + "/v1", api_key="unused")
+    with client.responses.stream(model=MODEL, input="Patch it", tools=[EXEC, PATCH]) as events:
+        kinds_seen = [event.type for event in events]
+        final = events.get_final_response()
+    assert kinds_seen[0] == "response.created" and kinds_seen[-1] == "response.completed"
+    assert [item.type for item in final.output] == ["reasoning", "message", "custom_tool_call"]
+    assert final.output_text == "Calling.\n"
+    assert final.output[2].input == "*** Begin Patch\n*** End Patch" and final.output[2].name == "apply_patch"
+    assert final.usage.output_tokens_details.reasoning_tokens == count(app, "Plan.\n")
+
+
+@pytest.mark.parametrize("name", ["codex-first-request.json", "codex-after-tool-call.json"])
+def test_recorded_codex_requests_are_answered(app, name):
+    try:
+        body = json.loads((checkpoints.shared_dir() / "clients" / "recorded" / name).read_text())["body"]
+    except checkpoints.MissingShared as exc:
+        pytest.skip(str(exc))
+    request, _, _ = parse_responses(body)
+    app.replay("Ok.\n</think>\n\nDone.<|im_end|>")
+    status, kind, data = app.post({**body, "model": MODEL})
+    assert status == 200 and kind.startswith("text/event-stream")
+    response = check_stream(sse(data))
+    assert response["status"] == "completed" and response["output"][-1]["content"][0]["text"] == "Done."
+    # codex's whole conversation and tools were rendered (9 KB of tools, 30 KB of instructions).
+    assert response["usage"]["input_tokens"] == prompt_tokens(app, request.messages, request.tools) > 8000
