@@ -14,8 +14,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API")
-    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                       help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL})")
+    serve.add_argument("model", nargs="?", default=None,
+                       help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
+                       "with --backend vllm, the model the server serves)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the model id clients use (default: MODEL as given)")
@@ -26,19 +27,40 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
     serve.add_argument("--max-model-len", type=int, help="context length to allow (default: the checkpoint's)")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="on a GPU, decode with plain calls instead of replaying a captured CUDA graph")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the model before a 429")
-    serve.add_argument("--backend", choices=["local", "replay"], default="local",
-                       help="local: decode here with transformers; replay: serve recorded output (--replay)")
+    serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
+                       help="local: decode here with transformers; replay: serve recorded output (--replay); "
+                       "vllm: forward token ids to a vLLM server (--vllm-url)")
     serve.add_argument("--replay", metavar="FILE", help="JSON Lines of recorded steps, one per request, for --backend replay")
+    serve.add_argument("--vllm-url", metavar="URL", help="the vLLM server to forward token ids to, for --backend vllm "
+                       "(give --revision too if it was started with one)")
+    serve.add_argument("--vllm-api-key", default=os.environ.get("VLLM_API_KEY"),
+                       help="the vLLM server's API key (default: $VLLM_API_KEY)")
+    serve.add_argument("--vllm-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long to wait for the vLLM server's first token, and between tokens (default 60)")
+    serve.add_argument("--trace-db", metavar="PATH", help="the SQLite trace store, or 'off' (default: "
+                       "traces.sqlite3 in the user's data directory)")
+    serve.add_argument("--no-trace-content", dest="trace_content", action="store_false",
+                       help="record timings, counts and probabilities, but no prompt, token or argument text")
+    serve.add_argument("--otlp-endpoint", metavar="URL", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                       help="also export every span over OTLP/HTTP, e.g. http://localhost:4318 (Tempo, Jaeger, Phoenix)")
+    serve.add_argument("--trace-retention-days", type=float, default=7.0, help="drop stored traces older than this")
+    serve.add_argument("--trace-max-mb", type=float, default=1024.0, help="drop the oldest stored traces past this size")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
-        model=args.model, host=args.host, port=args.port, served_model_name=args.served_model_name,
+        model=args.model or (None if args.backend == "vllm" else DEFAULT_MODEL),  # vllm: what the server serves
+        host=args.host, port=args.port, served_model_name=args.served_model_name,
         revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
-        max_model_len=args.max_model_len, max_queue=args.max_queue, backend=args.backend, replay=args.replay,
+        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue, backend=args.backend, replay=args.replay,
+        vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
+        trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
+        trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,
     )
 
 
@@ -47,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.backend == "replay" and not args.replay:
         parser.error("--backend replay needs --replay FILE")
+    if args.backend == "vllm" and not args.vllm_url:
+        parser.error("--backend vllm needs --vllm-url URL")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from aiohttp import web
@@ -58,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     # handler_cancellation: a client that disconnects cancels its handler, which stops its generation.
     web.run_app(app, host=settings.host, port=settings.port, handler_cancellation=True, access_log=None,
                 print=lambda *_: logging.getLogger("looptrace").info(
-                    "serving %s on http://%s:%d/v1", settings.model, settings.host, settings.port))
+                    "serving %s on http://%s:%d/v1", settings.model or settings.vllm_url, settings.host, settings.port))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Runtime:
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
         self.backend: Backend | None = None
+        self.upstream = None  # the vLLM server, with --backend vllm (backends.vllm.Upstream)
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -41,6 +42,8 @@ class Runtime:
 
     async def _load(self) -> None:
         try:
+            if self.settings.backend == "vllm":
+                await self._reach_vllm()
             await asyncio.to_thread(self._load_sync)
             self.status = "ready"
             log.info("ready: %s (%s family, %s backend, context %d)", self.model_name, self.family.name,
@@ -51,13 +54,30 @@ class Runtime:
         finally:
             self._loaded.set()
 
+    async def _reach_vllm(self) -> None:
+        """Learn what the vLLM server serves; while it does not answer, say so and keep trying."""
+        from backends.vllm import Upstream
+
+        settings = self.settings
+        self.upstream = upstream = Upstream(settings.vllm_url, settings.vllm_api_key, settings.vllm_timeout)
+
+        def waiting(reason: str) -> None:
+            self.reason = reason
+            upstream.unreachable(reason)
+
+        await upstream.reach(settings.model, waiting)
+        self.reason = None
+        self.model_name = self.model_name or upstream.model
+        upstream.watch()
+
     def _load_sync(self) -> None:
         from transformers import AutoTokenizer
 
         settings = self.settings
-        checkpoint = ckpt.read_config(settings.model, settings.revision)
+        source = self.upstream.checkpoint_source() if self.upstream is not None else settings.model
+        checkpoint = ckpt.read_config(source, settings.revision)
         family_cls = family_for_config(checkpoint.config)  # refuses an unsupported family before any weights move
-        log.info("%s: %s family; fetching the checkpoint", settings.model, family_cls.name)
+        log.info("%s: %s family; fetching the checkpoint", source, family_cls.name)
         # Replay needs the tokenizer and template only; local decoding needs the weights too.
         folder = ckpt.fetch(checkpoint, weights=settings.backend == "local")
         tokenizer = AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
@@ -66,19 +86,58 @@ class Runtime:
         self.vocab = Vocabulary(tokenizer)
         if not self.settings.max_model_len:
             self.max_model_len = ckpt.context_length(checkpoint.config) or tokenizer.model_max_length
+        if self.upstream is not None:  # the server's context is the limit
+            limit = self.upstream.max_model_len
+            self.max_model_len = min(settings.max_model_len or limit, limit)
         self.backend = self._backend(checkpoint)
 
     def _backend(self, checkpoint: ckpt.Checkpoint) -> Backend:
         settings = self.settings
         if settings.backend == "replay":
-            from backends.replay import ReplayBackend, read_steps
+            from backends.replay import ReplayBackend
 
-            return ReplayBackend(read_steps(settings.replay), self.vocab)
+            return ReplayBackend(self._replay_steps(), self.vocab)
+        if settings.backend == "vllm":
+            from backends.vllm import VLLMBackend
+
+            return VLLMBackend(self.upstream, self.vocab)
         from backends.loading import load_local  # torch and the model classes load only when needed
 
-        return load_local(checkpoint, self.vocab, settings)
+        return load_local(checkpoint, self.vocab, settings, self.max_model_len)
+
+    def _replay_steps(self) -> list[dict]:
+        """A JSON Lines file of steps, or traces from the store: trace ids (comma-separated) or
+        `conversation:ID` for every trace of a session, oldest first."""
+        from backends.replay import read_steps
+
+        spec = self.settings.replay
+        if Path(spec).expanduser().is_file():
+            return read_steps(Path(spec).expanduser())
+        from trace_store.sqlite import SQLiteTraceStore
+
+        from .telemetry import default_trace_db
+
+        db = self.settings.trace_db
+        store = SQLiteTraceStore(Path(db).expanduser() if db and db != "off" else default_trace_db())
+        if spec.startswith("conversation:"):
+            conversation = spec.removeprefix("conversation:")
+            trace_ids = [t["trace_id"] for t in reversed(store.list_traces(conversation=conversation, limit=100000))]
+            if not trace_ids:
+                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {store.path}")
+        elif all(len(t) == 32 for t in spec.split(",")):
+            trace_ids = spec.split(",")
+        else:
+            raise ValueError(f"--replay {spec}: not a file, a trace id or conversation:ID")
+        return [{"token_ids": store.generated_ids(trace_id)} for trace_id in trace_ids]
+
+    async def loaded(self) -> None:
+        """Until loading ends, either way."""
+        await self._loaded.wait()
 
     async def ready(self) -> None:
+        if not self._loaded.is_set() and self.upstream is not None and not self.upstream.reachable and self.reason:
+            # The vLLM server may never answer: say so now rather than hold the request.
+            raise unavailable(f"the model is not ready: {self.reason}", code="upstream_unreachable")
         await self._loaded.wait()
         if self.status != "ready":
             raise unavailable(f"the model {self.settings.model} failed to load: {self.reason}", code="model_load_failed")
@@ -93,6 +152,10 @@ class Runtime:
                         requests_running=self.backend.running, requests_waiting=self.backend.waiting)
         if self.reason:
             body["reason"] = self.reason
+        if self.upstream is not None:  # where tokens come from, by which route, and whether it answers now
+            body["upstream"] = self.upstream.health()
+            if self.status == "ready" and not self.upstream.reachable:
+                body["status"] = "upstream_unreachable"
         return body
 
     async def close(self) -> None:
@@ -100,6 +163,8 @@ class Runtime:
             self._task.cancel()
         if self.backend is not None:
             await self.backend.close()
+        if self.upstream is not None:
+            await self.upstream.close()
 
 
 def _generation_config(folder: Path, checkpoint: ckpt.Checkpoint) -> dict | None:

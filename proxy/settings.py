@@ -18,6 +18,16 @@ class Settings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     api_key: str | None = None
     max_model_len: int | None = None  # None: the checkpoint's own
+    enforce_eager: bool = False  # no CUDA graph for the decode step
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
-    backend: str = "local"  # local | replay
+    backend: str = "local"  # local | replay | vllm
     replay: str | None = None  # the recorded steps, for --backend replay
+    vllm_url: str | None = None  # the vLLM server, for --backend vllm
+    vllm_api_key: str | None = None
+    vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
+    # Tracing: the embedded store (a path, or "off"), OTLP export, and whether content is recorded.
+    trace_db: str | None = None  # None: under the user's data directory
+    trace_content: bool = True
+    otlp_endpoint: str | None = None
+    trace_retention_days: float = 7.0
+    trace_max_mb: float = 1024.0

@@ -1,0 +1,199 @@
+"""The vLLM backend: the prompt is rendered and tokenized here, token ids go to a vLLM server, and
+the tokens coming back are turned into the same events as local decoding.
+
+Its promise: the token ids, their text (decoded here, with the same detokenizer as every backend),
+the finish reason, the logprob and top five of each token are the server's, relayed unchanged.
+What it does not promise: the server's sampling equal to ours (only greedy output is comparable),
+or a rank for every token (`/v1/completions` reports none; a token outside the top five then has
+rank None). vLLM reports cached prompt tokens only at the end of a stream, so the `prefill`
+event's `cached_tokens` is filled in then: the same dict, before `done` is yielded.
+
+Two routes: `/inference/v1/generate` (token ids in and out, ranks) when the server has it, probed
+at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
+`BackendError` the client hears, never a hang: every wait on the server is bounded by the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import AsyncIterator
+
+import aiohttp
+
+from . import vllm_protocol as protocol
+from .base import BackendError, DecodeRequest
+from .detokenize import Vocabulary
+from .vllm_upstream import Upstream, describe
+
+__all__ = ["Upstream", "VLLMBackend"]
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, upstream: Upstream, vocab: Vocabulary) -> None:
+        self.upstream = upstream
+        self.vocab = vocab
+        self.running = 0
+        self.waiting = 0  # vLLM queues; nothing waits here
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=upstream.timeout, sock_read=upstream.timeout)
+
+    @property
+    def route(self) -> str:
+        return self.upstream.route
+
+    async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
+        up = self.upstream
+        room = up.max_model_len - len(request.prompt_ids)
+        if room <= 0:
+            raise BackendError(f"This model's maximum context length is {up.max_model_len} tokens, and the prompt "
+                               f"already has {len(request.prompt_ids)}.", status=400, code="context_length_exceeded")
+        max_tokens = min(request.max_tokens, room)
+        generate_route = up.route == protocol.GENERATE
+        build = protocol.generate_body if generate_route else protocol.completions_body
+        parse = protocol.generate_tokens if generate_route else protocol.completions_tokens
+        data = json.dumps(build(up.model, request, max_tokens)).encode()
+        headers = {**up.headers, "Content-Type": "application/json"}
+        if request.traceparent:
+            headers["traceparent"] = request.traceparent  # vLLM's own span becomes a child of ours
+
+        vocab, stop_ids, cancel, timeout = self.vocab, request.stop_ids, request.cancel, up.timeout
+        pieces, special = vocab.pieces, vocab.special
+        detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
+        prefill: dict | None = None
+        spec: tuple[int, int, int] | None = None
+        count, finish, reason, ended = 0, "", None, False
+        response = None
+        started = first_at = time.perf_counter()
+        self.running += 1
+        try:
+            try:
+                # sock_read bounds each wait for data, whichever task drives this generator (the Responses
+                # adapter reads its first event in a task of its own), and stops counting while the consumer
+                # is slow to read.
+                response = await up.session.post(up.url + up.route, data=data, headers=headers,
+                                                 timeout=self._timeout)
+            except aiohttp.ClientConnectionError as exc:
+                if isinstance(exc, aiohttp.SocketTimeoutError):
+                    raise  # it answered the connection, then nothing: a timeout, below
+                up.unreachable(f"cannot reach the vLLM server at {up.url}: {describe(exc)}")
+                raise BackendError(up.error, status=502, code="upstream_unreachable") from exc
+            up.answered()
+            if response.status != 200:
+                raise await self._refusal(response)
+            buffer = b""
+            async for block in response.content.iter_any():
+                lines = (buffer + block).split(b"\n")
+                buffer = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # the blank line between events, comments
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        ended = True
+                        break
+                    chunk = json.loads(payload)
+                    choices = chunk.get("choices")
+                    if choices:
+                        choice = choices[0]
+                        reason = choice.get("finish_reason")
+                        tokens = parse(choice)
+                        last = len(tokens) - 1
+                        for k, (token_id, logprob, rank, top_ids, top_logprobs) in enumerate(tokens):
+                            if prefill is None:
+                                first_at = time.perf_counter()
+                                prefill = {"type": "prefill", "prompt_tokens": len(request.prompt_ids),
+                                           "cached_tokens": 0, "seconds": first_at - started}
+                                yield prefill
+                            count += 1
+                            if token_id in stop_ids:
+                                text, finish = "", "stop"
+                            else:
+                                text = detokenizer.step(token_id)
+                                if cancel.is_set():
+                                    finish = "cancelled"
+                                if finish or count >= max_tokens or (k == last and reason is not None):
+                                    text += detokenizer.flush()  # the last token: bytes held back come out now
+                            yield {
+                                "type": "token", "index": count - 1, "id": token_id,
+                                "piece": pieces[token_id] if 0 <= token_id < len(pieces) else "", "text": text,
+                                "special": token_id in special, "logprob": logprob, "p": math.exp(logprob),
+                                "rank": rank, "top_ids": top_ids, "top_logprobs": top_logprobs,
+                            }
+                            if finish == "cancelled":
+                                break
+                        if finish == "cancelled":
+                            break
+                        if reason is not None and reason not in ("stop", "length"):
+                            raise BackendError(f"the vLLM server at {up.url} ended the generation with "
+                                               f"finish_reason '{reason}' after {_tokens(count)}",
+                                               status=502, code="upstream_finish_reason")
+                    elif "error" in chunk:  # a failure during generation: vLLM's error frame
+                        raise _upstream_error(up.url, chunk, count)
+                    usage = chunk.get("usage")
+                    if usage and prefill is not None:
+                        prefill["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    spec = protocol.speculative_counts(chunk.get("metrics")) or spec
+                if ended or finish == "cancelled":
+                    break
+        except TimeoutError as exc:
+            where = "before the first token" if prefill is None else f"after token {count}"
+            raise BackendError(f"the vLLM server at {up.url} sent nothing for {timeout:g} s {where} "
+                               f"(--vllm-timeout)", status=504, code="upstream_timeout") from exc
+        except aiohttp.ClientError as exc:  # the connection broke mid-stream
+            raise _cut(up.url, count, describe(exc)) from exc
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # a chunk we cannot read
+            raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read: "
+                               f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
+        finally:
+            self.running -= 1
+            if response is not None and not ended:
+                response.close()  # closing the connection is how vLLM learns to stop generating
+            elif response is not None:
+                response.release()
+
+        if finish != "cancelled":
+            if not ended or reason is None:
+                raise _cut(up.url, count, "the stream ended without [DONE]" if not ended else "no finish_reason")
+            finish = reason
+        seconds = time.perf_counter() - first_at
+        drafts, drafted, accepted = spec or (0, 0, 0)
+        yield {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
+               "tokens_per_second": (count - 1) / seconds if count > 1 and seconds > 0 else 0.0,
+               "drafts": drafts, "drafted": drafted, "accepted": accepted}
+
+    async def _refusal(self, response: aiohttp.ClientResponse) -> BackendError:
+        text = await response.text()
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError:
+            body = None
+        message = protocol.error_message(body, text.strip() or response.reason or "")
+        status = response.status
+        if status in (401, 403):  # looptrace's key or setup, not the client's fault: don't tell it its key is wrong
+            return BackendError(f"the vLLM server at {self.upstream.url} refused looptrace ({status}): {message}",
+                                status=502, code="upstream_refused")
+        if status < 500:
+            return BackendError(message, status=status, code="upstream_rejected")  # its own words, e.g. the context
+        return BackendError(f"the vLLM server at {self.upstream.url} failed ({status}): {message}",
+                            status=503 if status == 503 else 502, code="upstream_error")
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+
+def _upstream_error(url: str, chunk: dict, count: int) -> BackendError:
+    message = protocol.error_message(chunk, json.dumps(chunk))
+    return BackendError(f"the vLLM server at {url} failed after {_tokens(count)}: {message}", status=502,
+                        code="upstream_error")
+
+
+def _cut(url: str, count: int, why: str) -> BackendError:
+    return BackendError(f"the vLLM server at {url} cut the stream after {_tokens(count)}: {why}", status=502,
+                        code="upstream_stream_cut")
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"

@@ -1,0 +1,187 @@
+"""The vLLM server behind the vllm backend: what it serves, by which route, and whether it answers.
+
+At load, `/v1/models` gives the model, the checkpoint it was loaded from (`root`) and its context;
+an empty POST to `/inference/v1/generate` tells whether that route is there (400: it is, the body
+failed validation at no cost to the engine; 403: started without --enable-scale-out; 404: a vLLM
+too old to have it). A server that does not answer is retried for as long as it takes; once
+loaded, its /health is polled so that looptrace's /health can say whether tokens can come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from . import vllm_protocol as protocol
+
+log = logging.getLogger("looptrace")
+
+RETRY_SECONDS = (1, 2, 5)  # waits between attempts to reach the server at load; the last repeats
+WATCH_SECONDS = 5.0  # how often /health is asked once loaded
+
+
+class Unreachable(Exception):
+    """The server did not answer at all (refused, unknown host, no answer in time)."""
+
+
+class Upstream:
+    """One vLLM server: where it is, what it serves, by which route, and whether it answers now."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+        url = url.rstrip("/")
+        self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # people paste their OpenAI base URL
+        self.timeout = timeout
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = ""  # the id vLLM serves, sent as `model`
+        self.root = ""  # the checkpoint vLLM loaded (a Hub id or a folder on its machine)
+        self.max_model_len = 0
+        self.route = protocol.COMPLETIONS
+        self.route_note = ""  # why not the generate route
+        self.reachable = False
+        self.error: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._watcher: asyncio.Task | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # No total limit: a stream lasts as long as the generation; waits are bounded per read.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
+                connector=aiohttp.TCPConnector(limit=0), json_serialize=json.dumps,
+            )
+        return self._session
+
+    # -- at load --
+
+    async def reach(self, model: str | None, on_wait: Callable[[str], None]) -> None:
+        """Connect, retrying for as long as the server does not answer; `on_wait` hears why."""
+        for attempt in itertools.count():
+            try:
+                await self.connect(model)
+                return
+            except Unreachable as exc:
+                wait = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
+                message = f"{exc}; retrying every {RETRY_SECONDS[-1]} s"
+                if attempt == 0:
+                    log.warning("%s", message)
+                on_wait(message)
+                await asyncio.sleep(wait)
+
+    async def connect(self, model: str | None) -> None:
+        """Read what the server serves and probe for the generate route (one attempt)."""
+        status, body = await self._call("GET", "/v1/models")
+        if status != 200:
+            raise RuntimeError(f"the vLLM server at {self.url} answered {status} to GET /v1/models: "
+                               f"{protocol.error_message(body, str(body))}")
+        cards = [c for c in body.get("data") or () if isinstance(c, dict) and not c.get("parent")]
+        card = _choose(cards, model, self.url)
+        self.model, self.root = card["id"], card.get("root") or card["id"]
+        if not isinstance(card.get("max_model_len"), int):
+            raise RuntimeError(f"the vLLM server at {self.url} did not say max_model_len for {self.model}")
+        self.max_model_len = card["max_model_len"]
+        # An empty body fails validation where the route exists (400), and costs the engine nothing.
+        status, body = await self._call("POST", protocol.GENERATE, {})
+        if status in (400, 422):
+            self.route, self.route_note = protocol.GENERATE, ""
+        else:
+            why = {403: "the server was started without --enable-scale-out",
+                   404: "this vLLM is too old to have it"}.get(status) or protocol.error_message(body, "unexpected")
+            self.route, self.route_note = protocol.COMPLETIONS, f"{protocol.GENERATE} answered {status}: {why}"
+        self.answered()
+        log.info("vLLM at %s serves %s (context %d) from %s; using %s%s", self.url, self.model, self.max_model_len,
+                 self.root, self.route, f" ({self.route_note})" if self.route_note else "")
+
+    def checkpoint_source(self) -> str:
+        """Where looptrace reads the same tokenizer and template: the Hub id, or the same folder here."""
+        root = self.root
+        looks_local = root.startswith(("/", ".", "~")) or root.count("/") > 1 or root.endswith(".gguf")
+        if looks_local and not Path(root).expanduser().exists():
+            raise FileNotFoundError(
+                f"the vLLM server at {self.url} loaded {self.model} from {root}, which is not on this machine: "
+                f"looptrace reads the tokenizer and chat template from the same checkpoint, so that folder must be "
+                f"at the same path here (copy or mount it), or the server must be started from a Hub id")
+        return root
+
+    def watch(self) -> None:
+        """Keep `reachable` current for /health between requests."""
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            try:
+                status, body = await self._call("GET", "/health")
+            except Unreachable as exc:
+                self.unreachable(str(exc))
+                continue
+            if status == 200:
+                self.answered()
+            else:
+                self.reachable, self.error = False, f"GET /health answered {status}: {protocol.error_message(body, '')}"
+
+    async def _call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self.session.request(method, self.url + path, json=body, headers=self.headers) as response:
+                    text = await response.text()
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise Unreachable(f"cannot reach the vLLM server at {self.url}: {describe(exc)}") from exc
+        try:
+            return response.status, json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            return response.status, {"detail": text}
+
+    # -- state --
+
+    def answered(self) -> None:
+        self.reachable, self.error = True, None
+
+    def unreachable(self, message: str) -> None:
+        self.reachable, self.error = False, message
+
+    def health(self) -> dict:
+        body = {"url": self.url, "model": self.model, "route": self.route, "reachable": self.reachable}
+        if self.route_note:
+            body["route_note"] = self.route_note
+        if self.error:
+            body["error"] = self.error
+        return body
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+
+def _choose(cards: list[dict], wanted: str | None, url: str) -> dict:
+    if not cards:
+        raise RuntimeError(f"the vLLM server at {url} serves no model")
+    if wanted is None:
+        return cards[0]
+    for card in cards:
+        if wanted in (card.get("id"), card.get("root")):
+            return card
+    served = ", ".join(f"{c.get('id')} (from {c.get('root')})" for c in cards)
+    raise RuntimeError(f"the vLLM server at {url} serves {served}, not {wanted}: name one of those, or leave MODEL "
+                       f"out to use what it serves")
+
+
+def describe(exc: BaseException) -> str:
+    """An aiohttp failure in a few words a person can act on."""
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the connection closed before the response was complete"
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    return str(exc) or type(exc).__name__

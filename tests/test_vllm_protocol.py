@@ -1,0 +1,349 @@
+"""The field names looptrace sends to vLLM, and those the test double sends back, are vLLM's own.
+
+vLLM's OpenAI request models accept unknown fields silently (`extra="allow"`), so a misspelt
+setting would simply do nothing; and a double whose chunks were guessed would let the backend
+pass against a protocol no vLLM speaks. So the protocol modules of the pinned vllm wheel
+(VLLM_VERSION) are read here: downloaded once with `pip download --no-deps` into the test cache,
+the few protocol files taken out with zipfile, and each model's fields read with `ast` (vLLM is
+never imported: it needs CUDA). Without the wheel these tests fail; they never skip.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import checkpoints
+from backends import vllm_protocol as protocol
+from backends.base import DecodeRequest, SamplingParams
+from backends.detokenize import Vocabulary
+from backends.vllm import Upstream, VLLMBackend
+from server import free_port
+from vllm_double import VLLM_VERSION, DoubleProcess
+
+FILES = (
+    "vllm/entrypoints/openai/completion/protocol.py",  # CompletionRequest, CompletionStreamResponse, ...
+    "vllm/entrypoints/generate/base/protocol.py",  # StreamOptions, PerRequestMetrics, SpeculativeDecodingMetrics
+    "vllm/entrypoints/serve/engine/protocol.py",  # ErrorResponse, ModelList, ModelCard, UsageInfo
+    "vllm/entrypoints/scale_out/token_in_token_out/protocol.py",  # GenerateRequest, GenerateTokensStreamResponse
+    "vllm/sampling_params.py",  # SamplingParams
+)
+KEY = "protocol-key"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's models, read from the wheel
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    bases: list[str]
+    fields: dict[str, bool]  # JSON name → required
+    defaults: dict[str, object]  # literal defaults of class attributes, private ones included
+
+
+def _extract(out: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps", "--only-binary=:all:",
+                   "-d", tmp, "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("vllm-*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in FILES:
+                target = out / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(name))
+        return {"wheel": wheels[0].name}
+
+
+def _field_call(value: ast.expr | None) -> ast.Call | None:
+    name = getattr(value.func, "id", getattr(value.func, "attr", None)) if isinstance(value, ast.Call) else None
+    if name in ("Field", "field"):
+        return value
+    return None
+
+
+def _read_models(source: str) -> dict[str, Model]:
+    models = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        fields, defaults = {}, {}
+        for stmt in node.body:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                try:
+                    defaults[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+                except ValueError:
+                    pass
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            name = stmt.target.id
+            annotation = ast.unparse(stmt.annotation)
+            if annotation.startswith("ClassVar") or name == "model_config":
+                continue
+            if stmt.value is not None:
+                try:
+                    defaults[name] = ast.literal_eval(stmt.value)
+                except ValueError:
+                    pass
+            if name.startswith("_"):
+                continue
+            call = _field_call(stmt.value)
+            keywords = {k.arg: k.value for k in call.keywords} if call else {}
+            alias = keywords.get("alias")
+            key = alias.value if isinstance(alias, ast.Constant) else name
+            if call is not None:
+                has_default = "default" in keywords or "default_factory" in keywords or (
+                    call.args and not (isinstance(call.args[0], ast.Constant) and call.args[0].value is Ellipsis))
+                fields[key] = not has_default
+            else:
+                fields[key] = stmt.value is None
+        models[node.name] = Model([ast.unparse(b) for b in node.bases], fields, defaults)
+    return models
+
+
+@pytest.fixture(scope="module")
+def vllm_models() -> dict[str, Model]:
+    folder = checkpoints._cached("vllm-protocol", {"version": VLLM_VERSION, "files": list(FILES)}, _extract)
+    assert VLLM_VERSION in checkpoints.build_info(folder)["wheel"]
+    models: dict[str, Model] = {}
+    for name in FILES:
+        models.update(_read_models((folder / name).read_text()))
+    return models
+
+
+def fields(models: dict[str, Model], name: str) -> dict[str, bool]:
+    """A model's fields with its bases' (those defined in the files read)."""
+    model = models[name]
+    out: dict[str, bool] = {}
+    for base in model.bases:
+        if base in models:
+            out.update(fields(models, base))
+    out.update(model.fields)
+    return out
+
+
+def check(models: dict[str, Model], name: str, obj: dict, where: str) -> None:
+    known = fields(models, name)
+    unknown = set(obj) - set(known)
+    assert not unknown, f"{where}: {sorted(unknown)} are not fields of vLLM's {name}"
+    missing = {k for k, required in known.items() if required} - set(obj)
+    assert not missing, f"{where}: vLLM's {name} requires {sorted(missing)}"
+
+
+def test_the_models_read_from_the_wheel_are_complete(vllm_models):
+    # Guards the reader itself: a few fields and requirements known from vLLM's source.
+    completion = fields(vllm_models, "CompletionRequest")
+    assert {"prompt", "stop_token_ids", "return_token_ids", "skip_special_tokens", "logprobs"} <= set(completion)
+    assert fields(vllm_models, "GenerateRequest")["token_ids"] is True  # required
+    assert fields(vllm_models, "GenerateTokensStreamChoice")["index"] is True  # inherited from its base
+    assert "speculative_decoding" in fields(vllm_models, "PerRequestMetrics")
+    assert "_eos_token_id" not in fields(vllm_models, "SamplingParams")
+
+
+# ---------------------------------------------------------------------------------------------
+# What looptrace sends
+# ---------------------------------------------------------------------------------------------
+
+
+def sample_request() -> DecodeRequest:
+    return DecodeRequest([1, 2, 3], 7, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=5),
+                         frozenset({248046, 248044}), traceparent=TRACEPARENT)
+
+
+def test_completions_request_fields_are_vllms(vllm_models):
+    body = protocol.completions_body("m", sample_request(), 7)
+    check(vllm_models, "CompletionRequest", body, "/v1/completions body")
+    check(vllm_models, "StreamOptions", body["stream_options"], "stream_options")
+    assert body["prompt"] == [1, 2, 3] and body["stop_token_ids"] == [248044, 248046]
+    assert (body["logprobs"], body["max_tokens"], body["seed"], body["top_k"]) == (5, 7, 5, 20)
+    assert body["return_tokens_as_token_ids"] is body["return_token_ids"] is body["stream"] is True
+    assert body["skip_special_tokens"] is False
+
+
+def test_generate_request_fields_are_vllms(vllm_models):
+    body = protocol.generate_body("m", sample_request(), 7)
+    check(vllm_models, "GenerateRequest", body, "/inference/v1/generate body")
+    check(vllm_models, "StreamOptions", body["stream_options"], "stream_options")
+    sampling = body["sampling_params"]
+    assert not set(sampling) - set(fields(vllm_models, "SamplingParams")), "sampling_params outside SamplingParams"
+    assert (sampling["logprobs"], sampling["max_tokens"], sampling["temperature"]) == (5, 7, 0.7)
+    assert body["output_mode"] == "tokens" and sampling["detokenize"] is False
+
+
+def test_neutral_settings_are_what_vllm_counts_as_off(vllm_models):
+    # vLLM's own table of settings that change nothing, the ones it fills from generation_config.
+    off = vllm_models["CompletionRequest"].defaults["_DEFAULT_SAMPLING_PARAMS"]
+    sampling_defaults = vllm_models["SamplingParams"].defaults
+    for key, value in protocol.NEUTRAL.items():
+        assert off[key] == value, key
+        assert sampling_defaults[key] == value, key
+    # Every setting vLLM would take from the checkpoint is sent explicitly.
+    sent = protocol.sampling_fields(sample_request(), 7)
+    assert set(off) <= set(sent)
+
+
+# ---------------------------------------------------------------------------------------------
+# Both directions on the wire, through the double in --fast mode
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fast_double(tmp_path_factory):
+    tokenizer_dir = checkpoints.qwen3_5_tokenizer_dir()
+    double = DoubleProcess(tokenizer_dir, port=free_port(), log_path=tmp_path_factory.mktemp("double") / "double.log",
+                           fast=True, api_key=KEY)
+    try:
+        double.wait_ready()
+        yield double, tokenizer_dir
+    finally:
+        double.stop()
+
+
+def raw_stream(double: DoubleProcess, path: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(double.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        text = response.read().decode()
+    frames = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def raw_error(double: DoubleProcess, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(double.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    try:
+        urllib.request.urlopen(request, timeout=60)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+    raise AssertionError(f"{path} did not refuse {body}")
+
+
+@pytest.mark.parametrize("scale_out, route", [("on", protocol.GENERATE), ("off", protocol.COMPLETIONS)])
+def test_requests_on_the_wire_are_vllms(fast_double, vllm_models, scale_out, route):
+    double, tokenizer_dir = fast_double
+    double.reset()
+    double.configure(scale_out=scale_out)
+    from transformers import AutoTokenizer
+
+    vocab = Vocabulary(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+    async def run():
+        upstream = Upstream(double.url, KEY, timeout=30)
+        try:
+            await upstream.connect(None)
+            events = [e async for e in VLLMBackend(upstream, vocab).generate(sample_request())]
+            return upstream.route, events
+        finally:
+            await upstream.close()
+
+    try:
+        used, events = asyncio.run(run())
+    finally:
+        double.configure(scale_out="on")
+    assert used == route
+    assert [e["type"] for e in events] == ["prefill"] + ["token"] * 7 + ["done"]
+    sent = [r for r in double.requests() if r["path"] == route and r["outcome"] == "done"]
+    assert len(sent) == 1
+    body = sent[0]["body"]
+    build = protocol.generate_body if route == protocol.GENERATE else protocol.completions_body
+    assert body == build(double.configure()["root"], sample_request(), 7)  # exactly what was checked above
+    model = "GenerateRequest" if route == protocol.GENERATE else "CompletionRequest"
+    check(vllm_models, model, body, f"{route} body as sent")
+    assert sent[0]["headers"] == {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT}
+
+
+def test_completions_chunks_are_vllms(fast_double, vllm_models):
+    double, _ = fast_double
+    double.configure(spec_tokens=2)  # so that metrics.speculative_decoding is sent too
+    try:
+        chunks = raw_stream(double, protocol.COMPLETIONS, protocol.completions_body(
+            double.configure()["root"], sample_request(), 7))
+    finally:
+        double.configure(spec_tokens=0)
+    *tokens, last = chunks
+    assert sum(len(c["choices"][0]["token_ids"]) for c in tokens) == 7
+    assert any(len(c["choices"][0]["token_ids"]) > 1 for c in tokens), "speculative steps give several tokens"
+    for i, chunk in enumerate(tokens):
+        check(vllm_models, "CompletionStreamResponse", chunk, f"chunk {i}")
+        for choice in chunk["choices"]:
+            check(vllm_models, "CompletionResponseStreamChoice", choice, f"chunk {i} choice")
+            check(vllm_models, "CompletionLogProbs", choice["logprobs"], f"chunk {i} logprobs")
+            assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for k in top)
+    assert tokens[0]["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert tokens[-1]["choices"][0]["finish_reason"] == "length"
+    check(vllm_models, "CompletionStreamResponse", last, "usage chunk")
+    assert last["choices"] == []
+    check(vllm_models, "UsageInfo", last["usage"], "usage")
+    check(vllm_models, "PromptTokenUsageInfo", last["usage"]["prompt_tokens_details"], "prompt_tokens_details")
+    check(vllm_models, "PerRequestMetrics", last["metrics"], "metrics")
+    check(vllm_models, "SpeculativeDecodingMetrics", last["metrics"]["speculative_decoding"], "speculative_decoding")
+
+
+def test_generate_chunks_are_vllms(fast_double, vllm_models):
+    double, _ = fast_double
+    body = protocol.generate_body(double.configure()["root"], sample_request(), 7)
+    chunks = raw_stream(double, protocol.GENERATE, body)
+    *tokens, last = chunks
+    assert sum(len(c["choices"][0]["token_ids"]) for c in tokens) == 7
+    for i, chunk in enumerate(tokens):
+        check(vllm_models, "GenerateTokensStreamResponse", chunk, f"chunk {i}")
+        for choice in chunk["choices"]:
+            check(vllm_models, "GenerateTokensStreamChoice", choice, f"chunk {i} choice")
+            check(vllm_models, "GenerateLogProbs", choice["logprobs"], f"chunk {i} logprobs")
+            for entry in choice["logprobs"]["content"]:
+                check(vllm_models, "GenerateLogProbsContent", entry, f"chunk {i} logprob entry")
+                for top in entry["top_logprobs"]:
+                    check(vllm_models, "GenerateLogProb", top, f"chunk {i} top entry")
+    check(vllm_models, "GenerateTokensStreamResponse", last, "usage chunk")
+    check(vllm_models, "UsageInfo", last["usage"], "usage")
+
+
+def test_models_and_errors_are_vllms(fast_double, vllm_models):
+    double, _ = fast_double
+    request = urllib.request.Request(double.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        listing = json.loads(response.read())
+    check(vllm_models, "ModelList", listing, "/v1/models")
+    for card in listing["data"]:
+        check(vllm_models, "ModelCard", card, "model card")
+        for permission in card["permission"]:
+            check(vllm_models, "ModelPermission", permission, "model permission")
+
+    double.configure(max_model_len=2)
+    try:
+        status, body = raw_error(double, protocol.COMPLETIONS, protocol.completions_body(
+            double.configure()["root"], sample_request(), 1))
+    finally:
+        double.configure(max_model_len=0)
+    assert status == 400
+    check(vllm_models, "ErrorResponse", body, "context refusal")
+    check(vllm_models, "ErrorInfo", body["error"], "context refusal error")
+
+    double.configure(scale_out="off")
+    try:
+        status, body = raw_error(double, protocol.GENERATE, {})
+    finally:
+        double.configure(scale_out="on")
+    assert status == 403
+    check(vllm_models, "ErrorInfo", body["error"], "scale-out refusal error")
+    status, body = raw_error(double, protocol.GENERATE, {})  # the load-time probe: a validation error
+    assert status == 400
+    check(vllm_models, "ErrorInfo", body["error"], "validation error")

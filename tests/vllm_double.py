@@ -1,0 +1,648 @@
+"""A stand-in for a vLLM server, for tests and benchmarks: vLLM cannot run on these machines.
+
+An aiohttp app that answers what looptrace asks of vLLM: GET /health, GET /v1/models,
+POST /v1/completions (token-id prompts, streamed) and POST /inference/v1/generate
+(output_mode "tokens", streamed). Tokens come from a small transformers checkpoint or, with
+--fast, from a fixed cycle of ordinary tokens sent as fast as the event loop allows (for relay
+benchmarks: no model time).
+
+Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/test_vllm_protocol.py checks the
+chunks against the wheel), and so are the semantics, read from vLLM's serving code: a sampled
+token's rank counts the tokens at least as likely; `top_logprobs` hold the sampled token first,
+then the most likely; a stop token is in `token_ids` but not in `text`; usage (with cached prompt
+tokens, as with --enable-prompt-tokens-details) and per-request metrics come in a last chunk with
+no choices; an error during generation is a `data: {"error": ...}` frame before `[DONE]`.
+
+Switches for tests, under /double/ (no part of vLLM):
+  POST /double/arm {"kind": K, "after": N, ...}: the next generation
+      status        answers {"status": S, "message": M} at once
+      cut           closes the connection after N tokens
+      stall         sends nothing more after N tokens
+      finish        ends with finish_reason {"reason": R} after N tokens
+      error_frame   sends vLLM's in-stream error after N tokens
+      delay         waits {"seconds": T} before each token
+  POST /double/config {"scale_out": "on"|"off"|"absent", "max_model_len": enforced limit,
+                       "root": reported root, "spec_tokens": K (fake speculative decoding)}
+  GET /double/requests: each generation request (path, trace and auth headers, body, tokens sent,
+      usage and metrics sent, outcome); POST /double/reset forgets them, the armed switch and the
+      prefix cache.
+
+    python -m tests.vllm_double --model DIR_OR_GGUF --port P [--fast] [--api-key K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+VLLM_VERSION = "0.33.0"  # the vLLM whose protocol this double speaks; the wheel the protocol test reads
+BLOCK = 16  # prefix-cache block size: cached prompt tokens come in whole blocks
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+FAST_TEXT = ("The agent read the failing test, wrote a short plan and then changed one line of the parser so "
+             "that the tool call closed properly. ")
+DISABLED = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(message: str, type_: str = "BadRequestError", code: int = 400, param: str | None = None):
+    return web.json_response(error_body(message, type_, code, param), status=code)
+
+
+class Refusal(Exception):
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+# ---------------------------------------------------------------------------------------------
+# Where tokens come from
+# ---------------------------------------------------------------------------------------------
+
+
+class ModelEngine:
+    """Greedy or sampled decoding of a transformers checkpoint, one request at a time."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        folder = path.parent if path.suffix == ".gguf" else path
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
+        self.max_model_len = _context_length(self.model.config)
+        self.lock = asyncio.Lock()
+
+    async def steps(self, prompt: list[int], params: dict):
+        """(id, logprob, rank, [(id, logprob)] top) per generated token, for as long as asked."""
+        async with self.lock:  # the model keeps per-prompt state (Qwen3.5's rope offset): one request at a time
+            logits, cache = await asyncio.to_thread(self._prefill, prompt)
+            generator = self._generator(params)
+            while True:
+                step = await asyncio.to_thread(self._pick, logits, params, generator)
+                yield step
+                logits = await asyncio.to_thread(self._forward, step[0], cache)
+
+    def _prefill(self, prompt: list[int]):
+        torch = self.torch
+        inner = getattr(self.model, "model", None)
+        if inner is not None and getattr(inner, "rope_deltas", None) is not None:
+            inner.rope_deltas = None
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
+        return out.logits[0, -1].float(), out.cache
+
+    def _forward(self, token: int, cache):
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+        return out.logits[0, -1].float()
+
+    def _generator(self, params: dict):
+        if params["temperature"] < 1e-5:
+            return None
+        generator = self.torch.Generator()
+        generator.manual_seed(params["seed"] if params.get("seed") is not None else int(time.time_ns() % 2**31))
+        return generator
+
+    def _pick(self, logits, params: dict, generator):
+        torch = self.torch
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if generator is None:
+            token = int(torch.argmax(logits))
+        else:  # vLLM's order: temperature, top-k, top-p, min-p
+            scores = logits / params["temperature"]
+            if params["top_k"] > 0:
+                kth = torch.topk(scores, min(params["top_k"], scores.numel())).values[-1]
+                scores = scores.masked_fill(scores < kth, -math.inf)
+            probs = torch.softmax(scores, dim=-1)
+            if params["top_p"] < 1.0:
+                ordered, order = torch.sort(probs, descending=True)
+                ordered = ordered.masked_fill(torch.cumsum(ordered, 0) - ordered > params["top_p"], 0.0)
+                probs = torch.zeros_like(probs).scatter_(0, order, ordered)
+            if params["min_p"] > 0:
+                probs = probs.masked_fill(probs < params["min_p"] * probs.max(), 0.0)
+            token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+        chosen = logprobs[token]
+        rank = int((logprobs >= chosen).sum())  # vLLM counts ties as ahead
+        top = torch.topk(logprobs, params["logprobs"] or 1)
+        return token, float(chosen), rank, list(zip(top.indices.tolist(), top.values.tolist()))
+
+
+class FastEngine:
+    """The same ordinary tokens over and over, no model: for measuring what sits in front."""
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        folder = path.parent if path.suffix == ".gguf" else path
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        self.max_model_len = 32768
+        ids = self.tokenizer.encode(FAST_TEXT, add_special_tokens=False)
+        self._steps = []
+        for i, token in enumerate(ids):
+            top = [(t, -0.1 - 0.5 * k) for k, t in enumerate(dict.fromkeys([token, *ids[i + 1:], *ids]))][:MAX_LOGPROBS]
+            self._steps.append((token, -0.1, 1, top))
+
+    async def steps(self, prompt: list[int], params: dict):
+        cycle = self._steps
+        i = 0
+        while True:
+            yield cycle[i % len(cycle)]
+            i += 1
+            await asyncio.sleep(0)  # one token per stream per turn of the loop, as one engine step serves all
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+# ---------------------------------------------------------------------------------------------
+
+
+class Double:
+    def __init__(self, engine, path: Path, served_name: str | None, api_key: str | None,
+                 max_model_len: int | None) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = len(self.tokenizer)
+        self.root = str(path)
+        self.model = served_name or str(path)
+        self.api_key = api_key
+        self.max_model_len = max_model_len or engine.max_model_len
+        self.enforced_len = self.max_model_len
+        self.scale_out = "on"
+        self.spec_tokens = 0
+        self.armed: dict | None = None
+        self.requests: collections.deque = collections.deque(maxlen=2000)
+        self.seen_prompts: collections.deque = collections.deque(maxlen=64)
+        self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth], client_max_size=256 * 1024**2)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/inference/v1/generate", self.generate)
+        app.router.add_post("/double/arm", self.arm)
+        app.router.add_post("/double/config", self.config)
+        app.router.add_get("/double/requests", self.list_requests)
+        app.router.add_post("/double/reset", self.reset)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        # vLLM's --api-key guards /v1 and /inference; its refusal is this bare body.
+        if self.api_key and request.path.startswith(("/v1", "/inference")):
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": now, "owned_by": "vllm", "root": self.root,
+            "parent": None, "max_model_len": self.max_model_len,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now,
+                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                            "organization": "*", "group": None, "is_blocking": False}],
+        }]})
+
+    # -- test switches --
+
+    async def arm(self, request: web.Request) -> web.Response:
+        self.armed = await request.json()
+        return web.json_response({"armed": self.armed})
+
+    async def config(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if "scale_out" in body:
+            self.scale_out = body["scale_out"]
+        if "max_model_len" in body:
+            self.enforced_len = body["max_model_len"] or self.max_model_len
+        if "root" in body:
+            self.root = body["root"]
+        if "spec_tokens" in body:
+            self.spec_tokens = int(body["spec_tokens"])
+        return web.json_response({"scale_out": self.scale_out, "max_model_len": self.enforced_len, "root": self.root,
+                                  "spec_tokens": self.spec_tokens})
+
+    async def list_requests(self, request: web.Request) -> web.Response:
+        return web.json_response(list(self.requests))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.requests.clear()
+        self.seen_prompts.clear()
+        self.armed = None
+        return web.json_response({})
+
+    # -- generation --
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, generate_route=False)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if self.scale_out == "off":
+            return error_response(DISABLED, "PermissionDeniedError", 403)
+        if self.scale_out == "absent":  # a vLLM without the route: FastAPI's own 404
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return await self._serve(request, generate_route=True)
+
+    async def _serve(self, request: web.Request, generate_route: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as exc:
+            return error_response(f"JSON decode error: {exc}")
+        entry = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()
+                                                   if k.lower() in ("traceparent", "tracestate", "authorization")},
+                 "body": body, "token_ids": [], "usage": None, "metrics": None, "outcome": "refused"}
+        self.requests.append(entry)
+        try:
+            prompt, params = self._read(body, generate_route)
+        except Refusal as refusal:
+            return refusal.response
+        armed, self.armed = self.armed, None
+        if armed and armed.get("kind") == "status":
+            code = armed.get("status", 500)
+            return error_response(armed.get("message", "Internal server error"),
+                                  armed.get("type", "InternalServerError" if code >= 500 else "BadRequestError"), code)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        entry["outcome"] = "streaming"
+        try:
+            entry["outcome"] = await self._stream(request, response, prompt, params, body, generate_route, armed or {},
+                                                  entry)
+        except asyncio.CancelledError:
+            entry["outcome"] = "cancelled"  # the client closed the connection: vLLM aborts the request
+            raise
+        return response
+
+    def _read(self, body: dict, generate_route: bool) -> tuple[list[int], dict]:
+        """The prompt and sampling settings, refused the way vLLM refuses them."""
+        if not isinstance(body, dict):
+            raise Refusal(error_response("1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', "
+                                         "'msg': 'Input should be a valid dictionary or object'}", "Bad Request",
+                                         400, "body"))
+        if generate_route:
+            missing = [k for k in ("token_ids", "sampling_params") if k not in body]
+            if missing:
+                lines = "".join(f"\n  {{'type': 'missing', 'loc': 'body.{k}', 'msg': 'Field required', "
+                                f"'input': '<dict of {len(body)} items>'}}" for k in missing)
+                label = "error" if len(missing) == 1 else "errors"
+                raise Refusal(error_response(f"{len(missing)} validation {label}:{lines}", "Bad Request", 400,
+                                             f"body.{missing[0]}"))
+            prompt, settings = body["token_ids"], dict(body["sampling_params"])
+        else:
+            prompt, settings = body.get("prompt"), body
+            if isinstance(prompt, str):
+                prompt = self.tokenizer.encode(prompt)
+        if body.get("model") not in (None, self.model):
+            raise Refusal(error_response(f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404,
+                                         "model"))
+        if not body.get("stream"):
+            raise Refusal(error_response("this vLLM double only streams: send stream=true", "BadRequestError", 400,
+                                         "stream"))
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            raise Refusal(error_response("Either prompt or prompt_embeds must be provided and non-empty.",
+                                         param="prompt"))
+        if len(prompt) > self.enforced_len:
+            raise Refusal(error_response(
+                f"This model's maximum context length is {self.enforced_len} tokens. However, your prompt contains "
+                f"{len(prompt)} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                f"the length of the input prompt.", param="input_tokens"))
+        out_of_range = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if out_of_range:
+            raise Refusal(error_response(f"Token id {out_of_range[0]} is out of vocabulary", param="prompt"))
+        max_tokens = settings.get("max_tokens")
+        if max_tokens is not None and max_tokens > self.enforced_len:
+            raise Refusal(error_response(
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={self.enforced_len}. Please request "
+                f"fewer output tokens.", param="max_tokens"))
+        logprobs = settings.get("logprobs")
+        if logprobs is not None and logprobs > MAX_LOGPROBS:
+            raise Refusal(error_response(f"Requested sample logprobs of {logprobs}, which is greater than max "
+                                         f"allowed: {MAX_LOGPROBS}", param="logprobs"))
+        room = self.enforced_len - len(prompt)
+        params = {
+            "max_tokens": min(max_tokens, room) if max_tokens is not None else room,
+            "temperature": settings.get("temperature", 1.0) if settings.get("temperature") is not None else 1.0,
+            "top_p": settings.get("top_p") if settings.get("top_p") is not None else 1.0,
+            "top_k": settings.get("top_k") or 0,
+            "min_p": settings.get("min_p") or 0.0,
+            "seed": settings.get("seed"),
+            "logprobs": logprobs,
+            "stop_token_ids": set(settings.get("stop_token_ids") or ()),
+            "ignore_eos": bool(settings.get("ignore_eos")),
+        }
+        return prompt, params
+
+    async def _stream(self, request, response, prompt, params, body, generate_route, armed, entry) -> str:
+        from tokenizers.decoders import DecodeStream
+
+        request_id = (f"generate-tokens-{uuid.uuid4().hex}" if generate_route else f"cmpl-{uuid.uuid4().hex}")
+        created = int(time.time())
+        eos = self.tokenizer.eos_token_id
+        stops, max_tokens = params["stop_token_ids"], params["max_tokens"]
+        fail_after = armed.get("after", 0) if armed.get("kind") in ("cut", "stall", "finish", "error_frame") else None
+        delay = armed.get("seconds", 0.0) if armed.get("kind") == "delay" else 0.0
+        stream = DecodeStream(skip_special_tokens=False)
+        backend = self.tokenizer.backend_tokenizer
+        return_ids = bool(body.get("return_token_ids"))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        cached = self._cached(prompt)
+        produced: list[int] = entry["token_ids"]
+        text_offset = 0
+        steps = self.engine.steps(prompt, params)
+        pending: list[tuple] = []  # the tokens of the current (speculative) step
+        sizes = self._step_sizes()
+        size = next(sizes)
+        step_sizes: list[int] = []
+        finish = stop_reason = None
+        first = True
+        try:
+            async for step in steps:
+                if delay:
+                    await asyncio.sleep(delay)
+                if fail_after is not None and len(produced) >= fail_after:
+                    await self._flush(response, pending, produced, generate_route, request_id, created, first, prompt,
+                                      return_ids, as_ids, params, None, None, stream, backend, text_offset)
+                    return await self._fail(request, response, armed, request_id, created, generate_route)
+                token = step[0]
+                produced.append(token)
+                pending.append(step)
+                if token in stops or (token == eos and not params["ignore_eos"]):
+                    finish, stop_reason = "stop", (token if token in stops else None)
+                elif len(produced) >= max_tokens:
+                    finish = "length"
+                if finish or len(pending) >= size:
+                    step_sizes.append(len(pending))
+                    text_offset = await self._flush(response, pending, produced, generate_route, request_id, created,
+                                                    first, prompt, return_ids, as_ids, params, finish, stop_reason,
+                                                    stream, backend, text_offset)
+                    first, pending, size = False, [], next(sizes)
+                if finish:
+                    break
+        finally:
+            await steps.aclose()  # the model's lock goes with it
+        if include_usage:
+            usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(produced),
+                     "completion_tokens": len(produced), "prompt_tokens_details": {"cached_tokens": cached}}
+            last = {"usage": usage}
+            if self.spec_tokens:
+                last["metrics"] = {"speculative_decoding": self._spec_metrics(step_sizes)}
+            entry["usage"], entry["metrics"] = usage, last.get("metrics")
+            if generate_route:
+                chunk = {"request_id": request_id, **last, "output_mode": "tokens", "choices": []}
+            else:
+                chunk = {"id": request_id, "object": "text_completion", "created": created, "model": self.model,
+                         "choices": [], **last, "system_fingerprint": self.fingerprint}
+                chunk = {k: chunk[k] for k in ("id", "object", "created", "model", "choices", "usage",
+                                               "system_fingerprint", "metrics") if k in chunk}
+            await response.write(_frame(chunk))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        self.seen_prompts.append(prompt)
+        return "done"
+
+    def _step_sizes(self):
+        """Tokens per engine step: 1 without speculation, else 1 + a fixed pattern of accepted drafts."""
+        k = self.spec_tokens
+        i = 0
+        while True:
+            yield 1 + ((i * 7 + 3) % (k + 1)) if k else 1
+            i += 1
+
+    def _spec_metrics(self, sizes: list[int]) -> dict:
+        k = self.spec_tokens
+        steps, accepted = len(sizes), sum(s - 1 for s in sizes)
+        histogram = [0] * (k + 1)
+        for s in sizes:
+            histogram[min(s - 1, k)] += 1
+        return {"mean_acceptance_length": 1 + accepted / steps if steps else 0.0,
+                "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0,
+                "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+                "num_draft_tokens": steps * k, "num_spec_tokens": k}
+
+    def _cached(self, prompt: list[int]) -> int:
+        """Prompt tokens a prefix cache would hold: whole blocks shared with an earlier prompt, and at
+        least one token left to compute."""
+        best = 0
+        for seen in self.seen_prompts:
+            n = 0
+            for a, b in zip(seen, prompt):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best, len(prompt) - 1) // BLOCK * BLOCK
+
+    async def _flush(self, response, steps, produced, generate_route, request_id, created, first, prompt, return_ids,
+                     as_ids, params, finish, stop_reason, stream, backend, text_offset) -> int:
+        if not steps and finish is None:
+            return text_offset
+        ids = [s[0] for s in steps]
+        # The text leaves the stop token out, as vLLM's detokenizer does without include_stop_str_in_output.
+        text_ids = ids[:-1] if finish == "stop" else ids
+        text = "".join(stream.step(backend, t) or "" for t in text_ids)
+        n = params["logprobs"]
+        if generate_route:
+            logprobs = None
+            if n is not None:
+                content = []
+                for token, logprob, rank, top in steps:
+                    entries = {token: (logprob, rank)}
+                    for position, (t, lp) in enumerate(top[:n], 1):
+                        entries[t] = (lp, position)  # a sampled token in the top k takes its top-k rank
+                    content.append({"token_id": token, "logprob": max(logprob, -9999.0), "rank": entries[token][1],
+                                    "top_logprobs": [{"token_id": t, "logprob": max(lp, -9999.0), "rank": r}
+                                                     for t, (lp, r) in entries.items()]})
+                logprobs = {"content": content}
+            choice = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
+                      "routed_experts": None, "sampling_mask": None, "weight_versions": None, "logprobs": logprobs}
+            chunk = {"request_id": request_id, "usage": None}
+            if first and return_ids:
+                chunk["prompt_token_ids"] = prompt
+            chunk.update(output_mode="tokens", choices=[choice])
+        else:
+            logprobs = None
+            if n is not None:
+                logprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+                for token, logprob, rank, top in steps:
+                    name = self._token_name(token, as_ids)
+                    entries = {name: max(logprob, -9999.0)}
+                    for t, lp in top[:n]:
+                        entries[self._token_name(t, as_ids)] = max(lp, -9999.0)
+                    logprobs["text_offset"].append(text_offset)
+                    logprobs["token_logprobs"].append(max(logprob, -9999.0))
+                    logprobs["tokens"].append(name)
+                    logprobs["top_logprobs"].append(dict(list(entries.items())[: n + 1]))
+                    text_offset += len(name)
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                      "stop_reason": stop_reason, "prompt_token_ids": prompt if first and return_ids else None,
+                      "token_ids": ids if return_ids else None, "weight_versions": None}
+            chunk = {"id": request_id, "object": "text_completion", "created": created, "model": self.model,
+                     "choices": [choice], "kv_transfer_params": None}
+        await response.write(_frame(chunk))
+        return text_offset
+
+    def _token_name(self, token: int, as_ids: bool) -> str:
+        return f"token_id:{token}" if as_ids else self.tokenizer.decode([token])
+
+    async def _fail(self, request, response, armed, request_id, created, generate_route) -> str:
+        kind = armed["kind"]
+        if kind == "cut":
+            request.transport.close()  # mid-stream, without the chunked encoding's end: a broken connection
+            return "cut"
+        if kind == "stall":
+            await asyncio.sleep(3600)  # until the client gives up and closes the connection
+            return "stalled"
+        if kind == "error_frame":
+            await response.write(_frame(error_body("Internal server error", "InternalServerError", 500)))
+        else:  # finish
+            reason = armed.get("reason", "abort")
+            if generate_route:
+                chunk = {"request_id": request_id, "usage": None, "output_mode": "tokens", "choices": [
+                    {"index": 0, "finish_reason": reason, "stop_reason": None, "token_ids": [], "routed_experts": None,
+                     "sampling_mask": None, "weight_versions": None, "logprobs": {"content": []}}]}
+            else:
+                chunk = {"id": request_id, "object": "text_completion", "created": created, "model": self.model,
+                         "choices": [{"index": 0, "text": "", "logprobs": {"text_offset": [], "token_logprobs": [],
+                                                                           "tokens": [], "top_logprobs": []},
+                                      "finish_reason": reason, "stop_reason": None, "prompt_token_ids": None,
+                                      "token_ids": [], "weight_versions": None}], "kv_transfer_params": None}
+            await response.write(_frame(chunk))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return kind
+
+
+def _frame(chunk: dict) -> bytes:
+    return b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def _context_length(config) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it: as a command, and as a child process of a test or benchmark
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.vllm_double", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a checkpoint folder or a .gguf file (reported as `root`)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--fast", action="store_true", help="no model: a fixed cycle of tokens, as fast as possible")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--api-key")
+    parser.add_argument("--max-model-len", type=int)
+    args = parser.parse_args(argv)
+    path = Path(args.model).resolve()
+    engine = FastEngine(path) if args.fast else ModelEngine(path)
+    double = Double(engine, Path(args.model), args.served_model_name, args.api_key, args.max_model_len)
+    # handler_cancellation: a client that closes its connection cancels its stream, as vLLM aborts it.
+    web.run_app(double.app(), host=args.host, port=args.port, handler_cancellation=True, access_log=None,
+                print=lambda *_: print(f"vllm double serving {double.model} on {args.host}:{args.port}", flush=True))
+
+
+class DoubleProcess:
+    """`python -m tests.vllm_double ...` as a child process, with its switches as methods."""
+
+    def __init__(self, model: Path | str, *, port: int, log_path: Path, fast: bool = False,
+                 api_key: str | None = None, served_model_name: str | None = None,
+                 max_model_len: int | None = None) -> None:
+        self.port = port
+        self.api_key = api_key
+        self.log_path = log_path
+        command = [sys.executable, "-m", "tests.vllm_double", "--model", str(model), "--port", str(port)]
+        for flag, value in (("--api-key", api_key), ("--served-model-name", served_model_name),
+                            ("--max-model-len", max_model_len)):
+            if value is not None:
+                command += [flag, str(value)]
+        if fast:
+            command.append("--fast")
+        self._log = open(log_path, "ab")
+        root = Path(__file__).resolve().parents[1]
+        self.process = subprocess.Popen(command, cwd=root, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONPATH": str(root)})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the vLLM double exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the vLLM double was not ready after {timeout} s:\n{self.log()}")
+
+    def control(self, path: str, body: object | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def arm(self, **failure) -> None:
+        self.control("/double/arm", failure)
+
+    def configure(self, **settings) -> dict:
+        return self.control("/double/config", settings)
+
+    def requests(self) -> list[dict]:
+        return self.control("/double/requests")
+
+    def reset(self) -> None:
+        self.control("/double/reset", {})
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+if __name__ == "__main__":
+    main()
