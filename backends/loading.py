@@ -42,6 +42,8 @@ def load_model(checkpoint: Checkpoint, *, dtype: str = "auto", device: str = "au
     return model.to(target).eval()
 
 
-def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings) -> LocalBackend:
-    model = load_model(checkpoint, dtype=settings.dtype, device=settings.device)
-    return LocalBackend(model, vocab, max_queue=settings.max_queue)
+def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_len: int) -> LocalBackend:
+    graph_length = 0 if settings.enforce_eager else max_model_len
+    # Loaded by the backend on its decode thread, the one thread that will ever run it.
+    return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device), vocab,
+                        max_queue=settings.max_queue, graph_max_length=graph_length)

@@ -8,17 +8,22 @@ wait in a FIFO queue, and past its bound they are refused with a 429.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import queue
 import threading
 import time
+from concurrent.futures import Future
+from functools import partial
 from typing import AsyncIterator, Callable
 
 import torch
 
 from .base import TOP_N, BackendError, Busy, DecodeRequest
 from .detokenize import Vocabulary
-from .sampling import choose, generator_for, report
+from .sampling import generator_for, next_token
+
+log = logging.getLogger("looptrace")
 
 
 def prefill(model, prompt: torch.Tensor):
@@ -27,8 +32,8 @@ def prefill(model, prompt: torch.Tensor):
     return out.logits[0, -1].float(), out.cache
 
 
-def decode_one_token(model, token: torch.Tensor, cache) -> torch.Tensor:
-    out = model(input_ids=token.view(1, 1), cache=cache, use_cache=True)
+def decode_one_token(model, token: int, cache) -> torch.Tensor:
+    out = model(input_ids=torch.tensor([[token]], device=model.device), cache=cache, use_cache=True)
     return out.logits[0, -1].float()
 
 
@@ -46,15 +51,34 @@ Emit = Callable[[object], None]
 class LocalBackend:
     name = "local"
 
-    def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64) -> None:
-        self.model = model
+    def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0) -> None:
+        """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
+
+        Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
+        the thread that uses it: a model loaded on one thread and run on another makes two pools
+        contend for the cores, which halved decode speed on these two-core machines.
+        """
         self.vocab = vocab
-        self.device = next(model.parameters()).device
         self.max_queue = max_queue
         self.running = 0
         self._jobs: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="looptrace-decode", daemon=True)
         self._worker.start()
+        self.model = model if isinstance(model, torch.nn.Module) else self.call(model)
+        self.device = next(self.model.parameters()).device
+        # On a GPU the decode step replays a captured CUDA graph (cuda_graph.py); elsewhere, plain calls.
+        self.graphs = None
+        if graph_max_length and self.device.type == "cuda":
+            from .cuda_graph import GraphedDecoders, graphable
+
+            if graphable(self.model):
+                self.graphs = GraphedDecoders(self.model, graph_max_length)
+
+    def call(self, function: Callable[[], object]) -> object:
+        """Runs `function` on the decode thread, after the requests already queued, and returns its result."""
+        future: Future = Future()
+        self._jobs.put((function, future))
+        return future.result()
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
         if self.waiting >= self.max_queue:
@@ -87,12 +111,19 @@ class LocalBackend:
 
     async def close(self) -> None:
         self._jobs.put((None, None))
+        await asyncio.to_thread(self._worker.join, 30)  # a thread killed inside torch at exit aborts the process
 
     def _work(self) -> None:
         while True:
             request, emit = self._jobs.get()
             if request is None:
                 return
+            if isinstance(emit, Future):  # a function to run here (see `call`)
+                try:
+                    emit.set_result(request())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, which re-raises it
+                    emit.set_exception(exc)
+                continue
             if request.cancel.is_set():  # the client left while it waited
                 emit(_done("cancelled", 0, 0.0))
                 continue
@@ -101,6 +132,7 @@ class LocalBackend:
                 with torch.inference_mode():
                     self._decode(request, emit)
             except Exception as exc:  # noqa: BLE001 - the client must hear why, the worker must live on
+                log.exception("local decoding failed")
                 emit(BackendError(f"local decoding failed: {type(exc).__name__}: {exc}", status=500, code="decode_failed"))
             finally:
                 self.running -= 1
@@ -112,9 +144,14 @@ class LocalBackend:
         reset_model_state(model)
 
         started = time.perf_counter()
-        logits, cache = prefill(model, torch.tensor([request.prompt_ids], device=self.device))
-        token = choose(logits, sampling, generator)
-        numbers = report(logits, token)
+        prompt = torch.tensor([request.prompt_ids], device=self.device)
+        graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) if self.graphs else None
+        if graphed is not None:
+            logits, step = graphed.prefill(prompt), graphed.decode_one_token
+        else:
+            logits, cache = prefill(model, prompt)
+            step = partial(decode_one_token, model, cache=cache)
+        numbers = next_token(logits, sampling, generator)
         emit({"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": 0,
               "seconds": time.perf_counter() - started})
 
@@ -142,9 +179,8 @@ class LocalBackend:
             })
             if finish:
                 break
-            logits = decode_one_token(model, token, cache)
-            token = choose(logits, sampling, generator)
-            numbers = report(logits, token)
+            logits = step(token_id)
+            numbers = next_token(logits, sampling, generator)
         emit(_done(finish, count, time.perf_counter() - first_at))
 
 

@@ -32,24 +32,34 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return torch.multinomial(probs, 1, generator=generator)[0]
 
 
-def report(logits: torch.Tensor, token: torch.Tensor) -> list[float]:
-    """[id, logprob, rank, top ids…, top logprobs…] of `token` under the model's own distribution.
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> list:
+    """Choose the next token and report it: [id, logprob, rank, top ids…, top logprobs…].
 
-    One packed tensor, read back with one `.tolist()`, so a GPU step syncs once, not per field.
+    The figures are under the model's own distribution (T = 1), whatever the sampling settings.
+    One packed tensor is read back with one `.tolist()`, so a GPU step syncs once, not per field.
+    Greedy needs no argmax of its own: the top five already hold the answer (argmax over the whole
+    vocabulary, 90 µs on these CPUs, is only the fallback for a tie the five cannot settle).
     """
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs[token]
-    rank = (logprobs > chosen).sum() + 1
-    top = torch.topk(logprobs, min(TOP_N, logprobs.numel()))
-    return torch.cat(
-        (
-            token.reshape(1).double(),
-            chosen.reshape(1).double(),
-            rank.reshape(1).double(),
-            top.indices.double(),
-            top.values.double(),
-        )
-    ).tolist()
+    top = torch.topk(logits, min(TOP_N, logits.numel()))
+    norm = torch.logsumexp(logits, dim=-1)
+    n = top.indices.numel()
+    if params.temperature <= 0:
+        numbers = torch.cat((top.indices.double(), (top.values - norm).double())).tolist()
+        ids, logprobs = [int(i) for i in numbers[:n]], numbers[n:]
+        # topk leaves the order of equal values open; greedy takes the lowest id, as generate() does.
+        tied = [i for i, lp in zip(ids, logprobs) if lp == logprobs[0]]
+        token = min(tied) if len(tied) < n else int(logits.argmax())
+        return [token, logprobs[0], 1, *ids, *logprobs]
+    token = choose(logits, params, generator)
+    chosen = logits[token]
+    rank = (logits > chosen).sum() + 1
+    return torch.cat((
+        token.reshape(1).double(),
+        (chosen - norm).reshape(1).double(),
+        rank.reshape(1).double(),
+        top.indices.double(),
+        (top.values - norm).double(),
+    )).tolist()
 
 
 def generator_for(params: SamplingParams, device: torch.device) -> torch.Generator | None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backends.base import SamplingParams
-from backends.sampling import choose, generator_for, report
+from backends.sampling import choose, generator_for, next_token
 
 
 def draws(logits, params, n=4000, seed=0):
@@ -57,13 +57,28 @@ def test_a_seed_reproduces_the_draws():
     assert first == second and len(set(first)) > 1
 
 
-def test_report_gives_the_models_own_logprob_rank_and_top_five():
+def test_the_report_gives_the_models_own_logprob_rank_and_top_five():
     logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
-    numbers = report(logits, torch.tensor(2))
     logprobs = torch.log_softmax(logits, dim=-1)
-    assert numbers[0] == 2
+    generator = torch.Generator().manual_seed(0)
+    # top_k=6 and a seed that draws id 2 here: a sampled token below the top, so its rank is > 1.
+    numbers = next(n for n in (next_token(logits, SamplingParams(temperature=5.0), generator) for _ in range(200))
+                   if n[0] == 2)
     assert numbers[1] == pytest.approx(logprobs[2].item())
     assert numbers[2] == 4  # 4.0, 3.0 and 2.5 are more likely
     assert [int(i) for i in numbers[3:8]] == [1, 3, 5, 2, 0]
-    assert numbers[8] == pytest.approx(logprobs[1].item())
+    assert numbers[8:] == pytest.approx(logprobs[[1, 3, 5, 2, 0]].tolist())
     assert math.exp(numbers[1]) == pytest.approx(torch.softmax(logits, -1)[2].item())
+
+
+def test_greedy_reports_the_top_token_with_rank_one():
+    logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
+    numbers = next_token(logits, SamplingParams(temperature=0), None)
+    assert numbers[:3] == [1, pytest.approx(torch.log_softmax(logits, -1)[1].item()), 1]
+
+
+@pytest.mark.parametrize("tied", [[3, 7], [2, 5, 9], [1, 2, 3, 4, 5, 6, 8]])
+def test_greedy_ties_go_to_the_lowest_id_even_past_the_top_five(tied):
+    logits = torch.zeros(12)
+    logits[tied] = 2.0
+    assert next_token(logits, SamplingParams(temperature=0), None)[0] == min(tied) == logits.argmax().item()
