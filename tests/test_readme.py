@@ -1,0 +1,47 @@
+"""README.md stays true: its commands are the ones CI runs, and it names every option, metric and span."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from proxy.cli import build_parser
+from proxy.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def indented_commands() -> list[str]:
+    return [line.strip() for line in README.split("## Contents")[0].splitlines() if line.startswith("    ")]
+
+
+def test_it_starts_with_the_serve_and_test_commands():
+    serve, test = indented_commands()
+    assert serve.endswith("looptrace serve") and "pip install torch==2.13.0" in serve
+    assert test == "tests/run.sh"
+    # CI runs exactly the README's test command.
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == f"exec {test}"
+    script = (ROOT / test).read_text()
+    assert script.index("pip install -q torch==2.13.0") < script.index("pip install -q -e '.[test]'")
+
+
+def test_every_serve_option_is_documented():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {s for action in serve._actions for s in action.option_strings if s.startswith("--") and s != "--help"}
+    missing = {flag for flag in flags if f"`{flag}" not in README}
+    assert not missing
+
+
+def test_every_metric_is_documented():
+    names = {m.name + ("_total" if m.type == "counter" else "") for m in Metrics().registry.collect()}
+    assert names and all(name.startswith("looptrace_") for name in names)
+    missing = {name for name in names if f"`{name}`" not in README}
+    assert not missing
+
+
+def test_every_span_is_documented():
+    for span in ("chat {model}", "responses {model}", "render", "prefill", "decode", "execute_tool {name}"):
+        assert f"`{span}`" in README
+    assert re.search(r"`looptrace\.tokens` events", README)
