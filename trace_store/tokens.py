@@ -25,17 +25,21 @@ TOP_FIELDS = ("top_ids", "top_pieces", "top_p")
 
 
 def expand(attributes: Mapping) -> list[dict]:
-    """One `looptrace.tokens` event's arrays → one dict per token."""
+    """One `looptrace.tokens` event's arrays → one dict per token.
+
+    Each token holds TOP_N slots of each top-five array; slots past a short list (a replayed token
+    has one candidate) are padding, marked by a top_p of -1.
+    """
     columns = {f: list(attributes[PREFIX + f]) for f in FIELDS if PREFIX + f in attributes}
     count = len(columns.get("index", ()))
+    top_p = columns.get("top_p", [])
     tokens = []
     for i in range(count):
+        start = i * TOP_N
+        real = sum(1 for p in top_p[start:start + TOP_N] if p >= 0)
         token = {}
         for name, values in columns.items():
-            if name in TOP_FIELDS:
-                token[name] = [v for v in values[i * TOP_N:(i + 1) * TOP_N] if v != -1 and v != ""]
-            else:
-                token[name] = values[i]
+            token[name] = values[start:start + real] if name in TOP_FIELDS else values[i]
         tokens.append(token)
     return tokens
 
