@@ -50,3 +50,29 @@ def test_a_missing_checkpoint_says_so(serve, model, words):
     while status == 0 or health.get("status") == "loading":
         status, health = server.get("/health")
     assert health["status"] == "failed" and words in health["reason"]
+
+
+def test_a_full_queue_answers_429(serve, qwen3_5_dir):
+    import http.client
+
+    server = serve(str(qwen3_5_dir), "--served-model-name", "q", "--max-queue", "1", "--max-model-len", "8192")
+    ask = {"model": "q", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    # A: a long answer holds the model.
+    busy = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    busy.request("POST", "/v1/chat/completions", json.dumps({**ask, "max_tokens": 6000, "stream": True}),
+                 {"Content-Type": "application/json"})
+    streaming = busy.getresponse()
+    streaming.read1(64)
+    # B: waits in the queue, the one place it has.
+    waiter = []
+    thread = threading.Thread(target=lambda: waiter.append(server.post("/v1/chat/completions", {**ask, "max_tokens": 2})))
+    thread.start()
+    while server.get("/health")[1]["requests_waiting"] < 1:
+        pass
+    # C: no room left.
+    status, error = server.post("/v1/chat/completions", {**ask, "max_tokens": 2})
+    assert status == 429 and error["error"]["code"] == "queue_full"
+    assert "already waiting" in error["error"]["message"]
+    busy.close()  # A leaves; B is served
+    thread.join(timeout=120)
+    assert waiter[0][0] == 200 and waiter[0][1]["usage"]["completion_tokens"] == 2
