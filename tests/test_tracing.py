@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,61 @@ def test_a_responses_request_is_traced_the_same_way(qwen3_5_dir, tmp_path):
     assert root.attributes["looptrace.client.name"] == "codex_exec"
     assert root.attributes["gen_ai.response.id"].startswith("resp_") and root.attributes["gen_ai.response.id"] in text
     assert list(root.attributes["gen_ai.response.finish_reasons"]) == ["tool_calls"]
+
+
+def test_the_vllm_server_is_handed_our_decode_span(qwen3_5_dir, tmp_path):
+    """The traceparent vLLM receives names our `decode` span, so its own span nests under it."""
+    from server import free_port
+    from vllm_double import DoubleProcess
+
+    double = DoubleProcess(qwen3_5_dir, port=free_port(), log_path=tmp_path / "double.log")
+    try:
+        double.wait_ready()
+        settings = Settings(model=None, backend="vllm", vllm_url=double.url, trace_db=str(tmp_path / "t.sqlite3"))
+
+        async def session():
+            async with App(settings) as app:
+                model = (await (await app.client.get("/health")).json())["model"]
+                response = await app.client.post("/v1/chat/completions", json={
+                    "model": model, "messages": ASK, "max_tokens": 4})
+                assert response.status == 200, await response.text()
+                return app
+
+        app = run(session())
+        decode = [s for s in app.spans.get_finished_spans() if s.name == "decode"][0]
+        sent = [r for r in double.requests() if r["path"] != "/v1/models" and "traceparent" in r["headers"]][-1]
+        _, trace_id, span_id, _ = sent["headers"]["traceparent"].split("-")
+        assert trace_id == format(decode.context.trace_id, "032x")
+        assert span_id == format(decode.context.span_id, "016x")
+        assert decode.attributes["looptrace.backend"] == "vllm"
+        assert decode.attributes["looptrace.backend.route"] == sent["path"]
+    finally:
+        double.stop()
+
+
+def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from trace_store.sqlite import SQLiteTraceStore
+
+    store = SQLiteTraceStore(tmp_path / "t.sqlite3", retention_seconds=3600, max_bytes=1 << 40)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(store))
+    tracer = provider.get_tracer("test")
+    now = time.time_ns()
+    ids = []
+    for age_hours in (5, 4, 0.5, 0.2, 0.1):  # the first two are past an hour's retention
+        start = now - int(age_hours * 3600e9)
+        root = tracer.start_span("chat m", start_time=start, attributes={"looptrace.endpoint": "chat",
+                                                                       "looptrace.prompt.text": "x" * 200_000})
+        root.end(end_time=start + 1_000_000)
+        ids.append(format(root.get_span_context().trace_id, "032x"))
+    store.enforce_retention()
+    assert [t["trace_id"] for t in store.list_traces()] == ids[:1:-1]  # newest first, the two old ones gone
+    store.max_bytes = 450_000  # room for about two of the 200 kB traces
+    store.enforce_retention()
+    kept = [t["trace_id"] for t in store.list_traces()]
+    assert kept == ids[:-3:-1][: len(kept)] and 1 <= len(kept) <= 2  # the newest stay
+    assert store.get_trace(ids[2]) is None
+    assert (tmp_path / "t.sqlite3").stat().st_size <= 600_000  # the file shrank, not just the rows

@@ -139,14 +139,20 @@ class SQLiteTraceStore(SpanExporter):
         cutoff = time.time_ns() - int(self.retention_seconds * 1e9)
         with db:
             self._delete(db, "SELECT trace_id FROM traces WHERE start_ns < ?", (cutoff,))
-        page_size = db.execute("PRAGMA page_size").fetchone()[0]
-        while db.execute("PRAGMA page_count").fetchone()[0] * page_size > self.max_bytes:
+        while self._used_bytes(db) > self.max_bytes:
             total = db.execute("SELECT COUNT(*) FROM traces").fetchone()[0]
             if total == 0:
                 break
-            with db:  # the oldest tenth at a time, until the file fits
+            with db:  # the oldest tenth at a time, until what is left fits
                 self._delete(db, "SELECT trace_id FROM traces ORDER BY start_ns LIMIT ?", (max(1, total // 10),))
-            db.execute("PRAGMA incremental_vacuum")
+        # Hand the freed pages back to the file system: the size limit is about the disk, not the rows.
+        db.executescript("PRAGMA incremental_vacuum;")  # run to the end: execute() would take one step, one page
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    @staticmethod
+    def _used_bytes(db: sqlite3.Connection) -> int:
+        pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size"))
+        return (pages - free) * size
 
     @staticmethod
     def _delete(db: sqlite3.Connection, select: str, args: tuple) -> None:
