@@ -7,15 +7,13 @@ environment in the test cache, installed once from PyPI.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from checkpoints import cache_root
-from server import free_port
+from processes import Service, answers_ok, free_port
 
 PHOENIX = "arize-phoenix==20.26.1"
 
@@ -29,32 +27,20 @@ def phoenix_binary() -> Path:
     return binary
 
 
-class Phoenix:
+class Phoenix(Service):
+    name = "phoenix"
+
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PHOENIX_WORKING_DIR": str(workdir), "PHOENIX_HOST": "127.0.0.1",
+        env = {"PHOENIX_WORKING_DIR": str(workdir), "PHOENIX_HOST": "127.0.0.1",
                "PHOENIX_PORT": str(self.port), "PHOENIX_GRPC_PORT": str(free_port()),
                "PHOENIX_TELEMETRY_ENABLED": "false"}
-        self.log_path = workdir / "phoenix.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen([str(phoenix_binary()), "serve"], env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT)
+        super().__init__([str(phoenix_binary()), "serve"], workdir / "phoenix.log", env=env)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"phoenix exited:\n{self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"phoenix not ready:\n{self.log_path.read_text()}")
+        self.wait_until(lambda: answers_ok(self.url + "/healthz"), timeout)
 
     def spans(self, trace_id: str, project: str = "default") -> list[dict]:
         spans, cursor = [], None
@@ -68,12 +54,3 @@ class Phoenix:
             cursor = body.get("next_cursor")
             if not cursor:
                 return spans
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._log.close()

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from server import free_port
+from processes import Service, answers_ok, free_port
 
 
-class Prometheus:
+class Prometheus(Service):
+    name = "prometheus"
+
     def __init__(self, targets: list[str], workdir: Path, *, interval: str = "1s", extra_scrape: str = "") -> None:
         binary = shutil.which("prometheus")
         if binary is None:
@@ -26,12 +27,9 @@ class Prometheus:
             "scrape_configs:\n  - job_name: looptrace\n    static_configs:\n"
             f"      - targets: {json.dumps(targets)}\n" + extra_scrape
         )
-        self.log_path = workdir / "prometheus.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+        super().__init__([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                          f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage"],
+                         workdir / "prometheus.log")
         self.url = f"http://127.0.0.1:{self.port}"
 
     def _get(self, path: str, **params) -> dict:
@@ -40,18 +38,7 @@ class Prometheus:
             return json.loads(response.read())
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited:\n{self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready:\n{self.log_path.read_text()}")
+        self.wait_until(lambda: answers_ok(self.url + "/-/ready"), timeout)
 
     def query(self, promql: str) -> list[dict]:
         body = self._get("/api/v1/query", query=promql)
@@ -75,12 +62,3 @@ class Prometheus:
 
     def scraped(self) -> bool:
         return any(s["value"][1] == "1" for s in self.query('up{job="looptrace"}'))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._log.close()

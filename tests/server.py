@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from processes import Service, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["Server", "free_port", "sse_events"]
 
 
 def looptrace_command() -> list[str]:
@@ -27,22 +20,21 @@ def looptrace_command() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "proxy.cli"]
 
 
-class Server:
+class Server(Service):
     """`looptrace serve ARGS` on a free port; its log goes to a file shown when it fails."""
+
+    name = "looptrace"
 
     def __init__(self, *args: str, log_dir: Path, env: dict | None = None, api_key: str | None = None) -> None:
         self.port = free_port()
         self.api_key = api_key
-        self.log_path = log_dir / f"looptrace-{self.port}.log"
         command = [*looptrace_command(), "serve", *args, "--port", str(self.port)]
         if "--trace-db" not in args:  # never the user's own store
             self.trace_db = log_dir / f"traces-{self.port}.sqlite3"
             command += ["--trace-db", str(self.trace_db)]
         if api_key:
             command += ["--api-key", api_key]
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})})
+        super().__init__(command, log_dir / f"looptrace-{self.port}.log", env=env, cwd=ROOT)
 
     @property
     def url(self) -> str:
@@ -52,21 +44,18 @@ class Server:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def wait_ready(self, timeout: float = 300) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"looptrace exited with {self.process.returncode}:\n{self.log()}")
-            status, body = self.get("/health")
-            if status == 200:
-                return body
-            if body.get("status") == "failed":
-                raise RuntimeError(f"looptrace failed to load: {body}\n{self.log()}")
-            time.sleep(0.2)
-        raise TimeoutError(f"looptrace was not ready after {timeout} s:\n{self.log()}")
+        health: dict = {}
+
+        def ready() -> bool:
+            nonlocal health
+            status, health = self.get("/health")
+            if health.get("status") == "failed":
+                raise RuntimeError(f"looptrace failed to load: {health}\n{self.log()}")
+            return status == 200
+
+        self.wait_until(ready, timeout)
+        return health
 
     def request(self, method: str, path: str, body: object | None = None, *, raw: bytes | None = None,
                 headers: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
@@ -89,16 +78,6 @@ class Server:
 
     def post(self, path: str, body: object | None = None, **kw) -> tuple[int, dict]:
         return self.request("POST", path, body, **kw)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
 
 
 def _json(data: bytes) -> dict:

@@ -11,7 +11,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -1,0 +1,60 @@
+"""Programs a test starts (looptrace, Prometheus, Phoenix, …): a log file, a readiness wait, a clean stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class Service:
+    """One child process whose output goes to a log file, shown whenever it fails."""
+
+    name = "service"
+
+    def __init__(self, command: list[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(command, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} was not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
