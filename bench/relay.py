@@ -1,16 +1,42 @@
-"""What looptrace adds in front of a vLLM server: time to first token and tokens/s relayed.
+"""Relay overhead: one fast vLLM-protocol upstream reached directly, through looptrace and through LiteLLM.
 
-    python bench/relay.py [--tokens 256] [--streams 1 32] [--rounds 4] [--trace-db PATH|off]
+    python bench/relay.py [--streams 1 8 64] [--rounds 10] [--requests 16] [--tokens 256]
+                          [--targets direct looptrace-on looptrace-off litellm]
 
-Starts the vLLM test double in --fast mode (no model: the same ordinary tokens, sent as fast as
-its event loop allows) and `looptrace serve --backend vllm` in front of it, with tracing on (the
-SQLite store in a temporary folder) unless told otherwise. At each concurrency level, N clients
-each send `--rounds` streamed requests, first straight to the double (the exact body looptrace sent
-it, read back from the double's request log), then through looptrace's /v1/chat/completions, so
-both paths carry the same prompt and the same tokens. Time to first token is measured to the first
-chunk carrying a token (direct) or text (through looptrace). Also reported: looptrace's CPU time per
-token relayed, read from /proc. Everything runs on this machine, so the client, the double and
-looptrace share its cores. Prints a table, then one JSON object.
+The upstream is the vLLM test double in --fast mode (no model: the same ordinary tokens, one per
+stream per turn of its event loop, in vLLM's own chunk shapes). The targets:
+
+  direct         the double's /v1/chat/completions, vLLM's chat chunks
+  looptrace-on   `looptrace serve --backend vllm --vllm-url DOUBLE --trace-db <temporary file>`: it
+                 renders the prompt, sends token ids to the double's /inference/v1/generate and
+                 relays the tokens as chat chunks, recording every span in its SQLite store
+  looptrace-off  the same with --trace-db off
+  litellm        LiteLLM's proxy (`litellm --config`, one worker, quiet) with the double's /v1 as an
+                 OpenAI-compatible model and its OpenTelemetry callback on, exporting OTLP/HTTP to
+                 a counting sink (bench/_otlp_sink.py); installed on first use into its own
+                 virtual environment in the test cache
+
+Every target gets the same streamed chat request (only `model` may differ): `--tokens` tokens,
+temperature 0, thinking off, `stream_options.include_usage`, from the same aiohttp client, one new
+connection per request (so that no target gains from keep-alive or trips over a server closing an
+idle one). At each concurrency level N, after one warm-up run of every target, `--rounds` rounds
+each run every target once, in turn, the order reversed every other round, so that the machine's
+drifts in speed (±20 % here) fall on all targets alike. A run is N clients each sending
+ceil(requests / N) requests back to back.
+
+Reported per target and level: time to first token (to the first chunk carrying content) p50 and
+p99 over all requests of all rounds, and what that adds to direct's; tokens/s relayed, all streams
+together (median of the rounds, with their range) and per stream (tokens / time from the first
+token to the end, median of the requests); CPU seconds per 1,000 tokens of the proxy's process tree
+(threads and children included) over the whole level, its trace exports included; and, for
+context, the upstream's and the client's CPU per 1,000 tokens over their runs (looptrace asks the
+double for token ids and top-5 logprobs, which costs the double more per token than a chat chunk).
+
+Checked, failing loudly: every response carries exactly the text of `--tokens` tokens of the
+double's cycle and usage saying so; the double served every request once, with that many tokens;
+looptrace-on's store holds a complete trace of every request it was sent; LiteLLM's spans reached
+the sink, one "Received Proxy Server Request" root span per request it was sent. The client, the
+double and the proxy share this machine's cores. Prints a table, then one JSON object.
 """
 
 from __future__ import annotations
@@ -18,8 +44,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -30,21 +56,28 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _relay_report import print_table, summarize  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me about the agent that fixed the parser."}]
+MODEL = "qwen3.5-fast"  # the double's served name, and LiteLLM's name for it
+TARGETS = ("direct", "looptrace-on", "looptrace-off", "litellm")
+LITELLM_ROOT_SPAN = "Received Proxy Server Request"
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+# ---------------------------------------------------------------------------------------------
+# The client: the same for every target
+# ---------------------------------------------------------------------------------------------
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, body: dict, direct: bool) -> tuple[float, int, float]:
-    """(seconds to the first token, tokens, seconds in all) of one streamed request."""
+async def one_stream(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, str, int | None, float]:
+    """(seconds to the first content, the content, usage's completion_tokens, seconds in all)."""
     started = time.perf_counter()
-    first, count, buffer = None, 0, b""
+    first, parts, usage, buffer = None, [], None, b""
     async with session.post(url, json=body) as response:
-        assert response.status == 200, await response.text()
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}: {await response.text()}")
         async for block in response.content.iter_any():
             lines = (buffer + block).split(b"\n")
             buffer = lines.pop()
@@ -52,94 +85,214 @@ async def one_stream(session: aiohttp.ClientSession, url: str, body: dict, direc
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if direct:
-                    n = sum(len(c.get("token_ids") or ()) for c in chunk.get("choices") or ())
-                    count += n
-                    has_token = n > 0
-                else:
-                    if chunk.get("usage"):
-                        count = chunk["usage"]["completion_tokens"]
-                    delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
-                    has_token = bool(delta.get("content") or delta.get("reasoning_content"))
-                if has_token and first is None:
-                    first = time.perf_counter() - started
-    return first if first is not None else float("nan"), count, time.perf_counter() - started
+                if "error" in chunk:
+                    raise RuntimeError(f"{url} sent an error frame: {chunk}")
+                if chunk.get("usage"):
+                    usage = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") or delta.get("reasoning_content")  # looptrace also sends `reasoning`
+                    if text:
+                        if first is None:
+                            first = time.perf_counter() - started
+                        parts.append(text)
+    return first if first is not None else math.nan, "".join(parts), usage, time.perf_counter() - started
 
 
-async def level(url: str, body: dict, direct: bool, streams: int, rounds: int) -> dict:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await one_stream(session, url, body, direct)  # warm the connection pool and caches
-
-        async def client() -> list[tuple[float, int, float]]:
-            return [await one_stream(session, url, body, direct) for _ in range(rounds)]
+async def run(url: str, body: dict, headers: dict, streams: int, per_stream: int) -> tuple[list, float]:
+    """N clients each sending `per_stream` requests back to back: (results, seconds of wall time)."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, headers=headers,
+                                     timeout=aiohttp.ClientTimeout(total=900)) as session:
+        async def client() -> list:
+            return [await one_stream(session, url, body) for _ in range(per_stream)]
 
         started = time.perf_counter()
-        results = [r for per_client in await asyncio.gather(*(client() for _ in range(streams))) for r in per_client]
-        wall = time.perf_counter() - started
-    ttft = sorted(r[0] for r in results)
-    tokens = sum(r[1] for r in results)
-    return {
-        "requests": len(results), "tokens": tokens,
-        "ttft_p50_ms": round(statistics.median(ttft) * 1000, 2),
-        "ttft_p99_ms": round(ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] * 1000, 2),
-        "tokens_per_s": round(tokens / wall, 1),
-        "per_stream_tokens_per_s": round(statistics.median(r[1] / (r[2] - r[0]) for r in results), 1),
-    }
+        results = [r for mine in await asyncio.gather(*(client() for _ in range(streams))) for r in mine]
+        return results, time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------
+# One benchmark: targets up, interleaved rounds at each level, checks
+# ---------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, logs: Path) -> None:
+        import checkpoints
+        from transformers import AutoTokenizer
+        from vllm_double import FAST_TEXT, DoubleProcess
+
+        import _relay_targets as targets
+
+        self.args, self.logs, self.targets = args, logs, targets
+        checkpoint = checkpoints.qwen3_5_checkpoint()  # looptrace reads its config; the double only its tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        cycle = tokenizer.encode(FAST_TEXT, add_special_tokens=False)
+        self.expected = tokenizer.decode((cycle * (args.tokens // len(cycle) + 1))[:args.tokens])
+        self.body = {"model": MODEL, "messages": MESSAGES, "max_tokens": args.tokens, "temperature": 0,
+                     "stream": True, "stream_options": {"include_usage": True},
+                     "chat_template_kwargs": {"enable_thinking": False}}
+        self.urls: dict[str, str] = {}
+        self.models: dict[str, str] = {}
+        self.pids: dict[str, int] = {}
+        self.servers: dict = {}
+        self.routes: dict[str, list[str]] = {}  # the double's routes each target's requests reached
+        self.sink = None
+        self.litellm_requests = 0
+        self.processes: list = []  # stopped in reverse order, whatever failed to start
+        self.double = DoubleProcess(checkpoint, port=targets.free_port(), log_path=logs / "double.log", fast=True,
+                                    served_model_name=MODEL)
+        self.processes.append(self.double)
+
+    def start(self) -> None:
+        self.double.wait_ready()
+        for name in self.args.targets:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        t = self.targets
+        if name == "direct":
+            self.urls[name], self.models[name] = self.double.url, MODEL
+            return
+        if name.startswith("looptrace"):
+            trace_db = str(self.logs / f"traces-{name}.sqlite3") if name == "looptrace-on" else "off"
+            server = t.looptrace(self.double.url, trace_db, self.logs)
+            self.processes.append(server)
+            self.models[name] = server.wait_ready(600)["model"]
+            self.servers[name] = server
+            self.urls[name], self.pids[name] = server.url, server.process.pid
+            return
+        self.sink = t.OTLPSink(self.logs)
+        self.processes.append(self.sink)
+        proxy = t.LiteLLM(self.double.url, MODEL, self.sink.url, self.logs)
+        self.processes.append(proxy)
+        proxy.wait_ready()
+        self.urls[name], self.models[name], self.pids[name] = proxy.url, MODEL, proxy.process.pid
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+    async def measure(self, name: str, streams: int, per_stream: int) -> dict:
+        """One run of one target, checked: its requests, wall time and the CPU its runs cost."""
+        self.double.reset()
+        upstream = self.targets.tree_cpu_seconds(self.double.process.pid)
+        client = time.process_time()
+        results, wall = await run(self.urls[name] + "/v1/chat/completions", {**self.body, "model": self.models[name]},
+                                  {"Authorization": f"Bearer {self.targets.MASTER_KEY}"}, streams, per_stream)
+        client = time.process_time() - client
+        upstream = self.targets.tree_cpu_seconds(self.double.process.pid) - upstream
+        if name == "litellm":
+            self.litellm_requests += len(results)
+        self._check(name, results)
+        return {"results": results, "wall": wall, "upstream_cpu": upstream, "client_cpu": client}
+
+    def _check(self, name: str, results: list) -> None:
+        n = self.args.tokens
+        for ttft, text, usage, _ in results:
+            if text != self.expected or usage != n or math.isnan(ttft):
+                raise AssertionError(f"{name}: a response did not carry exactly {n} tokens (usage {usage}, "
+                                     f"{len(text)} characters of {len(self.expected)} expected):\n{text[:300]!r}")
+        served = self.double.requests()
+        bad = [r for r in served if r["outcome"] != "done" or len(r["token_ids"]) != n]
+        if len(served) != len(results) or bad:
+            raise AssertionError(f"{name}: {len(results)} requests sent, the double served {len(served)}, "
+                                 f"{len(bad)} of them not ending with {n} tokens: {[r['outcome'] for r in bad][:5]}")
+        self.routes[name] = sorted({r["path"] for r in served})
+
+    def await_exports(self, timeout: float = 30) -> dict:
+        """Until the sink holds one LiteLLM root span per request sent (its batch exporter runs every 5 s)."""
+        if self.sink is None:
+            return {}
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.sink.counts()
+            if counts["names"].get(LITELLM_ROOT_SPAN, 0) >= self.litellm_requests:
+                return counts
+            if time.monotonic() > deadline:
+                raise AssertionError(f"LiteLLM was sent {self.litellm_requests} requests but exported "
+                                     f"{counts['names'].get(LITELLM_ROOT_SPAN, 0)} root spans: {counts}")
+            time.sleep(0.5)
+
+    def settle(self, timeout: float = 15) -> None:
+        """Until no proxy spends CPU any more (a store writing its last batch, an exporter its last spans),
+        so that a level's CPU holds all the work of its requests and none of the previous level's."""
+        deadline = time.monotonic() + timeout
+        before = {pid: self.targets.tree_cpu_seconds(pid) for pid in self.pids.values()}
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = {pid: self.targets.tree_cpu_seconds(pid) for pid in self.pids.values()}
+            if all(now[pid] - before[pid] <= 0.01 for pid in now):
+                return
+            before = now
+
+    def check_looptrace_store(self, since: float, sent: int) -> int:
+        """The traces looptrace-on recorded since `since`: one per request, each with all its tokens."""
+        status, body = self.servers["looptrace-on"].get(f"/v1/traces?since={since}&limit=1000")
+        traces = body.get("data", []) if status == 200 else []
+        complete = [t for t in traces if t["output_tokens"] == self.args.tokens]
+        if len(complete) < min(sent, 1000):
+            raise AssertionError(f"looptrace-on was sent {sent} requests but its store holds {len(complete)} "
+                                 f"complete traces since the level began ({status}: {str(body)[:300]})")
+        return len(complete)
+
+    async def level(self, streams: int) -> dict:
+        per_stream = math.ceil(self.args.requests / streams)
+        names = list(self.args.targets)
+        since = time.time()
+        for name in names:  # warm-up, checked but not recorded
+            await self.measure(name, streams, per_stream)
+        self.await_exports()
+        self.settle()
+        cpu = {name: self.targets.tree_cpu_seconds(pid) for name, pid in self.pids.items()}
+        runs: dict[str, list] = {name: [] for name in names}
+        for r in range(self.args.rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                runs[name].append(await self.measure(name, streams, per_stream))
+        exports = self.await_exports()
+        self.settle()
+        cpu = {name: self.targets.tree_cpu_seconds(pid) - cpu[name] for name, pid in self.pids.items()}
+        stored = None
+        if "looptrace-on" in names:
+            stored = self.check_looptrace_store(since, (self.args.rounds + 1) * streams * per_stream)
+        rows = {name: summarize(runs[name], cpu.get(name)) for name in names}
+        if "direct" in rows:
+            for name, row in rows.items():
+                if name == "direct":
+                    continue
+                row["added_ttft_p50_ms"] = round(row["ttft_p50_ms"] - rows["direct"]["ttft_p50_ms"], 2)
+                row["added_ttft_p99_ms"] = round(row["ttft_p99_ms"] - rows["direct"]["ttft_p99_ms"], 2)
+        level = {"streams": streams, "requests_per_run": streams * per_stream, "targets": rows}
+        if stored is not None:
+            level["looptrace_on_traces_stored"] = stored
+        if exports:
+            level["litellm_otlp_export"] = {"requests_sent_to_litellm": self.litellm_requests, **exports}
+        return level
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--streams", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--rounds", type=int, default=4, help="requests per client at each level")
-    parser.add_argument("--trace-db", help="looptrace's --trace-db (default: a store in a temporary folder; 'off')")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 64], help="concurrency levels")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds of every target at each level")
+    parser.add_argument("--requests", type=int, default=16, help="requests in one run, at least (one per stream)")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per request")
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     args = parser.parse_args()
 
-    import checkpoints
-    from server import Server, free_port
-    from vllm_double import DoubleProcess
-
     logs = Path(tempfile.mkdtemp(prefix="looptrace-relay-"))
-    checkpoint = checkpoints.qwen3_5_checkpoint()  # the double reads only its tokenizer in --fast mode
-    double = DoubleProcess(checkpoint, port=free_port(), log_path=logs / "double.log", fast=True)
-    server = None
+    bench = Bench(args, logs)
     try:
-        double.wait_ready()
-        trace_db = args.trace_db or str(logs / "traces.sqlite3")
-        server = Server("--backend", "vllm", "--vllm-url", double.url, "--trace-db", trace_db, log_dir=logs)
-        server.wait_ready(600)
-        model = server.get("/health")[1]["model"]
-        chat = {"model": model, "messages": MESSAGES, "max_tokens": args.tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}, "chat_template_kwargs": {"enable_thinking": False}}
-        status, reply = server.post("/v1/chat/completions", {**chat, "stream": False})
-        assert status == 200 and reply["usage"]["completion_tokens"] == args.tokens, reply
-        sent = [r for r in double.requests() if r["body"] and r["outcome"] == "done"][-1]
-        direct_url, direct_body = double.url + sent["path"], sent["body"]
-
-        rows = []
-        for streams in args.streams:
-            direct = asyncio.run(level(direct_url, direct_body, True, streams, args.rounds))
-            cpu_before = cpu_seconds(server.process.pid)
-            relayed = asyncio.run(level(server.url + "/v1/chat/completions", chat, False, streams, args.rounds))
-            cpu = cpu_seconds(server.process.pid) - cpu_before
-            relayed["looptrace_cpu_us_per_token"] = round(cpu / relayed["tokens"] * 1e6, 1)
-            rows.append({"streams": streams, "direct": direct, "looptrace": relayed,
-                         "added_ttft_p50_ms": round(relayed["ttft_p50_ms"] - direct["ttft_p50_ms"], 2),
-                         "added_ttft_p99_ms": round(relayed["ttft_p99_ms"] - direct["ttft_p99_ms"], 2)})
+        bench.start()
+        levels = [asyncio.run(bench.level(streams)) for streams in args.streams]
     finally:
-        if server is not None:
-            server.stop()
-        double.stop()
-
-    print(f"{'streams':>7} {'path':>9} {'TTFT p50 ms':>11} {'p99 ms':>8} {'tok/s':>9} {'tok/s/stream':>12} "
-          f"{'CPU µs/tok':>10}")
-    for row in rows:
-        for name in ("direct", "looptrace"):
-            r = row[name]
-            print(f"{row['streams']:>7} {name:>9} {r['ttft_p50_ms']:>11} {r['ttft_p99_ms']:>8} {r['tokens_per_s']:>9} "
-                  f"{r['per_stream_tokens_per_s']:>12} {r.get('looptrace_cpu_us_per_token', ''):>10}")
-    print(json.dumps({"tokens": args.tokens, "rounds": args.rounds, "route": sent["path"],
-                      "tracing": trace_db != "off", "cpus": os.cpu_count(), "levels": rows}))
+        bench.stop()
+    print_table(levels)
+    print(json.dumps({
+        "tokens": args.tokens, "rounds": args.rounds, "requests": args.requests, "cpus": os.cpu_count(),
+        "litellm": bench.targets.litellm_version() if "litellm" in args.targets else None,
+        "upstream_routes": bench.routes,
+        "logs": str(logs), "levels": levels}))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ FILES = (
     "vllm/entrypoints/generate/base/protocol.py",  # StreamOptions, PerRequestMetrics, SpeculativeDecodingMetrics
     "vllm/entrypoints/serve/engine/protocol.py",  # ErrorResponse, ModelList, ModelCard, UsageInfo
     "vllm/entrypoints/scale_out/token_in_token_out/protocol.py",  # GenerateRequest, GenerateTokensStreamResponse
+    "vllm/entrypoints/openai/chat_completion/protocol.py",  # ChatCompletionRequest, ChatCompletionStreamResponse
     "vllm/sampling_params.py",  # SamplingParams
 )
 KEY = "protocol-key"
@@ -314,6 +315,42 @@ def test_generate_chunks_are_vllms(fast_double, vllm_models):
                     check(vllm_models, "GenerateLogProb", top, f"chunk {i} top entry")
     check(vllm_models, "GenerateTokensStreamResponse", last, "usage chunk")
     check(vllm_models, "UsageInfo", last["usage"], "usage")
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_chat_chunks_are_vllms(fast_double, vllm_models, include_usage):
+    # The double's chat route is what LiteLLM's proxy and the relay benchmark's direct client call.
+    double, tokenizer_dir = fast_double
+    double.reset()
+    body = {"model": double.configure()["root"], "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 7,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": include_usage},
+            "chat_template_kwargs": {"enable_thinking": False}}
+    check(vllm_models, "ChatCompletionRequest", body, "chat request")
+    check(vllm_models, "StreamOptions", body["stream_options"], "stream_options")
+    chunks = raw_stream(double, "/v1/chat/completions", body)
+    for i, chunk in enumerate(chunks):
+        check(vllm_models, "ChatCompletionStreamResponse", chunk, f"chunk {i}")
+        assert chunk["object"] == "chat.completion.chunk" and chunk["id"] == chunks[0]["id"]
+        for choice in chunk["choices"]:
+            check(vllm_models, "ChatCompletionResponseStreamChoice", choice, f"chunk {i} choice")
+            check(vllm_models, "DeltaMessage", choice["delta"], f"chunk {i} delta")
+    role, *tokens = chunks[:-1] if include_usage else chunks
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(tokens) == 7, "one chunk per token, as vLLM streams without a parser"
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 6 + ["length"]
+    from transformers import AutoTokenizer
+
+    sent = [r for r in double.requests() if r["path"] == "/v1/chat/completions" and r["outcome"] == "done"]
+    assert len(sent) == 1 and len(sent[0]["token_ids"]) == 7
+    text = AutoTokenizer.from_pretrained(tokenizer_dir).decode(sent[0]["token_ids"])
+    assert "".join(c["choices"][0]["delta"]["content"] for c in tokens) == text
+    if include_usage:
+        last = chunks[-1]
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 7 and "system_fingerprint" in last
+        check(vllm_models, "UsageInfo", last["usage"], "usage")
+        assert "system_fingerprint" not in tokens[-1]
+    else:
+        assert "usage" not in tokens[-1] and "system_fingerprint" in tokens[-1]  # vLLM stamps the terminal chunk
 
 
 def test_models_and_errors_are_vllms(fast_double, vllm_models):
