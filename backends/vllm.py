@@ -21,6 +21,7 @@ import time
 from typing import AsyncIterator
 
 import aiohttp
+import orjson
 
 from . import vllm_protocol as protocol
 from .base import BackendError, DecodeRequest
@@ -94,7 +95,10 @@ class VLLMBackend:
                     if payload == b"[DONE]":
                         ended = True
                         break
-                    chunk = json.loads(payload)
+                    try:
+                        chunk = orjson.loads(payload)  # a third of json's time: JSON is most of relaying a token
+                    except orjson.JSONDecodeError:
+                        chunk = json.loads(payload)  # NaN or Infinity, which Python's json writes and orjson refuses
                     choices = chunk.get("choices")
                     if choices:
                         choice = choices[0]

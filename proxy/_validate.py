@@ -7,6 +7,7 @@ pass through silently, and the error must carry OpenAI's `param`.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
@@ -18,14 +19,35 @@ _MISSING = object()
 TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array", dict: "an object"}
 
 
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 async def json_body(request: web.Request) -> dict:
     try:
-        body = await request.json(loads=json.loads)
+        text = await request.text()
+        body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
+    if _ESCAPED_SURROGATE.search(text):
+        body = _replace_lone_surrogates(body)
     return body
+
+
+def _replace_lone_surrogates(value: Any) -> Any:
+    """Half of a UTF-16 pair, escaped, is valid JSON (JavaScript's JSON.stringify writes one for a
+    string cut between the halves, as a clipped tool output can be), but it is not text: no tokenizer
+    or UTF-8 encoder takes it. It becomes U+FFFD, as undecodable bytes do; whole pairs were already
+    joined into one character by json.loads."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_replace_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_replace_lone_surrogates(k): _replace_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def field(obj: dict, key: str, kind: type, param: str, *, required: bool = False, default: Any = None,

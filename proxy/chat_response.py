@@ -2,17 +2,18 @@
 
 Reasoning goes out under both `reasoning_content` and `reasoning`, because clients differ in which
 they read. Chunks are assembled from a preformatted prefix, so the per-token cost is one
-`json.dumps` of the new text.
+JSON encoding of the new text.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import TYPE_CHECKING
 
 from families.base import CONTENT
+
+from .json_text import dumps
 
 if TYPE_CHECKING:
     from .generation import Generation
@@ -22,10 +23,6 @@ DONE_FRAME = b"data: [DONE]\n\n"
 
 def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
-
-
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 class TokenTexts:
@@ -65,12 +62,12 @@ class ChatStream:
         self.model = model
         self.include_usage = include_usage
         self.logprobs = logprobs
-        self._head = f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{_dumps(model)},"choices":[{{"index":0,"delta":'
+        self._head = f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"choices":[{{"index":0,"delta":'
         self._pending_logprobs: list[dict] = []
 
     def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None) -> bytes:
-        body = delta if isinstance(delta, str) else _dumps(delta)
-        tail_logprobs = "null" if logprobs is None else _dumps({"content": logprobs})
+        body = delta if isinstance(delta, str) else dumps(delta)
+        tail_logprobs = "null" if logprobs is None else dumps({"content": logprobs})
         tail_finish = "null" if finish_reason is None else f'"{finish_reason}"'
         return f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}}}]}}\n\n'.encode()
 
@@ -87,9 +84,9 @@ class ChatStream:
             kind = delta["type"]
             if kind == "text":
                 logprobs, self._pending_logprobs = (self._pending_logprobs or None), []
-                out.append(self._chunk('{"content":' + _dumps(delta["text"]) + "}", logprobs=logprobs))
+                out.append(self._chunk('{"content":' + dumps(delta["text"]) + "}", logprobs=logprobs))
             elif kind == "thinking":
-                text = _dumps(delta["text"])
+                text = dumps(delta["text"])
                 out.append(self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}"))
             elif kind == "tool_call":
                 # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
@@ -104,14 +101,14 @@ class ChatStream:
         if self.include_usage:
             out.append(
                 f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},'
-                f'"model":{_dumps(self.model)},"choices":[],"usage":{_dumps(usage(generation))}}}\n\n'.encode()
+                f'"model":{dumps(self.model)},"choices":[],"usage":{dumps(usage(generation))}}}\n\n'.encode()
             )
         out.append(DONE_FRAME)
         return b"".join(out)
 
 
 def error_frame(body: dict) -> bytes:
-    return f"data: {_dumps(body)}\n\n".encode() + DONE_FRAME
+    return f"data: {dumps(body)}\n\n".encode() + DONE_FRAME
 
 
 class ChatCollector:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from aiohttp import web
+
+from .json_text import dumps
 
 log = logging.getLogger("looptrace")
 
@@ -26,7 +27,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, dumps=_dumps)
+        return web.json_response(self.body(), status=self.status, dumps=dumps)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -42,9 +43,6 @@ def model_not_found(name: str, served: str) -> APIError:
 def unavailable(message: str, code: str = "model_not_ready") -> APIError:
     return APIError(503, message, type="server_error", code=code)
 
-
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False)
 
 
 @web.middleware

@@ -7,7 +7,7 @@ event alone, and a call it does not get whole is never run. Each frame carries a
 OpenAI's, though codex and the openai SDK read only `data.type`.
 
 Text deltas are the per-token path: their frames are assembled from a prefix made once per item, so
-each costs one `json.dumps` of the new text.
+each costs one JSON encoding of the new text.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+from .json_text import dumps
 from .responses_request import ToolNames
 
 if TYPE_CHECKING:
@@ -29,9 +30,6 @@ def new_id(prefix: str) -> str:
     # Random, not a counter: several looptrace processes may serve one conversation.
     return prefix + secrets.token_hex(16)
 
-
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def usage(generation: "Generation") -> dict:
@@ -73,7 +71,7 @@ class ResponseBuilder:
         number = self.sequence
         self.sequence += 1
         self.last_sent = time.monotonic()
-        body = _dumps({"type": kind, "sequence_number": number, **payload})
+        body = dumps({"type": kind, "sequence_number": number, **payload})
         return f"event: {kind}\ndata: {body}\n\n".encode()
 
     def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None) -> dict:
@@ -119,7 +117,7 @@ class ResponseBuilder:
         number = self.sequence
         self.sequence += 1
         self.last_sent = time.monotonic()
-        return opened + f"{self._delta_head}{number}{self._delta_mid}{_dumps(text)}}}\n\n".encode()
+        return opened + f"{self._delta_head}{number}{self._delta_mid}{dumps(text)}}}\n\n".encode()
 
     def _open(self, kind: str) -> bytes:
         index = len(self.output)
@@ -217,5 +215,5 @@ def _custom_input(arguments: str) -> str:
             return value
         if len(args) == 1:  # one parameter under another name: still the whole input
             (only,) = args.values()
-            return only if isinstance(only, str) else _dumps(only)
+            return only if isinstance(only, str) else dumps(only)
     return arguments

@@ -8,6 +8,7 @@ from datetime import datetime
 from aiohttp import web
 
 from .errors import APIError, invalid
+from .json_text import dumps
 from .keys import TELEMETRY
 
 
@@ -23,7 +24,7 @@ async def list_traces(request: web.Request) -> web.Response:
                                        model=query.get("model"), since_ns=since, limit=limit)
     except FileNotFoundError:
         rows = []  # nothing recorded yet
-    return web.json_response({"object": "list", "data": rows})
+    return web.json_response({"object": "list", "data": rows}, dumps=dumps)
 
 
 async def get_trace(request: web.Request) -> web.Response:
@@ -36,7 +37,7 @@ async def get_trace(request: web.Request) -> web.Response:
     if found is None:
         raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
                        param="trace_id", code="trace_not_found")
-    return web.json_response(found, dumps=_dumps)
+    return web.json_response(found, dumps=dumps)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -73,8 +74,3 @@ def _since(value: str | None) -> int | None:
     except ValueError:
         raise invalid("'since' must be Unix seconds or an ISO 8601 time.", param="since") from None
 
-
-def _dumps(obj) -> str:
-    import json
-
-    return json.dumps(obj, ensure_ascii=False)

@@ -157,6 +157,20 @@ def test_malformed_json(server):
     assert error["error"]["type"] == "invalid_request_error"
 
 
+def test_a_lone_surrogate_becomes_a_replacement_character(server):
+    # JSON.stringify escapes half of a UTF-16 pair, e.g. in a tool output clipped between the halves.
+    # json.dumps (ensure_ascii) sends the lone "\\ud800" escape; the pair "\\ud83d\\ude00" stays one character.
+    content = "clipped \ud800 here, whole \U0001F600 there"
+    body = {"model": "tiny-qwen", "max_tokens": 3, "messages": [{"role": "user", "content": content}]}
+    for stream in (False, True):
+        status, answer = server.post("/v1/chat/completions", raw=json.dumps({**body, "stream": stream}).encode())
+        assert status == 200, answer
+    status, traces = server.get("/v1/traces?limit=1")
+    status, trace = server.get(f"/v1/traces/{traces['data'][0]['trace_id']}")
+    render = next(s for s in trace["spans"] if s["name"] == "render")
+    assert "clipped \ufffd here, whole \U0001F600 there" in render["attributes"]["looptrace.prompt.text"]
+
+
 def test_template_refusal_is_a_400(server):
     # The Qwen3.5 template itself refuses a conversation with no user turn.
     status, error = chat(server, messages=[{"role": "system", "content": "only a system prompt"}])

@@ -339,3 +339,23 @@ def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
     assert kept == ids[:-3:-1][: len(kept)] and 1 <= len(kept) <= 2  # the newest stay
     assert store.get_trace(ids[2]) is None
     assert (tmp_path / "t.sqlite3").stat().st_size <= 600_000  # the file shrank, not just the rows
+
+
+def test_the_store_writes_what_orjson_refuses(tmp_path):
+    # orjson encodes the store's spans; a lone surrogate or an integer past 64 bits goes through json.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from trace_store.sqlite import SQLiteTraceStore
+
+    store = SQLiteTraceStore(tmp_path / "t.sqlite3")
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(store))
+    span = provider.get_tracer("test").start_span("chat m", attributes={
+        "looptrace.endpoint": "chat", "odd.text": "half \ud800 pair", "odd.int": 2**70, "plain": "caf\u00e9"})
+    span.add_event("looptrace.tokens", {"looptrace.token.logprob": (-0.5, float("-inf"))})
+    span.end()
+    stored = store.get_trace(format(span.get_span_context().trace_id, "032x"))["spans"][0]
+    assert stored["attributes"]["odd.text"] == "half \ud800 pair"
+    assert stored["attributes"]["odd.int"] == 2**70 and stored["attributes"]["plain"] == "caf\u00e9"
+    assert stored["events"][0]["attributes"]["looptrace.token.logprob"] == [-0.5, None]  # JSON has no -inf
