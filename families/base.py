@@ -64,6 +64,7 @@ class Rendered:
     text: str  # the exact string, control tokens included
     ids: list[int]
     thinking: bool  # the prompt leaves the model inside its thinking channel
+    merged_system: int = 0  # later system messages joined into the first (Family.system_first_only)
 
 
 class Family:
@@ -80,6 +81,9 @@ class Family:
     grammar_tokens: tuple[str, ...] = ()  # special tokens the parser needs to see as text
     card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
     media_tokens: dict[str, str] = {}  # placeholder token → "image" | "video" | "audio", counted in traces
+    # The template refuses a system message anywhere but first, while agents send them later (codex's
+    # developer messages): those are joined into the first, in order, instead of failing the request.
+    system_first_only: bool = False
     # Per checkpoint, set in __init__:
     stop_token_ids: frozenset[int]
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
@@ -109,6 +113,9 @@ class Family:
                enable_thinking: bool | None = None) -> Rendered:
         """Render with the checkpoint's own template; the text is decoded back from the ids."""
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        merged = 0
+        if self.system_first_only:
+            messages, merged = merge_system_messages(messages)
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.
@@ -123,7 +130,7 @@ class Family:
         ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
         # Decoded from the ids, so the stored prompt is exactly what the model read.
         text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text))
+        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged)
 
     def prompt_leaves_thinking(self, prompt: str) -> bool:
         return False
@@ -176,3 +183,26 @@ def token_id(tokenizer: Any, token: str) -> int | None:
     if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == token:
         return i
     return None
+
+
+def merge_system_messages(messages: list[dict]) -> tuple[list[dict], int]:
+    """Every system message joined into one, first: (messages, how many were moved to join it).
+
+    Moved, not turned into user turns: a template keeps an agent turn's earlier reasoning only after
+    the last user message, so a user turn in the middle of the agent's work would change what the
+    model reads of it. Contents are joined with a blank line, in their order.
+    """
+    systems = [m for m in messages if m.get("role") == "system"]
+    if not systems or (len(systems) == 1 and messages[0] is systems[0]):
+        return messages, 0
+    contents = [m.get("content") or "" for m in systems]
+    if all(isinstance(c, str) for c in contents):
+        content: str | list = "\n\n".join(contents)
+    else:  # content parts: the strings become text parts
+        content = []
+        for c in contents:
+            if content:
+                content.append({"type": "text", "text": "\n\n"})
+            content.extend([{"type": "text", "text": c}] if isinstance(c, str) else c)
+    moved = len(systems) - (messages[0] is systems[0])
+    return [{**systems[0], "content": content}, *(m for m in messages if m.get("role") != "system")], moved

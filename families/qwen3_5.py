@@ -135,6 +135,7 @@ class Qwen3_5(Family):
     name = "qwen3_5"
     model_types = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
     architectures = ("Qwen3_5",)
+    system_first_only = True  # "System message must be at the beginning."
     stop_tokens = ("<|im_end|>", "<|endoftext|>")
     grammar_tokens = ("<think>", "</think>", "<tool_call>", "</tool_call>")
     # The model card's recommendations (Qwen3.5 ships no generation_config.json).

@@ -110,6 +110,8 @@ class RequestTrace(Observer):
             "looptrace.prompt.new_offset": new_at,
             "looptrace.prompt.thinking": rendered.thinking,
         }
+        if rendered.merged_system:
+            attributes["looptrace.prompt.merged_system_messages"] = rendered.merged_system
         for kind, count in _media_counts(runtime, ids).items():
             attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
         if generation.forced_prefix:

@@ -243,7 +243,8 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
 
     System and developer messages before the first other item, with `instructions` first, become
     one system message: templates take the system prompt from the first message only, and codex
-    sends several developer messages.
+    sends several developer messages. Later ones stay where they are, as system messages; a family
+    whose template refuses that joins them into the first (Family.system_first_only).
     """
     system: list[str] = [instructions] if instructions else []
     messages: list[dict] = []

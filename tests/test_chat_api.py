@@ -171,6 +171,20 @@ def test_a_lone_surrogate_becomes_a_replacement_character(server):
     assert "clipped \ufffd here, whole \U0001F600 there" in render["attributes"]["looptrace.prompt.text"]
 
 
+def test_a_late_developer_message_joins_the_system_prompt(server):
+    # Qwen3.5's template alone would refuse it ("System message must be at the beginning.").
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "developer", "content": "Now read-only."},
+                {"role": "user", "content": "Go on"}]
+    status, body = chat(server, messages=messages, max_tokens=2)
+    assert status == 200, body
+    status, traces = server.get("/v1/traces?limit=1")
+    status, trace = server.get(f"/v1/traces/{traces['data'][0]['trace_id']}")
+    render = next(s for s in trace["spans"] if s["name"] == "render")
+    assert render["attributes"]["looptrace.prompt.merged_system_messages"] == 1
+    assert render["attributes"]["looptrace.prompt.text"].startswith("<|im_start|>system\nBe brief.\n\nNow read-only.")
+
+
 def test_template_refusal_is_a_400(server):
     # The Qwen3.5 template itself refuses a conversation with no user turn.
     status, error = chat(server, messages=[{"role": "system", "content": "only a system prompt"}])

@@ -22,6 +22,7 @@ from families import (
     chat_template_is_chatml,
     family_for_config,
 )
+from families.base import merge_system_messages
 
 QWEN_TEXT = 248044  # <|endoftext|> in the real Qwen3.5 vocabulary
 QWEN_IM_END = 248046
@@ -172,6 +173,41 @@ def test_user_text_cannot_inject_control_tokens(qwen_tok):
 def test_template_errors_become_render_errors(qwen_tok):
     with pytest.raises(RenderError, match="No user query found in messages."):
         Qwen3_5(qwen_tok).render([{"role": "system", "content": "Only a system prompt."}])
+
+
+def test_qwen_joins_later_system_messages_into_the_first(qwen_tok, gemma_tok):
+    # Qwen3.5's template refuses a system message anywhere but first; codex sends developer messages
+    # (system, here) later in a session. They join the first, in order; the turns keep their order.
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "List the files."},
+                {"role": "assistant", "content": "a.txt"},
+                {"role": "system", "content": "Sandbox: read-only now."},
+                {"role": "user", "content": "And now?"}]
+    rendered = Qwen3_5(qwen_tok).render(messages, None, False)
+    assert rendered.merged_system == 1
+    assert rendered.text.startswith("<|im_start|>system\nBe brief.\n\nSandbox: read-only now.<|im_end|>\n"
+                                    "<|im_start|>user\nList the files.<|im_end|>\n")
+    assert rendered.text.count("<|im_start|>system") == 1 and rendered.text.count("Sandbox") == 1
+    assert rendered.text.index("a.txt") < rendered.text.index("And now?")
+    # No leading system message: the later one becomes the first; a leading one alone is untouched.
+    late_only = Qwen3_5(qwen_tok).render(messages[1:], None, False)
+    assert late_only.merged_system == 1 and late_only.text.startswith("<|im_start|>system\nSandbox: read-only now.")
+    assert Qwen3_5(qwen_tok).render(messages[:3] + messages[4:], None, False).merged_system == 0
+    # Gemma 4's template takes a later system turn where it is: nothing moves.
+    gemma = Gemma4(gemma_tok).render(messages, None, False)
+    assert gemma.merged_system == 0 and gemma.text.index("a.txt") < gemma.text.index("Sandbox")
+
+
+def test_merge_system_messages_joins_content_parts():
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "system", "content": "one"},
+                {"role": "system", "content": [{"type": "text", "text": "two"}]}]
+    merged, moved = merge_system_messages(messages)
+    assert moved == 2
+    assert merged == [{"role": "system", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "\n\n"},
+                                                     {"type": "text", "text": "two"}]},
+                      {"role": "user", "content": "hi"}]
+    assert merge_system_messages(messages[:1]) == (messages[:1], 0)
 
 
 def test_chatml_render_smollm2(smollm2_tok):
