@@ -22,8 +22,11 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -196,6 +199,28 @@ def _cached(kind: str, params: dict[str, Any], build: Callable[[Path], dict[str,
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def vllm_sources(kind: str, version: str, files: tuple[str, ...]) -> Path:
+    """Source files of the `vllm` wheel from PyPI (downloaded without its dependencies, nothing
+    imported), cached as `kind`; a failed download fails loudly."""
+
+    def build(out: Path) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            command = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
+                       "--only-binary=:all:", "-d", tmp, "--quiet"]
+            done = subprocess.run(command, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("vllm-*.whl"))
+            if done.returncode != 0 or not wheels:
+                raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                for name in files:
+                    target = out / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(wheel.read(name))
+            return {"wheel": wheels[0].name}
+
+    return _cached(kind, {"version": version, "files": list(files)}, build)
 
 
 def build_info(path: Path) -> dict[str, Any]:

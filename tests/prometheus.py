@@ -62,3 +62,9 @@ class Prometheus(Service):
 
     def scraped(self) -> bool:
         return any(s["value"][1] == "1" for s in self.query('up{job="looptrace"}'))
+
+    def wait_scraped(self, timeout: float = 30) -> None:
+        """Until looptrace has been scraped once (or the time is up: the queries then say what is missing)."""
+        deadline = time.monotonic() + timeout
+        while not self.scraped() and time.monotonic() < deadline:
+            time.sleep(0.3)

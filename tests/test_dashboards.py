@@ -20,10 +20,7 @@ import json
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -224,29 +221,11 @@ def _vllm_version() -> str:
     return match.group(1)
 
 
-def _extract_metric_sources(version: str):
-    def build(out: Path) -> dict:
-        with tempfile.TemporaryDirectory() as tmp:
-            command = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
-                       "--only-binary=:all:", "-d", tmp, "--quiet"]
-            done = subprocess.run(command, capture_output=True, text=True)
-            wheels = list(Path(tmp).glob("vllm-*.whl"))
-            if done.returncode != 0 or not wheels:
-                raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                for name in VLLM_METRIC_FILES:
-                    (out / name).parent.mkdir(parents=True, exist_ok=True)
-                    (out / name).write_bytes(wheel.read(name))
-            return {"wheel": wheels[0].name}
-    return build
-
-
 @pytest.fixture(scope="module")
 def vllm_metric_families() -> set[str]:
     """Every `vllm:` metric name the pinned vLLM defines (string literals in its metrics modules)."""
     version = _vllm_version()
-    folder = checkpoints._cached("vllm-metrics", {"version": version, "files": list(VLLM_METRIC_FILES)},
-                                 _extract_metric_sources(version))
+    folder = checkpoints.vllm_sources("vllm-metrics", version, VLLM_METRIC_FILES)
     names = set()
     for name in VLLM_METRIC_FILES:
         for node in ast.walk(ast.parse((folder / name).read_text())):
@@ -294,9 +273,7 @@ def scraped(serve, qwen3_5_dir, tmp_path_factory):
     prometheus = Prometheus([f"127.0.0.1:{server.port}"], workdir)
     try:
         prometheus.wait_ready()
-        deadline = time.monotonic() + 30
-        while not prometheus.scraped() and time.monotonic() < deadline:
-            time.sleep(0.3)
+        prometheus.wait_scraped()
         client = OpenAI(base_url=server.base_url, api_key="unused")
         session = {"session_id": CONVERSATION}  # pi's header: the conversation id of the spans
         ask = [{"role": "user", "content": "Weather in Paris?"}]

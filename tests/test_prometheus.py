@@ -28,9 +28,7 @@ def scraped(serve, qwen3_5_dir, tmp_path_factory):
     prometheus = Prometheus([f"127.0.0.1:{server.port}"], workdir)
     try:
         prometheus.wait_ready()
-        deadline = time.monotonic() + 30
-        while not prometheus.scraped() and time.monotonic() < deadline:
-            time.sleep(0.3)
+        prometheus.wait_scraped()
         client = OpenAI(base_url=server.base_url, api_key="unused")
         ask = [{"role": "user", "content": "Weather?"}]
         for _ in range(3):  # requests between scrapes, so rate() sees counters move

@@ -13,14 +13,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import subprocess
-import sys
-import tempfile
 import urllib.error
 import urllib.request
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -54,22 +49,6 @@ class Model:
     bases: list[str]
     fields: dict[str, bool]  # JSON name → required
     defaults: dict[str, object]  # literal defaults of class attributes, private ones included
-
-
-def _extract(out: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps", "--only-binary=:all:",
-                   "-d", tmp, "--quiet"]
-        done = subprocess.run(command, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("vllm-*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for name in FILES:
-                target = out / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(wheel.read(name))
-        return {"wheel": wheels[0].name}
 
 
 def _field_call(value: ast.expr | None) -> ast.Call | None:
@@ -120,7 +99,7 @@ def _read_models(source: str) -> dict[str, Model]:
 
 @pytest.fixture(scope="module")
 def vllm_models() -> dict[str, Model]:
-    folder = checkpoints._cached("vllm-protocol", {"version": VLLM_VERSION, "files": list(FILES)}, _extract)
+    folder = checkpoints.vllm_sources("vllm-protocol", VLLM_VERSION, FILES)
     assert VLLM_VERSION in checkpoints.build_info(folder)["wheel"]
     models: dict[str, Model] = {}
     for name in FILES:

@@ -271,15 +271,20 @@ class Double:
             return web.json_response({"detail": "Not Found"}, status=404)
         return await self._serve(request, generate_route=True)
 
+    def _record(self, request: web.Request, body: object) -> dict:
+        """What the tests read back of a request: its path, trace and auth headers, body and outcome."""
+        entry = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()
+                                                   if k.lower() in ("traceparent", "tracestate", "authorization")},
+                 "body": body, "token_ids": [], "usage": None, "metrics": None, "outcome": "refused"}
+        self.requests.append(entry)
+        return entry
+
     async def _serve(self, request: web.Request, generate_route: bool) -> web.StreamResponse:
         try:
             body = await request.json()
         except json.JSONDecodeError as exc:
             return error_response(f"JSON decode error: {exc}")
-        entry = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()
-                                                   if k.lower() in ("traceparent", "tracestate", "authorization")},
-                 "body": body, "token_ids": [], "usage": None, "metrics": None, "outcome": "refused"}
-        self.requests.append(entry)
+        entry = self._record(request, body)
         try:
             prompt, params = self._read(body, generate_route)
         except Refusal as refusal:
@@ -435,10 +440,7 @@ class Double:
             body = await request.json()
         except json.JSONDecodeError as exc:
             return error_response(f"JSON decode error: {exc}")
-        entry = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()
-                                                   if k.lower() in ("traceparent", "tracestate", "authorization")},
-                 "body": body, "token_ids": [], "usage": None, "metrics": None, "outcome": "refused"}
-        self.requests.append(entry)
+        entry = self._record(request, body)
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not messages:
             return error_response("1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', "
