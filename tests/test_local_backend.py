@@ -110,19 +110,25 @@ def test_cancel_stops_before_the_next_token(loaded):
 def test_the_queue_refuses_past_its_bound(loaded):
     tokenizer, model, backend = loaded
     prompt = chat_prompt_ids(tokenizer)
-    gate = threading.Event()
+    held, gate = threading.Event(), threading.Event()
 
     def greedy(n=1):
         return DecodeRequest(prompt, n, SamplingParams(temperature=0), frozenset())
 
+    def hold(event):
+        held.set()
+        gate.wait()
+
     async def run():
-        # Hold the worker inside a job, so the next requests wait in the queue (bound: 2).
-        backend._jobs.put((greedy(), lambda event: gate.wait()))
-        while backend.running == 0:
-            await asyncio.sleep(0.01)
+        # Hold the worker inside a job (past its prefill, which would otherwise compete for the cores),
+        # so the next requests wait in the queue (bound: 2).
+        backend._jobs.put((greedy(), hold))
+        await asyncio.to_thread(held.wait)
         waiting = [backend.generate(greedy()) for _ in range(2)]
         firsts = [asyncio.ensure_future(anext(w)) for w in waiting]
-        await asyncio.sleep(0.05)
+        # Each consumer queues its job on its first step; on a loaded machine that can take a while.
+        while backend.waiting < 2:
+            await asyncio.sleep(0.01)
         assert backend.waiting == 2
         with pytest.raises(Busy):
             await anext(backend.generate(greedy()))
