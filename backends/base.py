@@ -47,6 +47,14 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 means no limit
     seed: int | None = None
+    # OpenAI's penalties, on the tokens generated so far (as vLLM applies them): a token's logit loses
+    # `presence_penalty` once it has appeared and `frequency_penalty` for every time it has.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass(slots=True)

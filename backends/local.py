@@ -21,7 +21,7 @@ import torch
 
 from .base import TOP_N, BackendError, Busy, DecodeRequest
 from .detokenize import Vocabulary
-from .sampling import generator_for, next_token
+from .sampling import Penalties, generator_for, next_token
 
 log = logging.getLogger("looptrace")
 
@@ -151,7 +151,8 @@ class LocalBackend:
         else:
             logits, cache = prefill(model, prompt)
             step = partial(decode_one_token, model, cache=cache)
-        numbers = next_token(logits, sampling, generator)
+        penalties = Penalties(sampling, logits) if sampling.penalised else None
+        numbers = next_token(logits, sampling, generator, penalties)
         emit({"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": 0,
               "seconds": time.perf_counter() - started})
 
@@ -179,8 +180,10 @@ class LocalBackend:
             })
             if finish:
                 break
+            if penalties is not None:
+                penalties.add(token_id)
             logits = step(token_id)
-            numbers = next_token(logits, sampling, generator)
+            numbers = next_token(logits, sampling, generator, penalties)
         emit(_done(finish, count, time.perf_counter() - first_at))
 
 

@@ -32,10 +32,28 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return torch.multinomial(probs, 1, generator=generator)[0]
 
 
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> list:
+class Penalties:
+    """The logit offsets of the presence and frequency penalties, kept up to date token by token."""
+
+    def __init__(self, params: SamplingParams, logits: torch.Tensor) -> None:
+        self.presence, self.frequency = params.presence_penalty, params.frequency_penalty
+        self.offsets = torch.zeros_like(logits)
+        self._seen: set[int] = set()
+
+    def add(self, token_id: int) -> None:
+        # One scalar update per token rather than recounting the whole output every step.
+        step = self.frequency + (0.0 if token_id in self._seen else self.presence)
+        self._seen.add(token_id)
+        if step:
+            self.offsets[token_id] += step
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+               penalties: Penalties | None = None) -> list:
     """Choose the next token and report it: [id, logprob, rank, top ids…, top logprobs…].
 
-    The figures are under the model's own distribution (T = 1), whatever the sampling settings.
+    The figures are under the model's own distribution (T = 1), whatever the sampling settings
+    (penalties included: they change the choice, not what the model thought).
     One packed tensor is read back with one `.tolist()`, so a GPU step syncs once, not per field.
     Greedy needs no argmax of its own: the top five already hold the answer (argmax over the whole
     vocabulary, 90 µs on these CPUs, is only the fallback for a tie the five cannot settle).
@@ -43,14 +61,14 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     top = torch.topk(logits, min(TOP_N, logits.numel()))
     norm = torch.logsumexp(logits, dim=-1)
     n = top.indices.numel()
-    if params.temperature <= 0:
+    if params.temperature <= 0 and penalties is None:
         numbers = torch.cat((top.indices.double(), (top.values - norm).double())).tolist()
         ids, logprobs = [int(i) for i in numbers[:n]], numbers[n:]
         # topk leaves the order of equal values open; greedy takes the lowest id, as generate() does.
         tied = [i for i, lp in zip(ids, logprobs) if lp == logprobs[0]]
         token = min(tied) if len(tied) < n else int(logits.argmax())
         return [token, logprobs[0], 1, *ids, *logprobs]
-    token = choose(logits, params, generator)
+    token = choose(logits if penalties is None else logits - penalties.offsets, params, generator)
     chosen = logits[token]
     rank = (logits > chosen).sum() + 1
     return torch.cat((

@@ -19,10 +19,10 @@ from .base import TOP_N, DecodeRequest
 COMPLETIONS = "/v1/completions"
 GENERATE = "/inference/v1/generate"  # vLLM started with --enable-scale-out
 
-# Sampling settings that must do nothing. vLLM fills any setting a request leaves out from the
-# checkpoint's generation_config (a repetition_penalty of 1.05, say), which would change the
-# distribution behind looptrace's back.
-NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+# Sampling settings the client cannot set, sent so they do nothing. vLLM fills any setting a request
+# leaves out from the checkpoint's generation_config (a repetition_penalty of 1.05, say), which would
+# change the distribution behind looptrace's back.
+NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0}
 
 _ID_PREFIX = len("token_id:")
 
@@ -36,6 +36,8 @@ def sampling_fields(request: DecodeRequest, max_tokens: int) -> dict:
         "top_p": s.top_p,
         "top_k": s.top_k,  # 0: no limit
         **NEUTRAL,
+        "presence_penalty": s.presence_penalty,  # 0 unless the client asked
+        "frequency_penalty": s.frequency_penalty,
         "stop_token_ids": sorted(request.stop_ids),
         "logprobs": TOP_N,
         "skip_special_tokens": False,  # otherwise tool-call markers vanish from the output

@@ -37,6 +37,9 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
         raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
     top_k = field(body, "top_k", int, "top_k")
     in_range(top_k, "top_k", -1)
+    penalties = {name: field(body, name, float, name, default=0.0) for name in ("presence_penalty", "frequency_penalty")}
+    for name, value in penalties.items():
+        in_range(value, name, -2, 2)
     n = field(body, "n", int, "n", default=1)
     if n != 1:
         raise invalid("Only n=1 is supported: this server decodes one sequence per request.", param="n")
@@ -63,6 +66,7 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
         top_p=top_p,
         top_k=top_k,
         seed=field(body, "seed", int, "seed"),
+        **penalties,
         stop=_stop(body.get("stop")),
         top_logprobs=(top_logprobs or 0) if logprobs else None,
     )

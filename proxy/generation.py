@@ -35,6 +35,8 @@ class GenerationRequest:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs asked for
 
@@ -120,6 +122,8 @@ class Generation:
             top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
             top_k=max(0, _pick(request.top_k, defaults.get("top_k"), 0)),
             seed=request.seed,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
         )
 
     # -- the run --

@@ -132,6 +132,8 @@ class RequestTrace(Observer):
         self.span.set_attributes({
             "gen_ai.request.temperature": sampling.temperature, "gen_ai.request.top_p": sampling.top_p,
             "gen_ai.request.top_k": sampling.top_k, "gen_ai.request.max_tokens": decode.max_tokens,
+            "gen_ai.request.presence_penalty": sampling.presence_penalty,
+            "gen_ai.request.frequency_penalty": sampling.frequency_penalty,
             **({"gen_ai.request.seed": sampling.seed} if sampling.seed is not None else {}),
         })
         self._submitted_ns = time.time_ns()

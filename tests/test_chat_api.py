@@ -128,6 +128,8 @@ def test_logprobs(server):
     ({"model": "tiny-qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", "invalid_value", "wizard"),
     ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature", "invalid_type", "number"),
     ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, 400, "temperature", "invalid_value", "between"),
+    ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}, 400, "presence_penalty", "invalid_value", "between -2 and 2"),
+    ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": "lots"}, 400, "frequency_penalty", "invalid_type", "number"),
     ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", "invalid_value", "at least"),
     ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream", "invalid_type", "boolean"),
     ({"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", "invalid_value", "n=1"),

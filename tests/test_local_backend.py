@@ -87,6 +87,33 @@ def test_sampling_with_a_seed_repeats(loaded):
     assert runs[0] == runs[1]
 
 
+def test_penalties_steer_greedy_decoding_by_what_was_already_said(loaded):
+    tokenizer, model, backend = loaded
+    prompt = chat_prompt_ids(tokenizer)
+
+    def tokens(**penalties):
+        request = DecodeRequest(prompt, NEW_TOKENS, SamplingParams(temperature=0, **penalties), frozenset())
+        return [e for e in collect(backend, request) if e["type"] == "token"]
+
+    plain = [t["id"] for t in tokens()]
+    # A presence penalty larger than any gap between logits forbids every repeat (the tiny Gemma repeats
+    # itself within 48 tokens without it; the tiny Qwen, with a 248k vocabulary, does not)...
+    avoiding = tokens(presence_penalty=100.0)
+    ids = [t["id"] for t in avoiding]
+    assert len(set(ids)) == len(ids)
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+    for step, token in enumerate(ids):
+        seen = torch.zeros(logits.shape[-1])
+        seen[ids[:step]] = 1.0
+        assert token == int((logits[step] - 100.0 * seen).argmax())
+        # ... while what the trace reports stays the model's own view of the token.
+        assert avoiding[step]["logprob"] == pytest.approx(torch.log_softmax(logits[step], -1)[token].item(), abs=1e-3)
+    # ... and a negative frequency penalty that large makes the first token say itself forever.
+    repeating = [t["id"] for t in tokens(frequency_penalty=-100.0)]
+    assert repeating == [plain[0]] * NEW_TOKENS
+
+
 def test_cancel_stops_before_the_next_token(loaded):
     tokenizer, model, backend = loaded
     request = DecodeRequest(chat_prompt_ids(tokenizer), 200, SamplingParams(temperature=0), frozenset())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backends.base import SamplingParams
-from backends.sampling import choose, generator_for, next_token
+from backends.sampling import Penalties, choose, generator_for, next_token
 
 
 def draws(logits, params, n=4000, seed=0):
@@ -82,3 +82,32 @@ def test_greedy_ties_go_to_the_lowest_id_even_past_the_top_five(tied):
     logits = torch.zeros(12)
     logits[tied] = 2.0
     assert next_token(logits, SamplingParams(temperature=0), None)[0] == min(tied) == logits.argmax().item()
+
+
+def test_penalties_follow_openais_formula_over_the_generated_tokens():
+    logits = torch.zeros(6)
+    penalties = Penalties(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), logits)
+    for token in (2, 2, 2, 4):
+        penalties.add(token)
+    # presence once per token that appeared, frequency once per appearance
+    assert penalties.offsets.tolist() == [0.0, 0.0, 0.5 + 3 * 0.25, 0.0, 0.5 + 0.25, 0.0]
+
+
+def test_penalties_change_the_choice_but_not_the_report():
+    logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
+    penalties = Penalties(SamplingParams(temperature=0, presence_penalty=2.0), logits)
+    penalties.add(1)
+    numbers = next_token(logits, SamplingParams(temperature=0, presence_penalty=2.0), None, penalties)
+    # 4.0 - 2 = 2.0 falls below 3.0: greedy now takes id 3, reported under the model's own distribution.
+    logprobs = torch.log_softmax(logits, -1)
+    assert numbers[0] == 3 and numbers[2] == 2
+    assert numbers[1] == pytest.approx(logprobs[3].item())
+    assert [int(i) for i in numbers[3:8]] == [1, 3, 5, 2, 0]
+
+
+def test_a_negative_penalty_favours_what_was_said():
+    logits = torch.tensor([2.0, 1.5, 1.0])
+    params = SamplingParams(temperature=0, frequency_penalty=-1.5)
+    penalties = Penalties(params, logits)
+    penalties.add(2)
+    assert next_token(logits, params, None, penalties)[0] == 2

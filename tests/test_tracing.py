@@ -120,6 +120,7 @@ def test_a_tool_calling_session_makes_the_documented_span_tree(qwen3_5_dir, tmp_
     assert attrs["http.response.status_code"] == 200
     assert {"gen_ai.request.temperature", "gen_ai.request.top_p", "gen_ai.request.top_k",
             "gen_ai.request.max_tokens"} <= set(attrs)
+    assert attrs["gen_ai.request.presence_penalty"] == attrs["gen_ai.request.frequency_penalty"] == 0.0
     assert not any("authorization" in key.lower() for key in attrs)
 
     render = first_tree["render"].attributes

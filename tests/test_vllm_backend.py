@@ -253,6 +253,7 @@ def test_chat_relays_what_the_server_generated(servers, fresh, qwen3_5_dir, qwen
     assert settings["stop_token_ids"] == sorted(family.stop_token_ids)
     assert (settings["max_tokens"], settings["temperature"], settings["logprobs"]) == (12, 0, 5)
     assert {k: settings[k] for k in protocol.NEUTRAL} == protocol.NEUTRAL
+    assert settings["presence_penalty"] == settings["frequency_penalty"] == 0  # the client asked for none
     assert settings["skip_special_tokens"] is False
 
     ids = sent[0]["token_ids"]

@@ -142,7 +142,7 @@ def test_the_models_read_from_the_wheel_are_complete(vllm_models):
 
 
 def sample_request() -> DecodeRequest:
-    return DecodeRequest([1, 2, 3], 7, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=5),
+    return DecodeRequest([1, 2, 3], 7, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=5, presence_penalty=1.5),
                          frozenset({248046, 248044}), traceparent=TRACEPARENT)
 
 
@@ -152,6 +152,8 @@ def test_completions_request_fields_are_vllms(vllm_models):
     check(vllm_models, "StreamOptions", body["stream_options"], "stream_options")
     assert body["prompt"] == [1, 2, 3] and body["stop_token_ids"] == [248044, 248046]
     assert (body["logprobs"], body["max_tokens"], body["seed"], body["top_k"]) == (5, 7, 5, 20)
+    # The client's penalties go through; the settings it cannot set are sent as "off".
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (1.5, 0.0)
     assert body["return_tokens_as_token_ids"] is body["return_token_ids"] is body["stream"] is True
     assert body["skip_special_tokens"] is False
 
@@ -163,6 +165,7 @@ def test_generate_request_fields_are_vllms(vllm_models):
     sampling = body["sampling_params"]
     assert not set(sampling) - set(fields(vllm_models, "SamplingParams")), "sampling_params outside SamplingParams"
     assert (sampling["logprobs"], sampling["max_tokens"], sampling["temperature"]) == (5, 7, 0.7)
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (1.5, 0.0)
     assert body["output_mode"] == "tokens" and sampling["detokenize"] is False
 
 
