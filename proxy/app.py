@@ -12,7 +12,7 @@ from .chat import chat_completions
 from .errors import APIError, error_middleware
 from .keys import RUNTIME, SETTINGS, TELEMETRY
 from .response_store import RESPONSE_STORE, ResponseStore
-from .responses import create_response
+from .responses import create_response, delete_response, get_response
 from .runtime import Runtime
 from .settings import Settings
 from .telemetry import Telemetry
@@ -35,6 +35,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_get("/v1/traces/{trace_id}", get_trace)
     app[RESPONSE_STORE] = ResponseStore()
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app

@@ -1,4 +1,4 @@
-"""POST /v1/responses: the Responses API, which codex speaks (and only it)."""
+"""/v1/responses: the Responses API, which codex speaks (and only it)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,18 @@ async def _create(request: web.Request, trace: RequestTrace) -> web.StreamRespon
     finally:
         generation.cancel()  # a client that went away stops its generation
     if options.store and builder.status in ("completed", "incomplete"):
-        store.put(builder.id, options.items, builder.output)
+        store.put(builder.final, options.items)
     return response
+
+
+async def get_response(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RESPONSE_STORE].response(request.match_info["response_id"]))
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    request.app[RESPONSE_STORE].delete(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,

@@ -394,6 +394,27 @@ def test_an_unstored_or_unknown_previous_response_is_a_404(app):
             "param": "previous_response_id", "code": "previous_response_not_found"}
 
 
+def test_a_stored_response_is_read_back_and_deleted_by_the_sdk(app):
+    app.replay(ANSWER, ANSWER)
+    stored = check_stream(stream(app))  # store defaults to true, as on OpenAI
+    unstored = json.loads(respond(app, store=False)[2])
+    with urllib.request.urlopen(f"{app.url}/v1/responses/{stored['id']}", timeout=30) as got:
+        assert json.loads(got.read()) == stored  # the very object the stream ended with
+
+    client = OpenAI(base_url=app.url + "/v1", api_key="unused")
+    again = client.responses.retrieve(stored["id"])
+    assert (again.id, again.status, again.output_text) == (stored["id"], "completed", "Hello to you too.")
+    deleted = client.responses.delete(stored["id"])
+    assert deleted is None  # the SDK returns nothing for a 200 here; a 404 would raise
+    for gone in (stored["id"], unstored["id"]):
+        req = urllib.request.Request(f"{app.url}/v1/responses/{gone}")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=30)
+        error = json.loads(info.value.read())["error"]
+        assert info.value.code == 404 and (error["code"], error["param"]) == ("response_not_found", "response_id")
+        assert gone in error["message"]
+
+
 # -- refusals and failures --
 
 def test_refusals_before_streaming_keep_their_http_status(app):

@@ -239,15 +239,21 @@ def test_a_previous_conversation_comes_first():
 
 def test_the_store_keeps_the_newest_conversations_only():
     store = ResponseStore(max_responses=2)
-    store.put("resp_a", [user("1")], [{"type": "message", "role": "assistant", "content": []}])
-    store.put("resp_b", [user("2")], [])
-    store.put("resp_c", [user("3")], [])
+    reply = {"type": "message", "role": "assistant", "content": []}
+    store.put({"id": "resp_a", "output": [reply]}, [user("1")])
+    store.put({"id": "resp_b", "output": [reply]}, [user("2")])
+    store.put({"id": "resp_c", "output": []}, [user("3")])
     assert len(store) == 2
-    assert store.conversation("resp_c") == [user("3")]
+    assert store.conversation("resp_b") == [user("2"), reply]
+    assert store.response("resp_c") == {"id": "resp_c", "output": []}
     with pytest.raises(APIError) as info:
         store.conversation("resp_a")
     assert (info.value.status, info.value.code, info.value.param) == (
         404, "previous_response_not_found", "previous_response_id")
+    store.delete("resp_c")
+    with pytest.raises(APIError) as info:
+        store.response("resp_c")
+    assert (info.value.status, info.value.code) == (404, "response_not_found")
 
 
 # -- what the real clients sent, rendered by the real template --
