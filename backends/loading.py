@@ -46,4 +46,5 @@ def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_le
     graph_length = 0 if settings.enforce_eager else max_model_len
     # Loaded by the backend on its decode thread, the one thread that will ever run it.
     return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device), vocab,
-                        max_queue=settings.max_queue, graph_max_length=graph_length)
+                        max_queue=settings.max_queue, graph_max_length=graph_length,
+                        prefix_cache_tokens=settings.prefix_cache_tokens)

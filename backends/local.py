@@ -21,14 +21,15 @@ import torch
 
 from .base import TOP_N, BackendError, Busy, DecodeRequest
 from .detokenize import Vocabulary
+from .prefix_cache import PrefixCache
 from .sampling import Penalties, generator_for, next_token
 
 log = logging.getLogger("looptrace")
 
 
-def prefill(model, prompt: torch.Tensor):
-    """Run the whole prompt once; keep only the last position's logits."""
-    out = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+def prefill(model, prompt: torch.Tensor, cache=None):
+    """Run the prompt (or, after `cache`, the rest of it) once; keep only the last position's logits."""
+    out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1].float(), out.cache
 
 
@@ -51,7 +52,8 @@ Emit = Callable[[object], None]
 class LocalBackend:
     name = "local"
 
-    def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0) -> None:
+    def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
+                 prefix_cache_tokens: int = 0) -> None:
         """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
 
         Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
@@ -61,6 +63,7 @@ class LocalBackend:
         self.vocab = vocab
         self.max_queue = max_queue
         self.running = 0
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self._jobs: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="looptrace-decode", daemon=True)
         self._worker.start()
@@ -144,16 +147,17 @@ class LocalBackend:
         reset_model_state(model)
 
         started = time.perf_counter()
-        prompt = torch.tensor([request.prompt_ids], device=self.device)
         graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) if self.graphs else None
         if graphed is not None:
-            logits, step = graphed.prefill(prompt), graphed.decode_one_token
+            cached = 0
+            logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
+            step = graphed.decode_one_token
         else:
-            logits, cache = prefill(model, prompt)
+            cached, logits, cache = self._prefill(request.prompt_ids)
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         numbers = next_token(logits, sampling, generator, penalties)
-        emit({"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": 0,
+        emit({"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": cached,
               "seconds": time.perf_counter() - started})
 
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
@@ -185,6 +189,24 @@ class LocalBackend:
             logits = step(token_id)
             numbers = next_token(logits, sampling, generator, penalties)
         emit(_done(finish, count, time.perf_counter() - first_at))
+
+
+    def _prefill(self, prompt_ids: list[int]) -> tuple[int, torch.Tensor, object]:
+        """Prefills what the prefix cache does not hold yet, and keeps the state after the prompt.
+
+        Returns the number of prompt tokens that came from the cache, the logits and the cache.
+        """
+        kept_cache = self.prefix_cache
+        cached, kept = kept_cache.take(prompt_ids) if kept_cache is not None else (0, None)
+        if kept is None:
+            logits, cache = prefill(self.model, torch.tensor([prompt_ids], device=self.device))
+        elif cached < len(prompt_ids):
+            logits, cache = prefill(self.model, torch.tensor([prompt_ids[cached:]], device=self.device), kept.cache)
+        else:  # the same prompt again (a retry, a regenerated answer)
+            logits, cache = kept.logits, kept.cache
+        if kept_cache is not None:
+            kept_cache.keep(prompt_ids, cache, logits)
+        return cached, logits, cache
 
 
 def _done(finish: str, count: int, seconds: float) -> dict:

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--enforce-eager", action="store_true",
                        help="on a GPU, decode with plain calls instead of replaying a captured CUDA graph")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the model before a 429")
+    serve.add_argument("--prefix-cache-tokens", type=int, default=65536, metavar="N",
+                       help="local backend: keep the model's state after recent prompts, up to N tokens in all, so a "
+                       "conversation's next turn prefills only what is new (0: off; default 65536)")
     serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
                        help="local: decode here with transformers; replay: serve recorded output (--replay); "
                        "vllm: forward token ids to a vLLM server (--vllm-url)")
@@ -57,7 +60,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model=args.model or (None if args.backend == "vllm" else DEFAULT_MODEL),  # vllm: what the server serves
         host=args.host, port=args.port, served_model_name=args.served_model_name,
         revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
-        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue, backend=args.backend, replay=args.replay,
+        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue,
+        prefix_cache_tokens=args.prefix_cache_tokens, backend=args.backend, replay=args.replay,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,

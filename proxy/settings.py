@@ -20,6 +20,7 @@ class Settings:
     max_model_len: int | None = None  # None: the checkpoint's own
     enforce_eager: bool = False  # no CUDA graph for the decode step
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
+    prefix_cache_tokens: int = 65536  # prompt tokens whose state the local backend keeps for the next turn; 0: off
     backend: str = "local"  # local | replay | vllm
     replay: str | None = None  # the recorded steps, for --backend replay
     vllm_url: str | None = None  # the vLLM server, for --backend vllm

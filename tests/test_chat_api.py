@@ -46,7 +46,8 @@ def test_health_and_models(server):
 
 
 def test_non_streaming_answer_with_usage(server):
-    status, body = chat(server, max_tokens=6, temperature=0, chat_template_kwargs={"enable_thinking": False})
+    status, body = chat(server, max_tokens=6, temperature=0, chat_template_kwargs={"enable_thinking": False},
+                        messages=[{"role": "user", "content": "A prompt no other test sends"}])
     assert status == 200, body
     choice = body["choices"][0]
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
@@ -57,6 +58,28 @@ def test_non_streaming_answer_with_usage(server):
     assert usage["total_tokens"] == usage["prompt_tokens"] + 6
     assert usage["completion_tokens_details"]["reasoning_tokens"] == 0
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_the_next_step_of_a_tool_loop_prefills_only_what_is_new(server):
+    # An agent's loop: the next request is the last one plus the model's call and the tool's result.
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    settings = dict(tools=tools, max_tokens=4, temperature=0, chat_template_kwargs={"enable_thinking": False})
+    asked = [{"role": "user", "content": "What is the weather in Oslo, for the prefix cache?"}]
+    status, first = chat(server, messages=asked, **settings)
+    assert status == 200, first
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    answered = asked + [{"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    status, second = chat(server, messages=answered, **settings)
+    assert status == 200, second
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    # Sent again (a retry): the whole prompt is kept, and the answer is the same.
+    status, again = chat(server, messages=answered, **settings)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"]
+    assert again["choices"][0]["message"] == second["choices"][0]["message"]
 
 
 def test_streaming_matches_non_streaming_greedy(server):
