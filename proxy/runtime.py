@@ -150,6 +150,9 @@ class Runtime:
         if self.status == "ready":
             body.update(family=self.family.name, backend=self.backend.name, max_model_len=self.max_model_len,
                         requests_running=self.backend.running, requests_waiting=self.backend.waiting)
+            kept = getattr(self.backend, "prefix_cache", None)
+            if kept is not None:
+                body["prefix_cache"] = {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens}
         if self.reason:
             body["reason"] = self.reason
         if self.upstream is not None:  # where tokens come from, by which route, and whether it answers now

@@ -80,6 +80,8 @@ def test_the_next_step_of_a_tool_loop_prefills_only_what_is_new(server):
     status, again = chat(server, messages=answered, **settings)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"]
     assert again["choices"][0]["message"] == second["choices"][0]["message"]
+    kept = server.get("/health")[1]["prefix_cache"]
+    assert kept["max_tokens"] == 65536 and 1 <= kept["prompts"] and again["usage"]["prompt_tokens"] <= kept["tokens"]
 
 
 def test_streaming_matches_non_streaming_greedy(server):
