@@ -153,7 +153,7 @@ class LocalBackend:
             logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
             step = graphed.decode_one_token
         else:
-            cached, logits, cache = self._prefill(request.prompt_ids)
+            cached, logits, cache = self._prefill(request.prompt_ids, request.keep_at)
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         numbers = next_token(logits, sampling, generator, penalties)
@@ -191,21 +191,25 @@ class LocalBackend:
         emit(_done(finish, count, time.perf_counter() - first_at))
 
 
-    def _prefill(self, prompt_ids: list[int]) -> tuple[int, torch.Tensor, object]:
-        """Prefills what the prefix cache does not hold yet, and keeps the state after the prompt.
+    def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, torch.Tensor, object]:
+        """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
 
         Returns the number of prompt tokens that came from the cache, the logits and the cache.
         """
         kept_cache = self.prefix_cache
-        cached, kept = kept_cache.take(prompt_ids) if kept_cache is not None else (0, None)
-        if kept is None:
+        if kept_cache is None:
             logits, cache = prefill(self.model, torch.tensor([prompt_ids], device=self.device))
-        elif cached < len(prompt_ids):
-            logits, cache = prefill(self.model, torch.tensor([prompt_ids[cached:]], device=self.device), kept.cache)
-        else:  # the same prompt again (a retry, a regenerated answer)
-            logits, cache = kept.logits, kept.cache
-        if kept_cache is not None:
-            kept_cache.keep(prompt_ids, cache, logits)
+            return 0, logits, cache
+        cached, kept = kept_cache.take(prompt_ids)
+        cache, logits = (kept.cache, kept.logits) if kept is not None else (None, None)
+        # Up to the point worth keeping first, so its state is copied before the rest goes in (a kept
+        # state past that point, just taken, is kept again as it is).
+        point = max(cached, min(keep_at or len(prompt_ids), len(prompt_ids)))
+        if cached < point:
+            logits, cache = prefill(self.model, torch.tensor([prompt_ids[cached:point]], device=self.device), cache)
+        kept_cache.keep(prompt_ids[:point], cache, logits)
+        if point < len(prompt_ids):
+            logits, cache = prefill(self.model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
         return cached, logits, cache
 
 

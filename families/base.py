@@ -65,6 +65,9 @@ class Rendered:
     ids: list[int]
     thinking: bool  # the prompt leaves the model inside its thinking channel
     merged_system: int = 0  # later system messages joined into the first (Family.system_first_only)
+    # How many of `ids` the conversation's next request will start with, the template replaying this
+    # turn: all of them, unless the generation prompt ends with something history leaves out.
+    history_length: int = 0
 
 
 class Family:
@@ -81,6 +84,9 @@ class Family:
     grammar_tokens: tuple[str, ...] = ()  # special tokens the parser needs to see as text
     card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
     media_tokens: dict[str, str] = {}  # placeholder token → "image" | "video" | "audio", counted in traces
+    # What a generation prompt may end with that the template leaves out when it replays the turn
+    # (Gemma 4's empty thought channel with thinking off): the local prefix cache keeps the state before it.
+    transient_prompt_tail: str = ""
     # The template refuses a system message anywhere but first, while agents send them later (codex's
     # developer messages): those are joined into the first, in order, instead of failing the request.
     system_first_only: bool = False
@@ -130,7 +136,17 @@ class Family:
         ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
         # Decoded from the ids, so the stored prompt is exactly what the model read.
         text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged)
+        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
+                        history_length=len(ids) - self._transient_tail_length(text, ids))
+
+    def _transient_tail_length(self, text: str, ids: list[int]) -> int:
+        tail = self.transient_prompt_tail
+        if not tail or not text.endswith(tail):
+            return 0
+        for n in range(1, min(len(ids), 16) + 1):  # the few ids that spell the tail
+            if self.tokenizer.decode(ids[-n:], skip_special_tokens=False) == tail:
+                return n
+        return 0
 
     def prompt_leaves_thinking(self, prompt: str) -> bool:
         return False

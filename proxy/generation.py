@@ -135,7 +135,8 @@ class Generation:
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
-        self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids)
+        self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
+                                     keep_at=self.rendered.history_length)
         observer.submitted(self, self._decode)
 
         if self.forced_prefix:

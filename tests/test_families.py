@@ -198,6 +198,28 @@ def test_qwen_joins_later_system_messages_into_the_first(qwen_tok, gemma_tok):
     assert gemma.merged_system == 0 and gemma.text.index("a.txt") < gemma.text.index("Sandbox")
 
 
+@pytest.mark.parametrize("family", [Qwen3_5, Gemma4])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_the_next_step_of_a_tool_loop_starts_with_the_history_part_of_the_last_prompt(
+        qwen_tok, gemma_tok, family, thinking):
+    # What the local prefix cache relies on: the template replays the turn, so the next request's
+    # ids start with the last prompt's, up to `history_length`.
+    renderer = family(qwen_tok if family is Qwen3_5 else gemma_tok)
+    asked = tools_conversation()[:2]
+    last = renderer.render(asked, [WEATHER], thinking)
+    step = tools_conversation()
+    step[2]["reasoning_content"] = "The user wants a forecast." if thinking else None
+    following = renderer.render(step, [WEATHER], thinking)
+    assert following.ids[:last.history_length] == last.ids[:last.history_length]
+    if family is Gemma4 and not thinking:
+        # The empty thought channel that ends the prompt is not replayed in history: kept before it.
+        assert last.text.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+        assert last.history_length < len(last.ids)
+        assert renderer.tokenizer.decode(last.ids[last.history_length:]) == "<|channel>thought\n<channel|>"
+    else:
+        assert last.history_length == len(last.ids)
+
+
 def test_merge_system_messages_joins_content_parts():
     messages = [{"role": "user", "content": "hi"},
                 {"role": "system", "content": "one"},

@@ -74,9 +74,9 @@ def backends(request):
     asyncio.run(plain.close())
 
 
-def run(backend, prompt):
+def run(backend, prompt, keep_at=None):
     async def collect():
-        request = DecodeRequest(prompt, NEW_TOKENS, SamplingParams(temperature=0), frozenset())
+        request = DecodeRequest(prompt, NEW_TOKENS, SamplingParams(temperature=0), frozenset(), keep_at=keep_at)
         return [event async for event in backend.generate(request)]
 
     events = asyncio.run(collect())
@@ -85,6 +85,7 @@ def run(backend, prompt):
 
 def test_the_next_turn_reuses_the_last_prompt_and_decodes_the_same(backends):
     tokenizer, caching, plain = backends
+    caching.prefix_cache = PrefixCache(max_tokens=4096)  # cold, whatever ran before (the decode thread is idle)
     first = chat_prompt_ids(tokenizer)
     prefill, answer = run(caching, first)
     assert prefill["cached_tokens"] == 0
@@ -106,3 +107,19 @@ def test_the_next_turn_reuses_the_last_prompt_and_decodes_the_same(backends):
     prefill, diverged = run(caching, other)
     assert prefill["cached_tokens"] == 0
     assert [t["id"] for t in diverged] == [t["id"] for t in run(plain, other)[1]]
+
+
+def test_the_state_is_kept_where_the_next_request_will_branch(backends):
+    # Gemma 4 with thinking off ends its prompt with an empty thought channel the next turn leaves out:
+    # the state is kept before it (`keep_at`), and the next turn picks up from there.
+    tokenizer, caching, plain = backends
+    caching.prefix_cache = PrefixCache(max_tokens=4096)
+    prompt = chat_prompt_ids(tokenizer)
+    tail = 3
+    prefill, first = run(caching, prompt, keep_at=len(prompt) - tail)
+    _, fresh_first = run(plain, prompt)
+    assert [t["id"] for t in first] == [t["id"] for t in fresh_first]  # prefilled in two parts, same answer
+    following = prompt[:-tail] + tokenizer("A reply, then more.", add_special_tokens=False)["input_ids"]
+    prefill, continued = run(caching, following)
+    assert prefill["cached_tokens"] == len(prompt) - tail
+    assert [t["id"] for t in continued] == [t["id"] for t in run(plain, following)[1]]
