@@ -190,7 +190,6 @@ class LocalBackend:
             numbers = next_token(logits, sampling, generator, penalties)
         emit(_done(finish, count, time.perf_counter() - first_at))
 
-
     def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, torch.Tensor, object]:
         """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
 
