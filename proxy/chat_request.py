@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 from ._validate import field, in_range, is_a
 from .errors import invalid
 from .generation import GenerationRequest
 
+log = logging.getLogger("looptrace")
+_warned: set[str] = set()
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 5  # the backends report the five most likely tokens
+# Media parts become a note the model reads in their place: an agent that attaches a screenshot (pi's
+# `read` of an image, codex's `view_image`) goes on, and the model can say what it could not see.
+MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file")
+MEDIA_NOTE = "[an image or file was attached here; this server reads text only]"
 
 
 @dataclass(slots=True)
@@ -128,13 +136,20 @@ def _content(message: dict, where: str, role: str) -> str | None:
         kind = part.get("type")
         if kind in ("text", "input_text", "output_text"):
             texts.append(field(part, "text", str, f"{param}.text", required=True))
-        elif kind in ("image_url", "input_image", "input_audio", "file"):
-            raise invalid(f"'{param}' is {kind}: this server accepts text content only.", param=param,
-                          code="unsupported_content")
+        elif kind in MEDIA_PARTS:
+            warn_once("media", "media in a request were replaced by a note: this server reads text only")
+            texts.append(MEDIA_NOTE)
         else:
             raise invalid(f"Invalid value for '{param}.type': {kind!r}.", param=f"{param}.type")
     # Joined into one string, as vLLM does: not every template can take a list of parts.
     return "\n".join(texts)
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    # Clients send the same things on every request of a session: say it once, not per request.
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
 
 
 def _history_call(call: object, where: str) -> dict:

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field as dc_field
 
 from ._validate import describe, field, in_range
-from .chat_request import call_arguments, parse_tool_choice
+from .chat_request import MEDIA_NOTE, MEDIA_PARTS, call_arguments, parse_tool_choice, warn_once
 from .errors import invalid
 from .generation import GenerationRequest
 
@@ -25,17 +25,6 @@ MESSAGE_ROLES = ("system", "developer", "user", "assistant")
 CALL_ITEMS = ("function_call", "custom_tool_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn
-IMAGE_NOTE = "[an image was attached here; this server reads text only]"
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args) -> None:
-    # Clients send the same unusable tools on every request: say it once, not per request.
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message, *args)
-
 
 @dataclass(frozen=True, slots=True)
 class ToolRef:
@@ -169,7 +158,7 @@ def parse_response_tools(tools: list | None) -> tuple[list[dict] | None, ToolNam
         elif kind in ("function", "custom"):
             _offer(tool, where, out, names, None)
         else:
-            _warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+            warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
     return out or None, names
 
 
@@ -183,7 +172,7 @@ def _name(tool: dict, where: str) -> str:
 def _offer(tool: dict, where: str, out: list, names: ToolNames, namespace: str | None) -> None:
     kind = field(tool, "type", str, f"{where}.type", default="function")
     if kind not in ("function", "custom"):
-        _warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+        warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
         return
     name = _name(tool, where)
     flat = f"{namespace}.{name}" if namespace else name
@@ -229,7 +218,7 @@ def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> 
             flat = names.flat(name) if isinstance(name, str) else None
             return parse_tool_choice({"name": flat or name}, tools)
         if isinstance(kind, str):
-            _warn_once(f"choice:{kind}", "tool_choice %r names a tool this server dropped; using 'auto'", kind)
+            warn_once(f"choice:{kind}", "tool_choice %r names a tool this server dropped; using 'auto'", kind)
             return "auto"
     if choice == "required" and not tools:
         return "auto"  # the only tools were dropped ones: nothing left to require
@@ -344,9 +333,9 @@ def content_text(content: object, param: str) -> str:
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
-        elif kind in ("input_image", "image_url", "input_file"):
-            _warn_once("image", "an image or file in the input was replaced by a note: this server reads text only")
-            texts.append(IMAGE_NOTE)
+        elif kind in MEDIA_PARTS:
+            warn_once("media", "media in a request were replaced by a note: this server reads text only")
+            texts.append(MEDIA_NOTE)
         else:
             raise invalid(f"Invalid value for '{param}[{j}].type': {kind!r}.", param=f"{param}[{j}].type")
     return "\n".join(texts)

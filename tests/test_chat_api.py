@@ -165,8 +165,8 @@ def test_logprobs(server):
     ({"model": "tiny-qwen", "messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
      400, "messages[0].tool_calls[0].function.arguments", "invalid_value", "not valid JSON"),
-    ({"model": "tiny-qwen", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     400, "messages[0].content[0]", "unsupported_content", "text content only"),
+    ({"model": "tiny-qwen", "messages": [{"role": "user", "content": [{"type": "video", "video": "x"}]}]},
+     400, "messages[0].content[0].type", "invalid_value", "'video'"),
     ({"model": "someone-else", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found", "someone-else"),
 ])
 def test_bad_requests_are_refused_in_openai_shape(server, body, status, param, code, words):
@@ -239,3 +239,17 @@ def test_unknown_route_and_method_answer_in_shape(server):
     assert status == 404 and error["error"]["code"] == "not_found"
     status, error = server.get("/v1/chat/completions")
     assert status == 405 and error["error"]["code"] == "method_not_allowed"
+
+
+def test_an_attached_image_becomes_a_note_the_model_reads(server):
+    # An agent that attaches a screenshot must not have its session end on a 400: the model reads a
+    # note in the image's place, and the trace shows exactly that prompt.
+    parts = [{"type": "text", "text": "What is in this picture?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    status, body = chat(server, messages=[{"role": "user", "content": parts}], max_tokens=2, temperature=0)
+    assert status == 200, body
+    status, trace = server.get(f"/v1/traces?limit=1")
+    status, trace = server.get(f"/v1/traces/{trace['data'][0]['trace_id']}")
+    render = next(s for s in trace["spans"] if s["name"] == "render")
+    assert "What is in this picture?\n[an image or file was attached here; this server reads text only]" \
+        in render["attributes"]["looptrace.prompt.text"]

@@ -12,7 +12,8 @@ import checkpoints
 from proxy.chat_request import parse_chat
 from proxy.errors import APIError
 from proxy.response_store import ResponseStore
-from proxy.responses_request import IMAGE_NOTE, parse_response_tools, parse_responses, to_messages
+from proxy.chat_request import MEDIA_NOTE
+from proxy.responses_request import parse_response_tools, parse_responses, to_messages
 
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
@@ -123,7 +124,7 @@ def test_unknown_items_are_replayed_when_they_carry_text_else_skipped_with_a_war
 def test_an_image_part_is_replaced_by_a_note():
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"},
                                                            {"type": "input_image", "image_url": "data:image/png;base64,AA"}]}
-    assert to_messages([item], None, _names()) == [{"role": "user", "content": f"What is this?\n{IMAGE_NOTE}"}]
+    assert to_messages([item], None, _names()) == [{"role": "user", "content": f"What is this?\n{MEDIA_NOTE}"}]
 
 
 def test_bad_items_are_refused_with_the_offending_field():
@@ -133,7 +134,7 @@ def test_bad_items_are_refused_with_the_offending_field():
     assert err.param == "input[0].role"
     err = refused(input=[user("Q"), {"type": "function_call_output", "output": "x"}])
     assert (err.param, err.code) == ("input[1].call_id", "missing_required_parameter")
-    err = refused(input=[{"type": "message", "role": "user", "content": [{"type": "input_audio"}]}])
+    err = refused(input=[{"type": "message", "role": "user", "content": [{"type": "input_hologram"}]}])
     assert err.param == "input[0].content[0].type"
     assert refused(input=42).param == "input"
     assert refused(input=["text"]).param == "input[0]"
