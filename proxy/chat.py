@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import aclosing
+import asyncio
+from contextlib import aclosing, suppress
 
 from aiohttp import web
 
@@ -18,6 +19,8 @@ from .request_trace import RequestTrace
 from .telemetry import conversation_id
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE_SECONDS = 15.0  # waiting for the first token longer than this, the stream opens and comments flow
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -59,21 +62,38 @@ async def _chat(request: web.Request, trace: RequestTrace) -> web.StreamResponse
 async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
                   trace: RequestTrace) -> web.StreamResponse:
     async with aclosing(generation.run()) as steps:
-        # Headers wait for the first token, so a refusal during prefill still gets its own status code.
-        first = await anext(steps, None)
-        response = web.StreamResponse(headers=SSE_HEADERS)
-        await response.prepare(request)
-        await response.write(stream.start())
+        first = asyncio.ensure_future(anext(steps, None))
         try:
-            if first is not None:
-                await response.write(stream.frames(*first))
-                async for event, deltas in steps:
-                    frame = stream.frames(event, deltas)
-                    if frame:
-                        await response.write(frame)
-            await response.write(stream.finish(generation))
-        except BackendError as err:
-            # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
-            trace.stream_failed(err.code)
-            await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
-        return response
+            # Headers wait for the first token, so a refusal that comes quickly (a full queue, a prompt the
+            # upstream refuses) keeps its own status code. A long wait (a queue, a long prompt's prefill on
+            # a CPU) opens the stream instead, with a comment every interval, so that clients and proxies
+            # with idle timeouts keep waiting.
+            await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
+            if first.done():
+                first.result()
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            await response.write(stream.start())
+            try:
+                while not first.done():
+                    await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
+                    if not first.done():
+                        await response.write(KEEPALIVE)
+                step = first.result()
+                if step is not None:
+                    await response.write(stream.frames(*step))
+                    async for event, deltas in steps:
+                        frame = stream.frames(event, deltas)
+                        if frame:
+                            await response.write(frame)
+                await response.write(stream.finish(generation))
+            except BackendError as err:
+                # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+                trace.stream_failed(err.code)
+                await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
+            return response
+        finally:
+            if not first.done():
+                first.cancel()
+                with suppress(BaseException):
+                    await first  # the generator must be idle before aclosing closes it

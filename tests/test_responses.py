@@ -1,16 +1,13 @@
 """/v1/responses over HTTP: the event stream against the rules codex relies on, the response object,
 tool calls as the client's own tools, refusals before streaming and failures after it.
 
-The application runs in this process on a loop of its own thread, serving the tiny Qwen3.5
-checkpoint (real tokenizer and template) with the replay backend; each test sets the recorded output
-it needs, and a few wrap the backend to make it slow or fail, which a subprocess could not.
+The application runs in this process (app_thread.py) with the replay backend; each test sets the
+recorded output it needs, and a few wrap the backend to make it slow or fail.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 
@@ -19,12 +16,8 @@ from openai import OpenAI
 
 import checkpoints
 import proxy.responses
-from backends.base import BackendError
-from backends.replay import ReplayBackend
-from proxy.app import create_app
-from proxy.keys import RUNTIME
+from app_thread import Wrapped, replay_app
 from proxy.responses_request import parse_responses
-from proxy.settings import Settings
 
 MODEL = "tiny-qwen"
 ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}
@@ -44,83 +37,9 @@ def call(name, **params):
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
-class AppThread:
-    """The real application on 127.0.0.1, its event loop in a thread of this process."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.error: BaseException | None = None
-
-    def start(self) -> "AppThread":
-        self._thread.start()
-        if not self._ready.wait(300):
-            raise TimeoutError("the application did not start")
-        if self.error:
-            raise self.error
-        return self
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._main())
-
-    async def _main(self) -> None:
-        from aiohttp import web
-
-        try:
-            self.app = create_app(self.settings)
-            runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-            await self.app[RUNTIME].ready()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            self.error = exc
-            self._ready.set()
-            return
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
-
-    def stop(self) -> None:
-        if hasattr(self, "_stop"):
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    @property
-    def runtime(self):
-        return self.app[RUNTIME]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def replay(self, *texts: str) -> ReplayBackend:
-        """The next requests get these recorded outputs, one per request."""
-        backend = ReplayBackend([{"text": t} for t in texts], self.runtime.vocab)
-        self.runtime.backend = backend
-        return backend
-
-    def post(self, body: dict) -> tuple[int, str, bytes]:
-        req = urllib.request.Request(self.url + "/v1/responses", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as response:
-                return response.status, response.headers["Content-Type"], response.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.headers["Content-Type"], err.read()
-
-
 @pytest.fixture(scope="module")
 def app(qwen3_5_dir, tmp_path_factory):
-    placeholder = tmp_path_factory.mktemp("replay") / "none.jsonl"
-    placeholder.write_text('{"text": "unused"}\n')
-    server = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
-                                served_model_name=MODEL)).start()
+    server = replay_app(qwen3_5_dir, tmp_path_factory.mktemp("replay"), MODEL)
     yield server
     server.stop()
 
@@ -434,28 +353,6 @@ def test_refusals_before_streaming_keep_their_http_status(app):
     status, _, data = respond(app, stream=True, input=[{"type": "function_call", "call_id": "c", "name": "f",
                                                         "arguments": "not json"}])
     assert status == 400 and json.loads(data)["error"]["param"] == "input[0].arguments"
-
-
-class Wrapped:
-    """The replay backend made slow before its first token, or failing after some tokens."""
-
-    def __init__(self, inner: ReplayBackend, *, delay: float = 0.0, fail_after: int | None = None) -> None:
-        self.inner, self.delay, self.fail_after = inner, delay, fail_after
-        self.name, self.running, self.waiting = "replay", 0, 0
-
-    async def generate(self, request):
-        tokens = 0
-        async for event in self.inner.generate(request):
-            if event["type"] == "token":
-                if tokens == 0:
-                    await asyncio.sleep(self.delay)
-                if tokens == self.fail_after:
-                    raise BackendError("the upstream server went away", status=502, code="upstream_error")
-                tokens += 1
-            yield event
-
-    async def close(self) -> None:
-        return None
 
 
 def test_a_failure_after_streaming_started_is_response_failed(app):

@@ -1,0 +1,118 @@
+"""The real application in this process, its event loop on a thread of its own, serving the tiny
+Qwen3.5 checkpoint (real tokenizer and template) with the replay backend: tests set the recorded
+output they need, and can wrap the backend to make it slow or fail, which a subprocess could not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+from backends.base import BackendError
+from backends.replay import ReplayBackend
+from proxy.app import create_app
+from proxy.keys import RUNTIME
+from proxy.settings import Settings
+
+
+def replay_app(checkpoint_dir, tmp_dir, model: str) -> "AppThread":
+    placeholder = tmp_dir / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    return AppThread(Settings(model=str(checkpoint_dir), backend="replay", replay=str(placeholder),
+                              served_model_name=model)).start()
+
+
+class AppThread:
+    """The real application on 127.0.0.1, its event loop in a thread of this process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "AppThread":
+        self._thread.start()
+        if not self._ready.wait(300):
+            raise TimeoutError("the application did not start")
+        if self.error:
+            raise self.error
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        from aiohttp import web
+
+        try:
+            self.app = create_app(self.settings)
+            runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+            await self.app[RUNTIME].ready()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self.error = exc
+            self._ready.set()
+            return
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    def stop(self) -> None:
+        if hasattr(self, "_stop"):
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def runtime(self):
+        return self.app[RUNTIME]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def replay(self, *texts: str) -> ReplayBackend:
+        """The next requests get these recorded outputs, one per request."""
+        backend = ReplayBackend([{"text": t} for t in texts], self.runtime.vocab)
+        self.runtime.backend = backend
+        return backend
+
+    def post(self, body: dict, path: str = "/v1/responses") -> tuple[int, str, bytes]:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return response.status, response.headers["Content-Type"], response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers["Content-Type"], err.read()
+
+
+class Wrapped:
+    """The replay backend made slow before its first token, or failing after some tokens."""
+
+    def __init__(self, inner: ReplayBackend, *, delay: float = 0.0, fail_after: int | None = None) -> None:
+        self.inner, self.delay, self.fail_after = inner, delay, fail_after
+        self.name, self.running, self.waiting = "replay", 0, 0
+
+    async def generate(self, request):
+        tokens = 0
+        async for event in self.inner.generate(request):
+            if event["type"] == "token":
+                if tokens == 0:
+                    await asyncio.sleep(self.delay)
+                if tokens == self.fail_after:
+                    raise BackendError("the upstream server went away", status=502, code="upstream_error")
+                tokens += 1
+            yield event
+
+    async def close(self) -> None:
+        return None
