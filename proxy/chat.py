@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 
 from aiohttp import web
 
 from backends.base import BackendError
 
+from . import streaming
 from ._validate import json_body
 from .chat_request import parse_chat
 from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
@@ -16,10 +17,9 @@ from .errors import APIError, model_not_found
 from .generation import Generation
 from .keys import RUNTIME, TELEMETRY
 from .request_trace import RequestTrace
+from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
 from .telemetry import conversation_id
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-KEEPALIVE_SECONDS = 15.0  # waiting for the first token longer than this, the stream opens and comments flow
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
@@ -61,39 +61,27 @@ async def _chat(request: web.Request, trace: RequestTrace) -> web.StreamResponse
 
 async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
                   trace: RequestTrace) -> web.StreamResponse:
-    async with aclosing(generation.run()) as steps:
-        first = asyncio.ensure_future(anext(steps, None))
+    async with aclosing(generation.run()) as steps, first_step(steps) as first:
+        await wait_before_opening(first)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(stream.start())
         try:
-            # Headers wait for the first token, so a refusal that comes quickly (a full queue, a prompt the
-            # upstream refuses) keeps its own status code. A long wait (a queue, a long prompt's prefill on
-            # a CPU) opens the stream instead, with a comment every interval, so that clients and proxies
-            # with idle timeouts keep waiting.
-            await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
-            if first.done():
-                first.result()
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
-            await response.write(stream.start())
-            try:
-                while not first.done():
-                    await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
-                    if not first.done():
-                        await response.write(KEEPALIVE)
-                step = first.result()
-                if step is not None:
-                    await response.write(stream.frames(*step))
-                    async for event, deltas in steps:
-                        frame = stream.frames(event, deltas)
-                        if frame:
-                            await response.write(frame)
-                await response.write(stream.finish(generation))
-            except BackendError as err:
-                # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
-                trace.stream_failed(err.code)
-                await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
-            return response
-        finally:
-            if not first.done():
-                first.cancel()
-                with suppress(BaseException):
-                    await first  # the generator must be idle before aclosing closes it
+            # Until the first token: a comment every interval (after it, tokens keep the stream busy).
+            while not first.done():
+                await asyncio.wait({first}, timeout=streaming.KEEPALIVE_SECONDS)
+                if not first.done():
+                    await response.write(KEEPALIVE)
+            step = first.result()
+            if step is not END:
+                await response.write(stream.frames(*step))
+                async for event, deltas in steps:
+                    frame = stream.frames(event, deltas)
+                    if frame:
+                        await response.write(frame)
+            await response.write(stream.finish(generation))
+        except BackendError as err:
+            # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+            trace.stream_failed(err.code)
+            await response.write(error_frame(APIError(err.status, err.message, type="server_error", code=err.code).body()))
+        return response

@@ -44,7 +44,6 @@ def unavailable(message: str, code: str = "model_not_ready") -> APIError:
     return APIError(503, message, type="server_error", code=code)
 
 
-
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Every failure leaves in OpenAI's shape; nothing reaches the client as an HTML page or a bare 500."""

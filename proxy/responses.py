@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 
 from aiohttp import web
 
 from backends.base import BackendError
 
+from . import streaming
 from ._validate import field, json_body
 from .errors import APIError, model_not_found
 from .generation import Generation
@@ -19,13 +20,10 @@ from .request_trace import RequestTrace
 from .response_store import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
+from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
 from .telemetry import conversation_id
 
 log = logging.getLogger("looptrace")
-
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-KEEPALIVE_SECONDS = 15.0  # silence after which `response.in_progress` is sent again
-_END = object()
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -80,52 +78,42 @@ async def delete_response(request: web.Request) -> web.Response:
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
                   trace: RequestTrace) -> web.StreamResponse:
-    async with aclosing(generation.run()) as steps:
-        first = asyncio.ensure_future(anext(steps, _END))
+    async with aclosing(generation.run()) as steps, first_step(steps) as first:
+        await wait_before_opening(first)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(builder.start())
+        # `response.in_progress` after every interval of silence, for the whole stream.
+        pacer = asyncio.create_task(_keep_alive(response, builder))
         try:
-            # A refusal that comes quickly (a full queue) keeps its HTTP status; a slow prefill gets
-            # the stream opened, so keepalives can flow while it runs.
-            await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
-            if first.done():
-                first.result()
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
-            await response.write(builder.start())
-            pacer = asyncio.create_task(_keep_alive(response, builder))
-            try:
-                step = await first
-                if step is not _END:
-                    frames = builder.add(step[1])
+            step = await first
+            if step is not END:
+                frames = builder.add(step[1])
+                if frames:
+                    await response.write(frames)
+                async for _, deltas in steps:
+                    frames = builder.add(deltas)
                     if frames:
                         await response.write(frames)
-                    async for _, deltas in steps:
-                        frames = builder.add(deltas)
-                        if frames:
-                            await response.write(frames)
-                end = builder.finish(generation)
-            except BackendError as err:
-                trace.stream_failed(err.code)
-                end = builder.failed(err.code, err.message, generation)
-            except (asyncio.CancelledError, ConnectionResetError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
-                log.exception("responses stream failed")
-                trace.stream_failed("internal_error")
-                end = builder.failed("internal_error", f"internal error: {type(exc).__name__}: {exc}", generation)
-            finally:
-                pacer.cancel()
-            await response.write(end)
-            return response
+            end = builder.finish(generation)
+        except BackendError as err:
+            trace.stream_failed(err.code)
+            end = builder.failed(err.code, err.message, generation)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+            log.exception("responses stream failed")
+            trace.stream_failed("internal_error")
+            end = builder.failed("internal_error", f"internal error: {type(exc).__name__}: {exc}", generation)
         finally:
-            if not first.done():
-                first.cancel()
-                with suppress(BaseException):
-                    await first  # the generator must be idle before aclosing closes it
+            pacer.cancel()
+        await response.write(end)
+        return response
 
 
 async def _keep_alive(response: web.StreamResponse, builder: ResponseBuilder) -> None:
     while True:
-        wait = builder.last_sent + KEEPALIVE_SECONDS - time.monotonic()
+        wait = builder.last_sent + streaming.KEEPALIVE_SECONDS - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
             continue

@@ -31,7 +31,6 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(16)
 
 
-
 def usage(generation: "Generation") -> dict:
     return {
         "input_tokens": generation.prompt_tokens,

@@ -1,6 +1,6 @@
-"""The real application in this process, its event loop on a thread of its own, serving the tiny
-Qwen3.5 checkpoint (real tokenizer and template) with the replay backend: tests set the recorded
-output they need, and can wrap the backend to make it slow or fail, which a subprocess could not.
+"""The real application in this process, its event loop on a thread of its own (the `replay_app`
+fixture in conftest.py serves the tiny Qwen3.5 with it): tests set the recorded output they need,
+and can wrap the backend to make it slow or fail, which a subprocess could not.
 """
 
 from __future__ import annotations
@@ -16,13 +16,6 @@ from backends.replay import ReplayBackend
 from proxy.app import create_app
 from proxy.keys import RUNTIME
 from proxy.settings import Settings
-
-
-def replay_app(checkpoint_dir, tmp_dir, model: str) -> "AppThread":
-    placeholder = tmp_dir / "none.jsonl"
-    placeholder.write_text('{"text": "unused"}\n')
-    return AppThread(Settings(model=str(checkpoint_dir), backend="replay", replay=str(placeholder),
-                              served_model_name=model)).start()
 
 
 class AppThread:

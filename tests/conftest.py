@@ -42,6 +42,21 @@ def smollm2_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="module")
+def replay_app(qwen3_5_dir, tmp_path_factory):
+    """The application in this process (app_thread.py) serving the tiny Qwen3.5 as "tiny-qwen" with the
+    replay backend; each test sets the recorded output it needs, and may wrap the backend."""
+    from app_thread import AppThread
+    from proxy.settings import Settings
+
+    placeholder = tmp_path_factory.mktemp("replay") / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
+                             served_model_name="tiny-qwen")).start()
+    yield app
+    app.stop()
+
+
+@pytest.fixture(scope="module")
 def serve(tmp_path_factory):
     """Starts `looptrace serve ARGS` processes for a module and stops them after it."""
     from server import Server

@@ -6,27 +6,20 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from openai import OpenAI
 
 import proxy.chat
-from app_thread import Wrapped, replay_app
+import proxy.streaming
+from app_thread import Wrapped
 from server import sse_events
 
 MODEL = "tiny-qwen"
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-@pytest.fixture(scope="module")
-def app(qwen3_5_dir, tmp_path_factory):
-    server = replay_app(qwen3_5_dir, tmp_path_factory.mktemp("replay"), MODEL)
-    yield server
-    server.stop()
-
-
-def chat_stream(app, **body):
+def chat_stream(replay_app, **body):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "stream": True, **NO_THINKING, **body}
-    return app.post(body, path="/v1/chat/completions")
+    return replay_app.post(body, path="/v1/chat/completions")
 
 
 def content(data: bytes) -> str:
@@ -34,10 +27,10 @@ def content(data: bytes) -> str:
                    if isinstance(e, dict) and e.get("choices"))
 
 
-def test_a_slow_first_token_gets_keepalive_comments(app, monkeypatch):
-    monkeypatch.setattr(proxy.chat, "KEEPALIVE_SECONDS", 0.2)
-    app.runtime.backend = Wrapped(app.replay("Late.<|im_end|>"), delay=1.0)
-    status, kind, data = chat_stream(app)
+def test_a_slow_first_token_gets_keepalive_comments(replay_app, monkeypatch):
+    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Late.<|im_end|>"), delay=1.0)
+    status, kind, data = chat_stream(replay_app)
     assert status == 200 and kind.startswith("text/event-stream")
     # The role chunk opens the stream after one interval; then a comment per interval until the token.
     head, _, tail = data.partition(b"Late")
@@ -46,27 +39,27 @@ def test_a_slow_first_token_gets_keepalive_comments(app, monkeypatch):
     assert content(data) == "Late." and sse_events(data)[-1] == "[DONE]"
 
 
-def test_the_openai_sdk_reads_through_the_keepalives(app, monkeypatch):
-    monkeypatch.setattr(proxy.chat, "KEEPALIVE_SECONDS", 0.2)
-    app.runtime.backend = Wrapped(app.replay("Late, but here.<|im_end|>"), delay=0.7)
-    client = OpenAI(base_url=app.url + "/v1", api_key="unused")
+def test_the_openai_sdk_reads_through_the_keepalives(replay_app, monkeypatch):
+    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Late, but here.<|im_end|>"), delay=0.7)
+    client = OpenAI(base_url=replay_app.url + "/v1", api_key="unused")
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
                                                  stream=True, extra_body=NO_THINKING))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Late, but here."
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_a_quick_refusal_keeps_its_status_code(app):
-    app.replay()  # nothing left to replay: the backend refuses at once, before the stream opens
-    status, kind, data = chat_stream(app)
+def test_a_quick_refusal_keeps_its_status_code(replay_app):
+    replay_app.replay()  # nothing left to replay: the backend refuses at once, before the stream opens
+    status, kind, data = chat_stream(replay_app)
     assert status == 500 and kind.startswith("application/json")
     assert json.loads(data)["error"]["code"] == "replay_exhausted"
 
 
-def test_a_failure_after_the_stream_opened_is_an_error_frame(app, monkeypatch):
-    monkeypatch.setattr(proxy.chat, "KEEPALIVE_SECONDS", 0.2)
-    app.runtime.backend = Wrapped(app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
-    status, kind, data = chat_stream(app)
+def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeypatch):
+    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
+    status, kind, data = chat_stream(replay_app)
     assert status == 200 and kind.startswith("text/event-stream")
     assert proxy.chat.KEEPALIVE in data
     error = next(e["error"] for e in sse_events(data) if isinstance(e, dict) and "error" in e)

@@ -15,8 +15,8 @@ import pytest
 from openai import OpenAI
 
 import checkpoints
-import proxy.responses
-from app_thread import Wrapped, replay_app
+import proxy.streaming
+from app_thread import Wrapped
 from proxy.responses_request import parse_responses
 
 MODEL = "tiny-qwen"
@@ -37,21 +37,14 @@ def call(name, **params):
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
-@pytest.fixture(scope="module")
-def app(qwen3_5_dir, tmp_path_factory):
-    server = replay_app(qwen3_5_dir, tmp_path_factory.mktemp("replay"), MODEL)
-    yield server
-    server.stop()
-
-
-def respond(app, **body):
+def respond(replay_app, **body):
     body.setdefault("model", MODEL)
     body.setdefault("input", "Hello")
-    return app.post(body)
+    return replay_app.post(body)
 
 
-def stream(app, **body) -> list[dict]:
-    status, kind, data = respond(app, stream=True, **body)
+def stream(replay_app, **body) -> list[dict]:
+    status, kind, data = respond(replay_app, stream=True, **body)
     assert status == 200, data
     assert kind.startswith("text/event-stream")
     return sse(data)
@@ -143,13 +136,13 @@ def strip_ids(items):
     return [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]
 
 
-def prompt_tokens(app, messages, tools=None, **kwargs) -> int:
-    return len(app.runtime.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+def prompt_tokens(replay_app, messages, tools=None, **kwargs) -> int:
+    return len(replay_app.runtime.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                          tokenize=True, return_dict=True, **kwargs)["input_ids"])
 
 
-def count(app, text) -> int:
-    return len(app.runtime.tokenizer.encode(text, add_special_tokens=False))
+def count(replay_app, text) -> int:
+    return len(replay_app.runtime.tokenizer.encode(text, add_special_tokens=False))
 
 
 # -- answers --
@@ -157,9 +150,9 @@ def count(app, text) -> int:
 ANSWER = "Greeting the user.\n</think>\n\nHello to you too.<|im_end|>"
 
 
-def test_a_streamed_answer_with_reasoning(app):
-    app.replay(ANSWER)
-    events = stream(app, instructions="Be kind.")
+def test_a_streamed_answer_with_reasoning(replay_app):
+    replay_app.replay(ANSWER)
+    events = stream(replay_app, instructions="Be kind.")
     response = check_stream(events)
     assert kinds(events) == [
         "response.created", "response.in_progress",
@@ -175,17 +168,17 @@ def test_a_streamed_answer_with_reasoning(app):
          "status": "completed"},
         {"type": "message", "status": "completed", "role": "assistant",
          "content": [{"type": "output_text", "text": "Hello to you too.", "annotations": [], "logprobs": []}]}]
-    prompt = prompt_tokens(app, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello"}])
+    prompt = prompt_tokens(replay_app, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello"}])
     assert response["usage"] == {
         "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": count(app, ANSWER), "output_tokens_details": {"reasoning_tokens": count(app, "Greeting the user.\n")},
-        "total_tokens": prompt + count(app, ANSWER)}
+        "output_tokens": count(replay_app, ANSWER), "output_tokens_details": {"reasoning_tokens": count(replay_app, "Greeting the user.\n")},
+        "total_tokens": prompt + count(replay_app, ANSWER)}
 
 
-def test_not_streaming_returns_the_same_response_object(app):
-    app.replay(ANSWER, ANSWER)
-    final = check_stream(stream(app))
-    status, kind, data = respond(app)
+def test_not_streaming_returns_the_same_response_object(replay_app):
+    replay_app.replay(ANSWER, ANSWER)
+    final = check_stream(stream(replay_app))
+    status, kind, data = respond(replay_app)
     assert status == 200 and kind.startswith("application/json")
     body = json.loads(data)
     assert body["id"].startswith("resp_") and body["id"] != final["id"]
@@ -194,20 +187,20 @@ def test_not_streaming_returns_the_same_response_object(app):
         k: v for k, v in final.items() if k not in ("id", "created_at", "output")}
 
 
-def test_thinking_off_with_effort_none(app):
-    app.replay("Just the answer.<|im_end|>")
-    response = check_stream(stream(app, reasoning={"effort": "none"}))
+def test_thinking_off_with_effort_none(replay_app):
+    replay_app.replay("Just the answer.<|im_end|>")
+    response = check_stream(stream(replay_app, reasoning={"effort": "none"}))
     assert strip_ids(response["output"]) == [{"type": "message", "status": "completed", "role": "assistant", "content": [
         {"type": "output_text", "text": "Just the answer.", "annotations": [], "logprobs": []}]}]
     assert response["reasoning"] == {"effort": "none", "summary": None}
-    assert response["usage"]["input_tokens"] == prompt_tokens(app, [{"role": "user", "content": "Hello"}],
+    assert response["usage"]["input_tokens"] == prompt_tokens(replay_app, [{"role": "user", "content": "Hello"}],
                                                               enable_thinking=False)
     assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
 
 
-def test_a_token_budget_cut_is_incomplete(app):
-    app.replay("One two three four five six seven eight.<|im_end|>")
-    events = stream(app, reasoning={"effort": "none"}, max_output_tokens=4)
+def test_a_token_budget_cut_is_incomplete(replay_app):
+    replay_app.replay("One two three four five six seven eight.<|im_end|>")
+    events = stream(replay_app, reasoning={"effort": "none"}, max_output_tokens=4)
     response = check_stream(events)
     assert events[-1]["type"] == "response.incomplete"
     assert response["status"] == "incomplete" and response["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -218,12 +211,12 @@ def test_a_token_budget_cut_is_incomplete(app):
 
 # -- tool calls --
 
-def test_calls_come_back_as_the_clients_own_tools(app):
+def test_calls_come_back_as_the_clients_own_tools(replay_app):
     patch = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch"
-    app.replay("Three things.\n</think>\n\n" + call("exec_command", cmd="echo hi", yield_time_ms=1000) + "\n"
+    replay_app.replay("Three things.\n</think>\n\n" + call("exec_command", cmd="echo hi", yield_time_ms=1000) + "\n"
                + call("multi_agent_v1::close_agent", target="agent-7") + "\n" + call("apply_patch", input=patch)
                + "<|im_end|>")
-    events = stream(app, tools=TOOLS, input=[{"type": "message", "role": "user", "content": "Go"}])
+    events = stream(replay_app, tools=TOOLS, input=[{"type": "message", "role": "user", "content": "Go"}])
     response = check_stream(events)
     assert kinds(events)[8:] == [
         "response.output_item.added", "response.function_call_arguments.delta",
@@ -250,9 +243,9 @@ def test_calls_come_back_as_the_clients_own_tools(app):
     assert response["tools"] == TOOLS  # echoed as sent
 
 
-def test_the_tools_the_model_sees(app):
-    app.replay(call("close_agent", target="x") + "<|im_end|>")
-    response = check_stream(stream(app, tools=TOOLS, reasoning={"effort": "none"}))
+def test_the_tools_the_model_sees(replay_app):
+    replay_app.replay(call("close_agent", target="x") + "<|im_end|>")
+    response = check_stream(stream(replay_app, tools=TOOLS, reasoning={"effort": "none"}))
     offered = [
         {"type": "function", "function": {"name": "exec_command", "description": "Run a command.",
                                           "parameters": EXEC["parameters"]}},
@@ -263,32 +256,32 @@ def test_the_tools_the_model_sees(app):
         {"type": "function", "function": {"name": "multi_agent_v1.close_agent", "description": "Close one.",
                                           "parameters": AGENTS["tools"][0]["parameters"]}}]
     # web_search and tool_search were dropped: the prompt holds exactly the three functions.
-    assert response["usage"]["input_tokens"] == prompt_tokens(app, [{"role": "user", "content": "Hello"}], offered,
+    assert response["usage"]["input_tokens"] == prompt_tokens(replay_app, [{"role": "user", "content": "Hello"}], offered,
                                                               enable_thinking=False)
     (bare,) = response["output"]  # a bare name that is unique resolves to its namespace
     assert (bare["name"], bare["namespace"]) == ("close_agent", "multi_agent_v1")
 
 
-def test_text_before_a_call_is_closed_before_the_call_opens(app):
-    app.replay("Let me look.\n" + call("exec_command", cmd="ls") + "<|im_end|>")
-    response = check_stream(stream(app, tools=[EXEC], reasoning={"effort": "none"}))
+def test_text_before_a_call_is_closed_before_the_call_opens(replay_app):
+    replay_app.replay("Let me look.\n" + call("exec_command", cmd="ls") + "<|im_end|>")
+    response = check_stream(stream(replay_app, tools=[EXEC], reasoning={"effort": "none"}))
     assert [(i["type"], i.get("name")) for i in response["output"]] == [("message", None), ("function_call", "exec_command")]
     assert response["output"][0]["content"][0]["text"] == "Let me look.\n"  # the parser keeps the newline
 
 
-def test_a_call_to_an_unknown_tool_is_still_reported(app):
-    app.replay(call("rm_everything", path="/") + "<|im_end|>")
-    (item,) = check_stream(stream(app, tools=[EXEC], reasoning={"effort": "none"}))["output"]
+def test_a_call_to_an_unknown_tool_is_still_reported(replay_app):
+    replay_app.replay(call("rm_everything", path="/") + "<|im_end|>")
+    (item,) = check_stream(stream(replay_app, tools=[EXEC], reasoning={"effort": "none"}))["output"]
     assert (item["type"], item["name"], json.loads(item["arguments"])) == ("function_call", "rm_everything", {"path": "/"})
 
 
-def test_a_tool_loop_continued_by_previous_response_id(app):
-    app.replay("Run it.\n</think>\n\n" + call("exec_command", cmd="echo ok") + "<|im_end|>",
+def test_a_tool_loop_continued_by_previous_response_id(replay_app):
+    replay_app.replay("Run it.\n</think>\n\n" + call("exec_command", cmd="echo ok") + "<|im_end|>",
                "It printed ok.\n</think>\n\nIt printed ok.<|im_end|>")
-    first = check_stream(stream(app, tools=[EXEC], input="Run echo ok"))
+    first = check_stream(stream(replay_app, tools=[EXEC], input="Run echo ok"))
     (_, shell) = first["output"]
     output = [{"type": "function_call_output", "call_id": shell["call_id"], "output": "ok\n"}]
-    second = check_stream(stream(app, tools=[EXEC], input=output, previous_response_id=first["id"]))
+    second = check_stream(stream(replay_app, tools=[EXEC], input=output, previous_response_id=first["id"]))
     assert second["previous_response_id"] == first["id"]
     assert second["output"][-1]["content"][0]["text"] == "It printed ok."
     conversation = [
@@ -298,35 +291,35 @@ def test_a_tool_loop_continued_by_previous_response_id(app):
         {"role": "tool", "content": "ok\n", "tool_call_id": shell["call_id"], "name": "exec_command"}]
     offered = [{"type": "function", "function": {"name": "exec_command", "description": "Run a command.",
                                                  "parameters": EXEC["parameters"]}}]
-    assert second["usage"]["input_tokens"] == prompt_tokens(app, conversation, offered)
+    assert second["usage"]["input_tokens"] == prompt_tokens(replay_app, conversation, offered)
 
 
-def test_an_unstored_or_unknown_previous_response_is_a_404(app):
-    app.replay(ANSWER)
-    unstored = check_stream(stream(app, store=False))
+def test_an_unstored_or_unknown_previous_response_is_a_404(replay_app):
+    replay_app.replay(ANSWER)
+    unstored = check_stream(stream(replay_app, store=False))
     assert unstored["store"] is False
     for previous in (unstored["id"], "resp_nothing"):
-        status, _, data = respond(app, previous_response_id=previous)
+        status, _, data = respond(replay_app, previous_response_id=previous)
         assert status == 404
         assert json.loads(data)["error"] == {
             "message": f"Previous response with id '{previous}' not found.", "type": "invalid_request_error",
             "param": "previous_response_id", "code": "previous_response_not_found"}
 
 
-def test_a_stored_response_is_read_back_and_deleted_by_the_sdk(app):
-    app.replay(ANSWER, ANSWER)
-    stored = check_stream(stream(app))  # store defaults to true, as on OpenAI
-    unstored = json.loads(respond(app, store=False)[2])
-    with urllib.request.urlopen(f"{app.url}/v1/responses/{stored['id']}", timeout=30) as got:
+def test_a_stored_response_is_read_back_and_deleted_by_the_sdk(replay_app):
+    replay_app.replay(ANSWER, ANSWER)
+    stored = check_stream(stream(replay_app))  # store defaults to true, as on OpenAI
+    unstored = json.loads(respond(replay_app, store=False)[2])
+    with urllib.request.urlopen(f"{replay_app.url}/v1/responses/{stored['id']}", timeout=30) as got:
         assert json.loads(got.read()) == stored  # the very object the stream ended with
 
-    client = OpenAI(base_url=app.url + "/v1", api_key="unused")
+    client = OpenAI(base_url=replay_app.url + "/v1", api_key="unused")
     again = client.responses.retrieve(stored["id"])
     assert (again.id, again.status, again.output_text) == (stored["id"], "completed", "Hello to you too.")
     deleted = client.responses.delete(stored["id"])
     assert deleted is None  # the SDK returns nothing for a 200 here; a 404 would raise
     for gone in (stored["id"], unstored["id"]):
-        req = urllib.request.Request(f"{app.url}/v1/responses/{gone}")
+        req = urllib.request.Request(f"{replay_app.url}/v1/responses/{gone}")
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=30)
         error = json.loads(info.value.read())["error"]
@@ -336,28 +329,28 @@ def test_a_stored_response_is_read_back_and_deleted_by_the_sdk(app):
 
 # -- refusals and failures --
 
-def test_refusals_before_streaming_keep_their_http_status(app):
-    app.replay()  # nothing left to replay: the backend refuses at once
-    status, kind, data = respond(app, stream=True)
+def test_refusals_before_streaming_keep_their_http_status(replay_app):
+    replay_app.replay()  # nothing left to replay: the backend refuses at once
+    status, kind, data = respond(replay_app, stream=True)
     assert status == 500 and kind.startswith("application/json")
     assert json.loads(data)["error"]["code"] == "replay_exhausted"
 
-    status, _, data = respond(app, stream=True, model="gpt-5")
+    status, _, data = respond(replay_app, stream=True, model="gpt-5")
     assert status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
 
-    too_many = app.runtime.max_model_len
-    status, _, data = respond(app, stream=True, max_output_tokens=too_many)
+    too_many = replay_app.runtime.max_model_len
+    status, _, data = respond(replay_app, stream=True, max_output_tokens=too_many)
     error = json.loads(data)["error"]
     assert status == 400 and (error["code"], error["param"]) == ("context_length_exceeded", "max_output_tokens")
 
-    status, _, data = respond(app, stream=True, input=[{"type": "function_call", "call_id": "c", "name": "f",
+    status, _, data = respond(replay_app, stream=True, input=[{"type": "function_call", "call_id": "c", "name": "f",
                                                         "arguments": "not json"}])
     assert status == 400 and json.loads(data)["error"]["param"] == "input[0].arguments"
 
 
-def test_a_failure_after_streaming_started_is_response_failed(app):
-    app.runtime.backend = Wrapped(app.replay("Some text here that never ends.<|im_end|>"), fail_after=3)
-    events = stream(app, reasoning={"effort": "none"})
+def test_a_failure_after_streaming_started_is_response_failed(replay_app):
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Some text here that never ends.<|im_end|>"), fail_after=3)
+    events = stream(replay_app, reasoning={"effort": "none"})
     response = check_stream(events)
     assert events[-1]["type"] == "response.failed"
     assert response["status"] == "failed"
@@ -365,10 +358,10 @@ def test_a_failure_after_streaming_started_is_response_failed(app):
     assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Some", " text", " here"]
 
 
-def test_silence_gets_in_progress_keepalives(app, monkeypatch):
-    monkeypatch.setattr(proxy.responses, "KEEPALIVE_SECONDS", 0.2)
-    app.runtime.backend = Wrapped(app.replay("Late.<|im_end|>"), delay=1.0)
-    events = stream(app, reasoning={"effort": "none"})
+def test_silence_gets_in_progress_keepalives(replay_app, monkeypatch):
+    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Late.<|im_end|>"), delay=1.0)
+    events = stream(replay_app, reasoning={"effort": "none"})
     response = check_stream(events)
     assert response["status"] == "completed"
     first_item = next(i for i, e in enumerate(events) if e["type"] == "response.output_item.added")
@@ -378,10 +371,10 @@ def test_silence_gets_in_progress_keepalives(app, monkeypatch):
     assert 2 <= len(keepalives) <= 5
 
 
-def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_failed(app, monkeypatch):
-    monkeypatch.setattr(proxy.responses, "KEEPALIVE_SECONDS", 0.2)
-    app.runtime.backend = Wrapped(app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
-    status, kind, data = respond(app, stream=True, reasoning={"effort": "none"})
+def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_failed(replay_app, monkeypatch):
+    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
+    status, kind, data = respond(replay_app, stream=True, reasoning={"effort": "none"})
     assert status == 200 and kind.startswith("text/event-stream")
     events = sse(data)
     response = check_stream(events)
@@ -390,9 +383,9 @@ def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_fail
 
 # -- clients' own parsers --
 
-def test_the_openai_sdk_accumulates_the_stream(app):
-    app.replay("Plan.\n</think>\n\nCalling.\n" + call("apply_patch", input="*** Begin Patch\n*** End Patch") + "<|im_end|>")
-    client = OpenAI(base_url=app.url + "/v1", api_key="unused")
+def test_the_openai_sdk_accumulates_the_stream(replay_app):
+    replay_app.replay("Plan.\n</think>\n\nCalling.\n" + call("apply_patch", input="*** Begin Patch\n*** End Patch") + "<|im_end|>")
+    client = OpenAI(base_url=replay_app.url + "/v1", api_key="unused")
     with client.responses.stream(model=MODEL, input="Patch it", tools=[EXEC, PATCH]) as events:
         kinds_seen = [event.type for event in events]
         final = events.get_final_response()
@@ -400,20 +393,20 @@ def test_the_openai_sdk_accumulates_the_stream(app):
     assert [item.type for item in final.output] == ["reasoning", "message", "custom_tool_call"]
     assert final.output_text == "Calling.\n"
     assert final.output[2].input == "*** Begin Patch\n*** End Patch" and final.output[2].name == "apply_patch"
-    assert final.usage.output_tokens_details.reasoning_tokens == count(app, "Plan.\n")
+    assert final.usage.output_tokens_details.reasoning_tokens == count(replay_app, "Plan.\n")
 
 
 @pytest.mark.parametrize("name", ["codex-first-request.json", "codex-after-tool-call.json"])
-def test_recorded_codex_requests_are_answered(app, name):
+def test_recorded_codex_requests_are_answered(replay_app, name):
     try:
         body = json.loads((checkpoints.shared_dir() / "clients" / "recorded" / name).read_text())["body"]
     except checkpoints.MissingShared as exc:
         pytest.skip(str(exc))
     request, _, _ = parse_responses(body)
-    app.replay("Ok.\n</think>\n\nDone.<|im_end|>")
-    status, kind, data = app.post({**body, "model": MODEL})
+    replay_app.replay("Ok.\n</think>\n\nDone.<|im_end|>")
+    status, kind, data = replay_app.post({**body, "model": MODEL})
     assert status == 200 and kind.startswith("text/event-stream")
     response = check_stream(sse(data))
     assert response["status"] == "completed" and response["output"][-1]["content"][0]["text"] == "Done."
     # codex's whole conversation and tools were rendered (9 KB of tools, 30 KB of instructions).
-    assert response["usage"]["input_tokens"] == prompt_tokens(app, request.messages, request.tools) > 8000
+    assert response["usage"]["input_tokens"] == prompt_tokens(replay_app, request.messages, request.tools) > 8000
