@@ -13,13 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from checkpoints import cache_root
-from server import Server, free_port
+from processes import Service, answers_ok, free_port
+from server import Server
 
 # 1.108.7: the newest LiteLLM whose [proxy] extra installs from this machine's index (1.108.8 and
 # later pin litellm-proxy-extras releases it lacks, 1.110 a separate litellm-proxy package), and
@@ -73,55 +73,25 @@ def tree_cpu_seconds(pid: int) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[:3]} exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} was not ready after {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def looptrace(upstream_url: str, trace_db: str, logs: Path) -> Server:
     return Server("--backend", "vllm", "--vllm-url", upstream_url, "--trace-db", trace_db, "--log-level", "warning",
                   log_dir=logs)
 
 
-class OTLPSink:
+class OTLPSink(Service):
     """bench/_otlp_sink.py in a process of its own."""
+
+    name = "the OTLP sink"
 
     def __init__(self, logs: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = logs / "otlp-sink.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, str(BENCH / "_otlp_sink.py"), str(self.port)],
-                                        stdout=self._log, stderr=subprocess.STDOUT)
-        _wait_http(self.url + "/counts", self.process, self.log_path, 60)
+        super().__init__([sys.executable, str(BENCH / "_otlp_sink.py"), str(self.port)], logs / "otlp-sink.log")
+        self.wait_until(lambda: answers_ok(self.url + "/counts"), 60)
 
     def counts(self) -> dict:
         with urllib.request.urlopen(self.url + "/counts", timeout=10) as response:
             return json.loads(response.read())
-
-    def stop(self) -> None:
-        _stop(self.process)
-        self._log.close()
 
 
 def litellm_binary() -> Path:
@@ -142,11 +112,13 @@ def litellm_version() -> str:
     return done.stdout.strip()
 
 
-class LiteLLM:
+class LiteLLM(Service):
     """`litellm --config config.yaml`, one worker, quiet, the upstream as an OpenAI-compatible model,
     its OpenTelemetry callback ("otel", LiteLLM's OpenTelemetry v1 integration) on and exporting
     OTLP/HTTP protobuf to `sink_url` (OTEL_EXPORTER=otlp_http, OTEL_ENDPOINT; without them it prints
     spans to the console)."""
+
+    name = "LiteLLM"
 
     def __init__(self, upstream_url: str, model: str, sink_url: str, logs: Path) -> None:
         self.port = free_port()
@@ -163,15 +135,9 @@ class LiteLLM:
         env.update(LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOG="ERROR",
                    LITELLM_LOCAL_MODEL_COST_MAP="True",  # no fetch of the price list from GitHub at start
                    OTEL_EXPORTER="otlp_http", OTEL_ENDPOINT=f"{sink_url}/v1/traces")
-        self.log_path = workdir / "litellm.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
+        super().__init__(
             [str(litellm_binary()), "--config", "config.yaml", "--host", "127.0.0.1", "--port", str(self.port),
-             "--num_workers", "1"], cwd=workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+             "--num_workers", "1"], workdir / "litellm.log", cwd=workdir, env=env, inherit_env=False)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        _wait_http(self.url + "/health/liveliness", self.process, self.log_path, timeout)
-
-    def stop(self) -> None:
-        _stop(self.process)
-        self._log.close()
+        self.wait_until(lambda: answers_ok(self.url + "/health/liveliness"), timeout)

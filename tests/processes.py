@@ -30,11 +30,13 @@ class Service:
 
     name = "service"
 
-    def __init__(self, command: list[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, command: list[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None,
+                 inherit_env: bool = True) -> None:
+        """`env` is added to this process's environment, or with `inherit_env=False` is the whole of it."""
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(command, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})})
+                                        env={**(os.environ if inherit_env else {}), **(env or {})})
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -39,8 +39,6 @@ import asyncio
 import collections
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -49,6 +47,10 @@ import uuid
 from pathlib import Path
 
 from aiohttp import web
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # run as `python -m tests.vllm_double`
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import Service, answers_ok  # noqa: E402
 
 VLLM_VERSION = "0.33.0"  # the vLLM whose protocol this double speaks; the wheel the protocol test reads
 BLOCK = 16  # prefix-cache block size: cached prompt tokens come in whole blocks
@@ -677,15 +679,16 @@ def main(argv: list[str] | None = None) -> None:
                 print=lambda *_: print(f"vllm double serving {double.model} on {args.host}:{args.port}", flush=True))
 
 
-class DoubleProcess:
+class DoubleProcess(Service):
     """`python -m tests.vllm_double ...` as a child process, with its switches as methods."""
+
+    name = "the vLLM double"
 
     def __init__(self, model: Path | str, *, port: int, log_path: Path, fast: bool = False,
                  api_key: str | None = None, served_model_name: str | None = None,
                  max_model_len: int | None = None) -> None:
         self.port = port
         self.api_key = api_key
-        self.log_path = log_path
         command = [sys.executable, "-m", "tests.vllm_double", "--model", str(model), "--port", str(port)]
         for flag, value in (("--api-key", api_key), ("--served-model-name", served_model_name),
                             ("--max-model-len", max_model_len)):
@@ -693,31 +696,15 @@ class DoubleProcess:
                 command += [flag, str(value)]
         if fast:
             command.append("--fast")
-        self._log = open(log_path, "ab")
         root = Path(__file__).resolve().parents[1]
-        self.process = subprocess.Popen(command, cwd=root, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONPATH": str(root)})
+        super().__init__(command, log_path, cwd=root, env={"PYTHONPATH": str(root)})
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the vLLM double exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the vLLM double was not ready after {timeout} s:\n{self.log()}")
+        self.wait_until(lambda: answers_ok(self.url + "/health"), timeout)
 
     def control(self, path: str, body: object | None = None):
         data = json.dumps(body).encode() if body is not None else None
@@ -738,15 +725,6 @@ class DoubleProcess:
     def reset(self) -> None:
         self.control("/double/reset", {})
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
 
 
 if __name__ == "__main__":
