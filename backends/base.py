@@ -1,18 +1,5 @@
-"""What every backend takes and yields.
-
-A backend turns prompt token ids into events, plain dicts with a `type` and the same fields from
-every backend, so the code that consumes them never asks which backend produced them:
-
-    {"type": "prefill", "prompt_tokens": int, "cached_tokens": int, "seconds": float}
-    {"type": "token", "index": int, "id": int, "piece": str, "text": str, "special": bool,
-     "logprob": float, "p": float, "rank": int,            # the model's own distribution (T = 1)
-     "top_ids": [int], "top_logprobs": [float],            # the five most likely tokens
-     "drafted": int, "accepted": int}                      # only when a draft model proposed it
-    {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "tokens": int,
-     "seconds": float, "tokens_per_second": float, "drafts": int, "drafted": int, "accepted": int}
-
-`text` is the token's share of the decoded output: the whole sequence is decoded incrementally, so
-a character split across byte tokens arrives once, whole, and stop tokens contribute no text.
+"""What every backend takes (a DecodeRequest) and promises (the Backend protocol); the events it
+yields are in events.py.
 """
 
 from __future__ import annotations
@@ -21,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
-TOP_N = 5
+from .events import Event
 
 
 class BackendError(Exception):
@@ -72,8 +59,23 @@ class DecodeRequest:
 
 
 class Backend(Protocol):
-    name: str
+    """What the engine and the server rely on, from every backend."""
 
-    def generate(self, request: DecodeRequest) -> AsyncIterator[dict]: ...
+    name: str  # "local", "vllm", "replay": on /health and the decode span
+    route: str | None  # how tokens are asked for, where a backend has several ways (vLLM's two routes)
+
+    @property
+    def running(self) -> int:
+        """Requests being decoded now."""
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued here for the model (0 where the server behind queues them)."""
+
+    def prefix_cache_stats(self) -> dict | None:
+        """{"prompts", "tokens", "max_tokens"} kept for later turns, or None without a prefix cache."""
+
+    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
+        """prefill, one token event per token, done; a failure raises BackendError."""
 
     async def close(self) -> None: ...

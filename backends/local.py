@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import queue
 import threading
 import time
@@ -19,8 +18,9 @@ from typing import AsyncIterator, Callable
 
 import torch
 
-from .base import TOP_N, BackendError, Busy, DecodeRequest
+from .base import BackendError, Busy, DecodeRequest
 from .detokenize import Vocabulary
+from .events import Event, done_event, prefill_event, token_event
 from .prefix_cache import PrefixCache
 from .sampling import Penalties, generator_for, next_token
 
@@ -51,6 +51,7 @@ Emit = Callable[[object], None]
 
 class LocalBackend:
     name = "local"
+    route = None
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
                  prefix_cache_tokens: int = 0) -> None:
@@ -83,7 +84,7 @@ class LocalBackend:
         self._jobs.put((function, future))
         return future.result()
 
-    async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         if self.waiting >= self.max_queue:
             raise Busy(f"{self.waiting} requests are already waiting for the model; try again later")
         loop = asyncio.get_running_loop()
@@ -112,6 +113,10 @@ class LocalBackend:
     def waiting(self) -> int:
         return self._jobs.qsize()
 
+    def prefix_cache_stats(self) -> dict | None:
+        kept = self.prefix_cache
+        return None if kept is None else {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens}
+
     async def close(self) -> None:
         self._jobs.put((None, None))
         await asyncio.to_thread(self._worker.join, 30)  # a thread killed inside torch at exit aborts the process
@@ -128,7 +133,7 @@ class LocalBackend:
                     emit.set_exception(exc)
                 continue
             if request.cancel.is_set():  # the client left while it waited
-                emit(_done("cancelled", 0, 0.0))
+                emit(done_event("cancelled", 0, 0.0, cached_tokens=0))
                 continue
             self.running += 1
             try:
@@ -156,16 +161,15 @@ class LocalBackend:
             cached, logits, cache = self._prefill(request.prompt_ids, request.keep_at)
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
-        numbers = next_token(logits, sampling, generator, penalties)
-        emit({"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": cached,
-              "seconds": time.perf_counter() - started})
+        choice = next_token(logits, sampling, generator, penalties)
+        emit(prefill_event(len(request.prompt_ids), cached, time.perf_counter() - started))
 
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
         pieces, special = vocab.pieces, vocab.special
         first_at = time.perf_counter()
         count, finish = 0, ""
         while True:
-            token_id = int(numbers[0])
+            token_id = choice.token_id
             count += 1
             stop = token_id in stop_ids
             if stop:
@@ -175,20 +179,15 @@ class LocalBackend:
                 if count >= request.max_tokens or cancel.is_set():
                     finish = "length" if count >= request.max_tokens else "cancelled"
                     text += detokenizer.flush()
-            logprob = numbers[1]
-            emit({
-                "type": "token", "index": count - 1, "id": token_id,
-                "piece": pieces[token_id] if token_id < len(pieces) else "", "text": text,
-                "special": token_id in special, "logprob": logprob, "p": math.exp(logprob), "rank": int(numbers[2]),
-                "top_ids": [int(i) for i in numbers[3:3 + TOP_N]], "top_logprobs": numbers[3 + TOP_N:],
-            })
+            emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
+                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs))
             if finish:
                 break
             if penalties is not None:
                 penalties.add(token_id)
             logits = step(token_id)
-            numbers = next_token(logits, sampling, generator, penalties)
-        emit(_done(finish, count, time.perf_counter() - first_at))
+            choice = next_token(logits, sampling, generator, penalties)
+        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached))
 
     def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, torch.Tensor, object]:
         """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
@@ -211,9 +210,3 @@ class LocalBackend:
             logits, cache = prefill(self.model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
         return cached, logits, cache
 
-
-def _done(finish: str, count: int, seconds: float) -> dict:
-    # The first token came out of prefill, so the decode rate counts the ones after it.
-    rate = (count - 1) / seconds if count > 1 and seconds > 0 else 0.0
-    return {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
-            "tokens_per_second": rate, "drafts": 0, "drafted": 0, "accepted": 0}

@@ -17,6 +17,7 @@ from typing import AsyncIterator
 
 from .base import BackendError, DecodeRequest
 from .detokenize import Vocabulary
+from .events import Event, done_event, prefill_event, token_event
 
 
 def read_steps(path: str | Path) -> list[dict]:
@@ -38,6 +39,7 @@ def read_steps(path: str | Path) -> list[dict]:
 
 class ReplayBackend:
     name = "replay"
+    route = None
 
     def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
         self.vocab = vocab
@@ -48,9 +50,12 @@ class ReplayBackend:
         ]
         self._next = 0
         self.running = 0
-        self.waiting = 0
+        self.waiting = 0  # one request's turn does not wait for another's
 
-    async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
+    def prefix_cache_stats(self) -> None:
+        return None
+
+    async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         if self._next >= len(self._steps):
             raise BackendError(
                 f"the replay has no step left: all {len(self._steps)} recorded steps were served",
@@ -60,7 +65,7 @@ class ReplayBackend:
         self._next += 1
         self.running += 1
         try:
-            yield {"type": "prefill", "prompt_tokens": len(request.prompt_ids), "cached_tokens": 0, "seconds": 0.0}
+            yield prefill_event(len(request.prompt_ids), 0, 0.0)
             special = self.vocab.special
             detokenizer = self.vocab.detokenizer(request.prompt_ids[-4:])
             started = time.perf_counter()
@@ -78,19 +83,13 @@ class ReplayBackend:
                         # A recording that ends without a stop token was a whole answer.
                         finish = "length" if count >= request.max_tokens and position < len(ids) - 1 else "stop"
                         text += detokenizer.flush()
-                yield {
-                    "type": "token", "index": count - 1, "id": token_id, "piece": self.vocab.piece(token_id),
-                    "text": text, "special": token_id in special,
-                    "logprob": 0.0, "p": 1.0, "rank": 1, "top_ids": [token_id], "top_logprobs": [0.0],
-                }
+                yield token_event(count - 1, token_id, self.vocab.piece(token_id), text, token_id in special,
+                                  0.0, 1, [token_id], [0.0])
                 if finish:
                     break
                 await asyncio.sleep(0)  # let the loop see a disconnect between tokens
             finish = finish or "stop"
-            seconds = time.perf_counter() - started
-            yield {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
-                   "tokens_per_second": (count - 1) / seconds if count > 1 and seconds > 0 else 0.0,
-                   "drafts": 0, "drafted": 0, "accepted": 0}
+            yield done_event(finish, count, time.perf_counter() - started, cached_tokens=0)
         finally:
             self.running -= 1
 

@@ -7,9 +7,22 @@ and the report needs the model's own distribution beside the processed one.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from .base import TOP_N, SamplingParams
+from .base import SamplingParams
+from .events import TOP_N
+
+
+class Choice(NamedTuple):
+    """The chosen token and the model's own view of it (T = 1, no penalties)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 for the most likely token
+    top_ids: list[int]  # the TOP_N most likely tokens, most likely first
+    top_logprobs: list[float]
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
@@ -49,8 +62,8 @@ class Penalties:
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-               penalties: Penalties | None = None) -> list:
-    """Choose the next token and report it: [id, logprob, rank, top ids…, top logprobs…].
+               penalties: Penalties | None = None) -> Choice:
+    """Choose the next token and report it.
 
     The figures are under the model's own distribution (T = 1), whatever the sampling settings
     (penalties included: they change the choice, not what the model thought).
@@ -67,17 +80,18 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         # topk leaves the order of equal values open; greedy takes the lowest id, as generate() does.
         tied = [i for i, lp in zip(ids, logprobs) if lp == logprobs[0]]
         token = min(tied) if len(tied) < n else int(logits.argmax())
-        return [token, logprobs[0], 1, *ids, *logprobs]
+        return Choice(token, logprobs[0], 1, ids, logprobs)
     token = choose(logits if penalties is None else logits - penalties.offsets, params, generator)
     chosen = logits[token]
     rank = (logits > chosen).sum() + 1
-    return torch.cat((
+    numbers = torch.cat((
         token.reshape(1).double(),
         (chosen - norm).reshape(1).double(),
         rank.reshape(1).double(),
         top.indices.double(),
         (top.values - norm).double(),
     )).tolist()
+    return Choice(int(numbers[0]), numbers[1], int(numbers[2]), [int(i) for i in numbers[3:3 + n]], numbers[3 + n:])
 
 
 def generator_for(params: SamplingParams, device: torch.device) -> torch.Generator | None:

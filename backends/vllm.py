@@ -5,8 +5,8 @@ Its promise: the token ids, their text (decoded here, with the same detokenizer 
 the finish reason, the logprob and top five of each token are the server's, relayed unchanged.
 What it does not promise: the server's sampling equal to ours (only greedy output is comparable),
 or a rank for every token (`/v1/completions` reports none; a token outside the top five then has
-rank None). vLLM reports cached prompt tokens only at the end of a stream, so the `prefill`
-event's `cached_tokens` is filled in then: the same dict, before `done` is yielded.
+rank None). vLLM reports cached prompt tokens only at the end of a stream: the `prefill` event
+says None, and `done` carries the number.
 
 Two routes: `/inference/v1/generate` (token ids in and out, ranks) when the server has it, probed
 at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
@@ -16,16 +16,16 @@ at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failu
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import AsyncIterator
 
 import aiohttp
-import orjson
 
+from . import jsontext
 from . import vllm_protocol as protocol
 from .base import BackendError, DecodeRequest
 from .detokenize import Vocabulary
+from .events import Event, done_event, prefill_event, token_event
 from .vllm_upstream import Upstream, describe
 
 __all__ = ["Upstream", "VLLMBackend"]
@@ -45,7 +45,10 @@ class VLLMBackend:
     def route(self) -> str:
         return self.upstream.route
 
-    async def generate(self, request: DecodeRequest) -> AsyncIterator[dict]:
+    def prefix_cache_stats(self) -> None:
+        return None  # vLLM's own; its metrics say how it does
+
+    async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         up = self.upstream
         room = up.max_model_len - len(request.prompt_ids)
         if room <= 0:
@@ -63,7 +66,7 @@ class VLLMBackend:
         vocab, stop_ids, cancel, timeout = self.vocab, request.stop_ids, request.cancel, up.timeout
         pieces, special = vocab.pieces, vocab.special
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
-        prefill: dict | None = None
+        prefilled, cached = False, 0
         spec: tuple[int, int, int] | None = None
         count, finish, reason, ended = 0, "", None, False
         response = None
@@ -95,10 +98,7 @@ class VLLMBackend:
                     if payload == b"[DONE]":
                         ended = True
                         break
-                    try:
-                        chunk = orjson.loads(payload)  # a third of json's time: JSON is most of relaying a token
-                    except orjson.JSONDecodeError:
-                        chunk = json.loads(payload)  # NaN or Infinity, which Python's json writes and orjson refuses
+                    chunk = jsontext.loads(payload)
                     choices = chunk.get("choices")
                     if choices:
                         choice = choices[0]
@@ -106,11 +106,10 @@ class VLLMBackend:
                         tokens = parse(choice)
                         last = len(tokens) - 1
                         for k, (token_id, logprob, rank, top_ids, top_logprobs) in enumerate(tokens):
-                            if prefill is None:
+                            if not prefilled:
                                 first_at = time.perf_counter()
-                                prefill = {"type": "prefill", "prompt_tokens": len(request.prompt_ids),
-                                           "cached_tokens": 0, "seconds": first_at - started}
-                                yield prefill
+                                prefilled = True
+                                yield prefill_event(len(request.prompt_ids), None, first_at - started)
                             count += 1
                             if token_id in stop_ids:
                                 text, finish = "", "stop"
@@ -120,12 +119,9 @@ class VLLMBackend:
                                     finish = "cancelled"
                                 if finish or count >= max_tokens or (k == last and reason is not None):
                                     text += detokenizer.flush()  # the last token: bytes held back come out now
-                            yield {
-                                "type": "token", "index": count - 1, "id": token_id,
-                                "piece": pieces[token_id] if 0 <= token_id < len(pieces) else "", "text": text,
-                                "special": token_id in special, "logprob": logprob, "p": math.exp(logprob),
-                                "rank": rank, "top_ids": top_ids, "top_logprobs": top_logprobs,
-                            }
+                            yield token_event(count - 1, token_id,
+                                              pieces[token_id] if 0 <= token_id < len(pieces) else "", text,
+                                              token_id in special, logprob, rank, top_ids, top_logprobs)
                             if finish == "cancelled":
                                 break
                         if finish == "cancelled":
@@ -137,13 +133,13 @@ class VLLMBackend:
                     elif "error" in chunk:  # a failure during generation: vLLM's error frame
                         raise _upstream_error(up.url, chunk, count)
                     usage = chunk.get("usage")
-                    if usage and prefill is not None:
-                        prefill["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    if usage:
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                     spec = protocol.speculative_counts(chunk.get("metrics")) or spec
                 if ended or finish == "cancelled":
                     break
         except TimeoutError as exc:
-            where = "before the first token" if prefill is None else f"after token {count}"
+            where = f"after token {count}" if prefilled else "before the first token"
             raise BackendError(f"the vLLM server at {up.url} sent nothing for {timeout:g} s {where} "
                                f"(--vllm-timeout)", status=504, code="upstream_timeout") from exc
         except aiohttp.ClientError as exc:  # the connection broke mid-stream
@@ -162,11 +158,9 @@ class VLLMBackend:
             if not ended or reason is None:
                 raise _cut(up.url, count, "the stream ended without [DONE]" if not ended else "no finish_reason")
             finish = reason
-        seconds = time.perf_counter() - first_at
         drafts, drafted, accepted = spec or (0, 0, 0)
-        yield {"type": "done", "finish_reason": finish, "tokens": count, "seconds": seconds,
-               "tokens_per_second": (count - 1) / seconds if count > 1 and seconds > 0 else 0.0,
-               "drafts": drafts, "drafted": drafted, "accepted": accepted}
+        yield done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached, drafts=drafts,
+                         drafted=drafted, accepted=accepted)
 
     async def _refusal(self, response: aiohttp.ClientResponse) -> BackendError:
         text = await response.text()
@@ -185,7 +179,7 @@ class VLLMBackend:
                             status=503 if status == 503 else 502, code="upstream_error")
 
     async def close(self) -> None:
-        await self.upstream.close()
+        return None  # the upstream belongs to the runtime, which closes it
 
 
 def _upstream_error(url: str, chunk: dict, count: int) -> BackendError:

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from checkpoints import cache_root
+from build_cache import cache_root
 from processes import Service, answers_ok, free_port
 from server import Server
 

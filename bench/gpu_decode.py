@@ -14,15 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
+import torch
 
 QWEN3_5_0_8B = dict(
     hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
@@ -88,7 +84,7 @@ def time_generate(model, prompt: list[int], tokens: int) -> tuple[float, list[in
 
 def time_backend(backend, prompt: list[int], tokens: int) -> tuple[float, float, list[int]]:
     """(whole request seconds, decode tokens/s after the first token, ids)."""
-    from backends.base import DecodeRequest, SamplingParams
+    from looptrace.backends.base import DecodeRequest, SamplingParams
 
     async def run():
         request = DecodeRequest(prompt, tokens, SamplingParams(temperature=0), frozenset())
@@ -119,8 +115,8 @@ def main() -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from backends.detokenize import Vocabulary
-    from backends.local import LocalBackend
+    from looptrace.backends.detokenize import Vocabulary
+    from looptrace.backends.local import LocalBackend
 
     result: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
                     "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run, tiny model)",

@@ -18,15 +18,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from backends.base import DecodeRequest, SamplingParams  # noqa: E402
-from backends.detokenize import Vocabulary  # noqa: E402
-from backends.local import LocalBackend  # noqa: E402
+from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
+from looptrace.backends.detokenize import Vocabulary  # noqa: E402
+from looptrace.backends.local import LocalBackend  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
@@ -103,7 +102,7 @@ def bench(model_path: str, dtype_name: str, tokens: int, runs: int) -> dict:
 
 
 def default_model() -> str:
-    from checkpoints import smollm2_gguf
+    from packaged import smollm2_gguf
 
     return str(smollm2_gguf())
 

@@ -21,17 +21,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-
-from backends.base import DecodeRequest, SamplingParams  # noqa: E402
-from backends.detokenize import Vocabulary  # noqa: E402
-from backends.local import LocalBackend  # noqa: E402
-from backends.prefix_cache import PrefixCache  # noqa: E402
 from local_decode import default_model, load_model, load_tokenizer  # noqa: E402
+
+from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
+from looptrace.backends.detokenize import Vocabulary  # noqa: E402
+from looptrace.backends.local import LocalBackend  # noqa: E402
+from looptrace.backends.prefix_cache import PrefixCache  # noqa: E402
 
 RULES = [
     "Read the files you change before changing them.",

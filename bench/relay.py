@@ -54,7 +54,6 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -119,14 +118,15 @@ async def run(url: str, body: dict, headers: dict, streams: int, per_stream: int
 
 class Bench:
     def __init__(self, args: argparse.Namespace, logs: Path) -> None:
-        import checkpoints
         from transformers import AutoTokenizer
-        from vllm_double import FAST_TEXT, DoubleProcess
 
         import _relay_targets as targets
+        import tiny_qwen3_5
+        from _vllm_chat import ChatDoubleProcess
+        from vllm_double import FAST_TEXT
 
         self.args, self.logs, self.targets = args, logs, targets
-        checkpoint = checkpoints.qwen3_5_checkpoint()  # looptrace reads its config; the double only its tokenizer
+        checkpoint = tiny_qwen3_5.qwen3_5_checkpoint()  # looptrace reads its config; the double only its tokenizer
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         cycle = tokenizer.encode(FAST_TEXT, add_special_tokens=False)
         self.expected = tokenizer.decode((cycle * (args.tokens // len(cycle) + 1))[:args.tokens])
@@ -141,7 +141,7 @@ class Bench:
         self.sink = None
         self.litellm_requests = 0
         self.processes: list = []  # stopped in reverse order, whatever failed to start
-        self.double = DoubleProcess(checkpoint, port=targets.free_port(), log_path=logs / "double.log", fast=True,
+        self.double = ChatDoubleProcess(checkpoint, port=targets.free_port(), log_path=logs / "double.log", fast=True,
                                     served_model_name=MODEL)
         self.processes.append(self.double)
 

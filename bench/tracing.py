@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
@@ -67,10 +66,10 @@ def bench_decode(model: str, tokens: int, runs: int) -> dict:
 def bench_store(seconds: float, tokens_per_trace: int) -> dict:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from trace_store import tokens as token_events
-    from trace_store.processor import QueueingSpanProcessor
-    from trace_store.setup import SPAN_LIMITS
-    from trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store import tokens as token_events
+    from looptrace.trace_store.processor import QueueingSpanProcessor
+    from looptrace.trace_store.setup import SPAN_LIMITS
+    from looptrace.trace_store.sqlite import SQLiteTraceStore
 
     dropped = [0]
     folder = Path(tempfile.mkdtemp(prefix="looptrace-store-"))
@@ -133,7 +132,7 @@ def main() -> None:
     store.add_argument("--tokens-per-trace", type=int, default=4000)
     args = parser.parse_args()
     if args.command == "decode":
-        from checkpoints import smollm2_gguf
+        from packaged import smollm2_gguf
 
         result = bench_decode(args.model or str(smollm2_gguf()), args.tokens, args.runs)
         print(f"tracing on {result['tracing_on_tok_s']} tok/s, off {result['tracing_off_tok_s']} tok/s, overhead "

@@ -6,7 +6,16 @@ then builds it with the checkpoint's tokenizer (ChatML also checks the template 
 
 from __future__ import annotations
 
-from .base import CONTENT, THOUGHT, TOOL_CALL, Family, Parser, Rendered, RenderError, UnsupportedModel
+from .base import (
+    CONTENT,
+    THOUGHT,
+    TOOL_CALL,
+    Family,
+    Parser,
+    Rendered,
+    RenderError,
+    UnsupportedModel,
+)
 from .chatml import ChatML, chat_template_is_chatml
 from .gemma4 import Gemma4
 from .qwen3_5 import Qwen3_5

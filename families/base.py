@@ -36,9 +36,10 @@ class UnsupportedModel(ValueError):
     """No family knows this checkpoint's output format."""
 
 
-def new_call_id() -> str:
-    # Random, not a counter: several looptrace processes may serve one conversation.
-    return "call_" + secrets.token_hex(12)
+def new_id(prefix: str) -> str:
+    """An id for something the model produced (`call_…`, `chatcmpl-…`, `resp_…`): random, not a
+    counter, because several looptrace processes may serve one conversation."""
+    return prefix + secrets.token_hex(16)
 
 
 class Parser:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-from ._scan import BAD, DONE, NEED, CallBuilder, ThinkTagParser, expect_one
 from .base import Family, Parser, UnsupportedModel
+from .parsing import BAD, DONE, NEED, CallBuilder, ThinkTagParser, expect_one
 
 _CLOSE = "</tool_call>"
 _OUTSIDE = re.compile(r'["{}\[\]]|</tool_call>')  # outside a JSON string: what matters

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
-from ._scan import BAD, DONE, NEED, CallBuilder, Markers, StreamParser, expect_exact
 from .base import CONTENT, THOUGHT, Family, Parser
 from .gemma4_values import QUOTE, parse_arguments
+from .parsing import BAD, DONE, NEED, CallBuilder, Markers, StreamParser, expect_exact
 
 _OPEN, _CLOSE = "<|tool_call>", "<tool_call|>"
 # Outside a string: the tokens that change nesting, a string start, the closer, or a new opener.

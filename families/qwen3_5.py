@@ -14,8 +14,8 @@ so its stop tokens and sampling defaults come from here.
 
 from __future__ import annotations
 
-from ._scan import DONE, NEED, CallBuilder, ThinkTagParser, expect_one
 from .base import Family, Parser
+from .parsing import DONE, NEED, CallBuilder, ThinkTagParser, expect_one
 
 _PARAM, _FUNC_END = "<parameter=", "</function>"
 _VALUE_END = "</parameter>"

@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--backend vllm needs --vllm-url URL")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    from aiohttp import web
+    from aiohttp import web  # after the arguments: `looptrace --help` answers at once
 
-    from .app import create_app
+    from .api.app import create_app
 
     settings = settings_from(args)
     app = create_app(settings)

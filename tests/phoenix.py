@@ -12,7 +12,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from checkpoints import cache_root
+from build_cache import cache_root
 from processes import Service, answers_ok, free_port
 
 PHOENIX = "arize-phoenix==20.26.1"

@@ -17,7 +17,7 @@ __all__ = ["Server", "free_port", "sse_events"]
 
 def looptrace_command() -> list[str]:
     exe = shutil.which("looptrace", path=str(Path(sys.executable).parent)) or shutil.which("looptrace")
-    return [exe] if exe else [sys.executable, "-m", "proxy.cli"]
+    return [exe] if exe else [sys.executable, "-m", "looptrace.proxy.cli"]
 
 
 class Server(Service):
@@ -72,6 +72,25 @@ class Server(Service):
             return err.code, _json(err.read())
         except (ConnectionError, urllib.error.URLError):
             return 0, {}
+
+    def newest_trace_id(self) -> str | None:
+        status, listing = self.get("/v1/traces?limit=1")
+        return listing["data"][0]["trace_id"] if status == 200 and listing["data"] else None
+
+    def trace_after(self, before: str | None, timeout: float = 10) -> dict:
+        """The newest stored trace, once it is newer than `before` (`newest_trace_id()` taken before the
+        request): the store writes spans off the request's path, a moment after its answer."""
+        newest: str | None = None
+
+        def written() -> bool:
+            nonlocal newest
+            newest = self.newest_trace_id()
+            return newest is not None and newest != before
+
+        self.wait_until(written, timeout)
+        status, trace = self.get(f"/v1/traces/{newest}")
+        assert status == 200, trace
+        return trace
 
     def get(self, path: str, **kw) -> tuple[int, dict]:
         return self.request("GET", path, **kw)

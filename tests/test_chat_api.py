@@ -189,11 +189,11 @@ def test_a_lone_surrogate_becomes_a_replacement_character(server):
     # json.dumps (ensure_ascii) sends the lone "\\ud800" escape; the pair "\\ud83d\\ude00" stays one character.
     content = "clipped \ud800 here, whole \U0001F600 there"
     body = {"model": "tiny-qwen", "max_tokens": 3, "messages": [{"role": "user", "content": content}]}
+    before = server.newest_trace_id()
     for stream in (False, True):
         status, answer = server.post("/v1/chat/completions", raw=json.dumps({**body, "stream": stream}).encode())
         assert status == 200, answer
-    status, traces = server.get("/v1/traces?limit=1")
-    status, trace = server.get(f"/v1/traces/{traces['data'][0]['trace_id']}")
+    trace = server.trace_after(before)
     render = next(s for s in trace["spans"] if s["name"] == "render")
     assert "clipped \ufffd here, whole \U0001F600 there" in render["attributes"]["looptrace.prompt.text"]
 
@@ -203,10 +203,10 @@ def test_a_late_developer_message_joins_the_system_prompt(server):
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                 {"role": "assistant", "content": "Hello."}, {"role": "developer", "content": "Now read-only."},
                 {"role": "user", "content": "Go on"}]
+    before = server.newest_trace_id()
     status, body = chat(server, messages=messages, max_tokens=2)
     assert status == 200, body
-    status, traces = server.get("/v1/traces?limit=1")
-    status, trace = server.get(f"/v1/traces/{traces['data'][0]['trace_id']}")
+    trace = server.trace_after(before)
     render = next(s for s in trace["spans"] if s["name"] == "render")
     assert render["attributes"]["looptrace.prompt.merged_system_messages"] == 1
     assert render["attributes"]["looptrace.prompt.text"].startswith("<|im_start|>system\nBe brief.\n\nNow read-only.")
@@ -246,10 +246,10 @@ def test_an_attached_image_becomes_a_note_the_model_reads(server):
     # note in the image's place, and the trace shows exactly that prompt.
     parts = [{"type": "text", "text": "What is in this picture?"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    before = server.newest_trace_id()
     status, body = chat(server, messages=[{"role": "user", "content": parts}], max_tokens=2, temperature=0)
     assert status == 200, body
-    status, trace = server.get(f"/v1/traces?limit=1")
-    status, trace = server.get(f"/v1/traces/{trace['data'][0]['trace_id']}")
+    trace = server.trace_after(before)
     render = next(s for s in trace["spans"] if s["name"] == "render")
     assert "What is in this picture?\n[an image or file was attached here; this server reads text only]" \
         in render["attributes"]["looptrace.prompt.text"]

@@ -8,8 +8,8 @@ import json
 
 from openai import OpenAI
 
-import proxy.chat
-import proxy.streaming
+from looptrace.proxy.api import chat, streaming
+
 from app_thread import Wrapped
 from server import sse_events
 
@@ -28,19 +28,19 @@ def content(data: bytes) -> str:
 
 
 def test_a_slow_first_token_gets_keepalive_comments(replay_app, monkeypatch):
-    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Late.<|im_end|>"), delay=1.0)
     status, kind, data = chat_stream(replay_app)
     assert status == 200 and kind.startswith("text/event-stream")
     # The role chunk opens the stream after one interval; then a comment per interval until the token.
     head, _, tail = data.partition(b"Late")
     assert head.startswith(b"data: ") and json.loads(head.split(b"\n")[0][6:])["choices"][0]["delta"]["role"] == "assistant"
-    assert 2 <= head.count(proxy.chat.KEEPALIVE) <= 6 and proxy.chat.KEEPALIVE not in tail
+    assert 2 <= head.count(chat.KEEPALIVE) <= 6 and chat.KEEPALIVE not in tail
     assert content(data) == "Late." and sse_events(data)[-1] == "[DONE]"
 
 
 def test_the_openai_sdk_reads_through_the_keepalives(replay_app, monkeypatch):
-    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Late, but here.<|im_end|>"), delay=0.7)
     client = OpenAI(base_url=replay_app.url + "/v1", api_key="unused")
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
@@ -57,10 +57,10 @@ def test_a_quick_refusal_keeps_its_status_code(replay_app):
 
 
 def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeypatch):
-    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
     status, kind, data = chat_stream(replay_app)
     assert status == 200 and kind.startswith("text/event-stream")
-    assert proxy.chat.KEEPALIVE in data
+    assert chat.KEEPALIVE in data
     error = next(e["error"] for e in sse_events(data) if isinstance(e, dict) and "error" in e)
     assert (error["code"], error["message"]) == ("upstream_error", "the upstream server went away")

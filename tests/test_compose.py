@@ -414,8 +414,8 @@ def test_image_build_context_holds_what_it_copies():
     for source in copied:
         assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
         assert not _dockerignored(source, patterns), f"COPY {source}: excluded by .dockerignore"
-    # `pip install .` needs the packages pyproject.toml names and its readme.
+    # `pip install .` needs the folders pyproject.toml maps into the looptrace namespace, and its readme.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages | {"pyproject.toml", project["project"]["readme"]} <= set(copied)
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    assert folders | {"pyproject.toml", project["project"]["readme"]} <= set(copied)
     assert _dockerignored(".venv/bin/python", patterns) and _dockerignored(".git/HEAD", patterns)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import checkpoints
+import packaged
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -225,7 +225,7 @@ def _vllm_version() -> str:
 def vllm_metric_families() -> set[str]:
     """Every `vllm:` metric name the pinned vLLM defines (string literals in its metrics modules)."""
     version = _vllm_version()
-    folder = checkpoints.vllm_sources("vllm-metrics", version, VLLM_METRIC_FILES)
+    folder = packaged.vllm_sources("vllm-metrics", version, VLLM_METRIC_FILES)
     names = set()
     for name in VLLM_METRIC_FILES:
         for node in ast.walk(ast.parse((folder / name).read_text())):

@@ -1,8 +1,8 @@
 """Families against real chat templates and realistic tokenizers: detection, rendering byte for
 byte, stop and grammar tokens, sampling defaults, and parsing text as the tokenizer splits it.
 
-The tokenizers come from tests/checkpoints.py (real Qwen3.5 vocabulary, Gemma 4's control tokens at
-their real ids, SmolLM2's GGUF); tests that need ../shared or an optional package skip without them.
+The tokenizers come from tests/tiny_qwen3_5.py and tiny_gemma4.py (the real Qwen3.5 vocabulary, Gemma 4's
+control tokens at their real ids) and SmolLM2's GGUF; tests that need ../shared or an optional package skip without them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import json
 
 import pytest
 
-import checkpoints
-from families import (
+from looptrace.families import (
     FAMILIES,
     ChatML,
     Gemma4,
@@ -22,7 +21,13 @@ from families import (
     chat_template_is_chatml,
     family_for_config,
 )
-from families.base import merge_system_messages
+from looptrace.families.base import merge_system_messages
+
+import build_cache
+import packaged
+import tiny_gemma4
+import tiny_models
+import tiny_qwen3_5
 
 QWEN_TEXT = 248044  # <|endoftext|> in the real Qwen3.5 vocabulary
 QWEN_IM_END = 248046
@@ -49,7 +54,7 @@ def _tokenizer(folder, **kwargs):
 
     try:
         path = folder()
-    except (checkpoints.MissingShared, checkpoints.MissingPackage) as exc:
+    except (build_cache.MissingShared, build_cache.MissingPackage) as exc:
         pytest.skip(str(exc))
     if path.is_file():  # a GGUF file
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
@@ -58,29 +63,29 @@ def _tokenizer(folder, **kwargs):
 
 @pytest.fixture(scope="module")
 def qwen_tok():
-    return _tokenizer(checkpoints.qwen3_5_tokenizer_dir)
+    return _tokenizer(tiny_qwen3_5.qwen3_5_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
 def gemma_tok():
-    return _tokenizer(checkpoints.gemma4_tokenizer_dir)
+    return _tokenizer(tiny_gemma4.gemma4_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
 def smollm2_tok():
-    return _tokenizer(checkpoints.smollm2_gguf)
+    return _tokenizer(packaged.smollm2_gguf)
 
 
 def example(name: str) -> str:
     try:
-        return checkpoints.chat_example_path(name).read_text(encoding="utf-8")
-    except checkpoints.MissingShared as exc:
+        return build_cache.chat_example_path(name).read_text(encoding="utf-8")
+    except build_cache.MissingShared as exc:
         pytest.skip(str(exc))
 
 
 def tools_conversation() -> list[dict]:
     return [
-        {"role": "system", "content": checkpoints.CHAT_SYSTEM},
+        {"role": "system", "content": tiny_models.CHAT_SYSTEM},
         {"role": "user", "content": "What will the weather be in Paris for the next 3 days?"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function",
@@ -136,7 +141,7 @@ def test_chatml_needs_a_chatml_template(gemma_tok):
 @pytest.mark.parametrize(("kind", "enable_thinking", "leaves_thinking"), [
     ("plain", False, False), ("thinking", True, True)])
 def test_qwen_render_matches_examples(qwen_tok, kind, enable_thinking, leaves_thinking):
-    rendered = Qwen3_5(qwen_tok).render(checkpoints.chat_messages(), None, enable_thinking)
+    rendered = Qwen3_5(qwen_tok).render(tiny_models.chat_messages(), None, enable_thinking)
     assert rendered.text == example(f"qwen3_5-{kind}")
     assert rendered.thinking is leaves_thinking
     assert qwen_tok.decode(rendered.ids, skip_special_tokens=False) == rendered.text
@@ -145,7 +150,7 @@ def test_qwen_render_matches_examples(qwen_tok, kind, enable_thinking, leaves_th
 
 @pytest.mark.parametrize(("kind", "enable_thinking"), [("plain", False), ("thinking", True)])
 def test_gemma_render_matches_examples(gemma_tok, kind, enable_thinking):
-    rendered = Gemma4(gemma_tok).render(checkpoints.chat_messages(), None, enable_thinking)
+    rendered = Gemma4(gemma_tok).render(tiny_models.chat_messages(), None, enable_thinking)
     assert rendered.text == example(f"gemma4-{kind}")
     assert rendered.thinking is False  # with thinking on, the model opens its channel itself
     assert rendered.ids[0] == 2  # <bos>, once
@@ -159,8 +164,8 @@ def test_render_with_tools_matches_examples(qwen_tok, gemma_tok, family, name):
 
 
 def test_render_without_enable_thinking_uses_template_default(qwen_tok, gemma_tok):
-    assert Qwen3_5(qwen_tok).render(checkpoints.chat_messages()).thinking is True
-    assert Gemma4(gemma_tok).render(checkpoints.chat_messages()).text == example("gemma4-plain")
+    assert Qwen3_5(qwen_tok).render(tiny_models.chat_messages()).thinking is True
+    assert Gemma4(gemma_tok).render(tiny_models.chat_messages()).text == example("gemma4-plain")
 
 
 def test_user_text_cannot_inject_control_tokens(qwen_tok):
@@ -234,10 +239,10 @@ def test_merge_system_messages_joins_content_parts():
 
 def test_chatml_render_smollm2(smollm2_tok):
     family = ChatML(smollm2_tok)
-    rendered = family.render(checkpoints.chat_messages())
+    rendered = family.render(tiny_models.chat_messages())
     assert rendered.text == (
-        f"<|im_start|>system\n{checkpoints.CHAT_SYSTEM}<|im_end|>\n"
-        f"<|im_start|>user\n{checkpoints.CHAT_USER}<|im_end|>\n<|im_start|>assistant\n")
+        f"<|im_start|>system\n{tiny_models.CHAT_SYSTEM}<|im_end|>\n"
+        f"<|im_start|>user\n{tiny_models.CHAT_USER}<|im_end|>\n<|im_start|>assistant\n")
     assert rendered.thinking is False
     assert family.stop_token_ids == {smollm2_tok.convert_tokens_to_ids("<|im_end|>")}
     assert family.grammar_ids == frozenset()  # SmolLM2 has no think or tool-call tokens
@@ -256,7 +261,7 @@ def test_qwen_tokens(qwen_tok):
 
 
 def test_gemma_tokens(gemma_tok):
-    family = Gemma4(gemma_tok, checkpoints.GEMMA4_GENERATION_CONFIG)
+    family = Gemma4(gemma_tok, tiny_gemma4.GEMMA4_GENERATION_CONFIG)
     assert family.stop_token_ids == {1, 106, 50}  # <eos>, <turn|>, <|tool_response>
     assert family.grammar_ids == {48, 49, 52, 100, 101}
 

@@ -8,8 +8,9 @@ import time
 import pytest
 from openai import OpenAI
 
+from looptrace.trace_store.tokens import expand_events
+
 from phoenix import Phoenix
-from trace_store.tokens import expand_events
 
 pytestmark = pytest.mark.integration
 

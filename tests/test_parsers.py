@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from families.chatml import ChatML, HermesParser
-from families.gemma4 import Gemma4, GemmaParser
-from families.qwen3_5 import Qwen3_5, QwenParser
+from looptrace.families.chatml import ChatML, HermesParser
+from looptrace.families.gemma4 import Gemma4, GemmaParser
+from looptrace.families.qwen3_5 import Qwen3_5, QwenParser
 
 WEATHER = {
     "type": "function",
@@ -53,7 +53,7 @@ WRITE = {
 }
 TOOLS = [WEATHER, WRITE]
 
-_ID = re.compile(r"call_[0-9a-f]{24}")
+_ID = re.compile(r"call_[0-9a-f]{32}")
 _TOKENISH = re.compile(r'<\|"\|>|</?[\w|]+\|?>|<\|?\w+\|?>|<\w+=|\w+|\s+|.', re.S)
 FULL_THREE_WAY = 100  # longer strings get three-way splits with the two cuts near each other
 WINDOW = 10

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from families.gemma4_values import parse_arguments
-from families.tool_schema import check_arguments, index_tools
+from looptrace.families.gemma4_values import parse_arguments
+from looptrace.families.tool_schema import check_arguments, index_tools
 
 Q = '<|"|>'
 

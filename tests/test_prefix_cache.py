@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backends.base import DecodeRequest, SamplingParams
-from backends.detokenize import Vocabulary
-from backends.local import LocalBackend
-from backends.prefix_cache import PrefixCache
-from checkpoints import chat_prompt_ids
+from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.local import LocalBackend
+from looptrace.backends.prefix_cache import PrefixCache
+
+from tiny_models import chat_prompt_ids
 
 # -- the bookkeeping, with stand-in caches --
 

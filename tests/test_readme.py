@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.cli import build_parser
-from proxy.metrics import Metrics
+from looptrace.proxy.cli import build_parser
+from looptrace.proxy.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -14,10 +14,11 @@ import urllib.request
 import pytest
 from openai import OpenAI
 
-import checkpoints
-import proxy.streaming
+from looptrace.proxy.api import streaming
+from looptrace.proxy.api.responses_request import parse_responses
+
+import build_cache
 from app_thread import Wrapped
-from proxy.responses_request import parse_responses
 
 MODEL = "tiny-qwen"
 ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}
@@ -359,7 +360,7 @@ def test_a_failure_after_streaming_started_is_response_failed(replay_app):
 
 
 def test_silence_gets_in_progress_keepalives(replay_app, monkeypatch):
-    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Late.<|im_end|>"), delay=1.0)
     events = stream(replay_app, reasoning={"effort": "none"})
     response = check_stream(events)
@@ -372,7 +373,7 @@ def test_silence_gets_in_progress_keepalives(replay_app, monkeypatch):
 
 
 def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_failed(replay_app, monkeypatch):
-    monkeypatch.setattr(proxy.streaming, "KEEPALIVE_SECONDS", 0.2)
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
     status, kind, data = respond(replay_app, stream=True, reasoning={"effort": "none"})
     assert status == 200 and kind.startswith("text/event-stream")
@@ -399,8 +400,8 @@ def test_the_openai_sdk_accumulates_the_stream(replay_app):
 @pytest.mark.parametrize("name", ["codex-first-request.json", "codex-after-tool-call.json"])
 def test_recorded_codex_requests_are_answered(replay_app, name):
     try:
-        body = json.loads((checkpoints.shared_dir() / "clients" / "recorded" / name).read_text())["body"]
-    except checkpoints.MissingShared as exc:
+        body = json.loads((build_cache.shared_dir() / "clients" / "recorded" / name).read_text())["body"]
+    except build_cache.MissingShared as exc:
         pytest.skip(str(exc))
     request, _, _ = parse_responses(body)
     replay_app.replay("Ok.\n</think>\n\nDone.<|im_end|>")

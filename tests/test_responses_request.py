@@ -8,12 +8,17 @@ import logging
 
 import pytest
 
-import checkpoints
-from proxy.chat_request import parse_chat
-from proxy.errors import APIError
-from proxy.response_store import ResponseStore
-from proxy.chat_request import MEDIA_NOTE
-from proxy.responses_request import parse_response_tools, parse_responses, to_messages
+from looptrace.proxy.api.chat_request import parse_chat
+from looptrace.proxy.api.errors import APIError
+from looptrace.proxy.api.parsing import MEDIA_NOTE
+from looptrace.proxy.api.response_store import ResponseStore
+from looptrace.proxy.api.responses_request import (
+    parse_response_tools,
+    parse_responses,
+    to_messages,
+)
+
+import build_cache
 
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
@@ -261,8 +266,8 @@ def test_the_store_keeps_the_newest_conversations_only():
 
 def _recorded(name):
     try:
-        path = checkpoints.shared_dir() / "clients" / "recorded" / name
-    except checkpoints.MissingShared as exc:
+        path = build_cache.shared_dir() / "clients" / "recorded" / name
+    except build_cache.MissingShared as exc:
         pytest.skip(str(exc))
     return json.loads(path.read_text())["body"]
 
@@ -271,7 +276,7 @@ def _recorded(name):
 def qwen(qwen3_5_dir):
     from transformers import AutoTokenizer
 
-    from families import Qwen3_5
+    from looptrace.families import Qwen3_5
 
     return Qwen3_5(AutoTokenizer.from_pretrained(qwen3_5_dir))
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from backends.base import SamplingParams
-from backends.sampling import Penalties, choose, generator_for, next_token
+from looptrace.backends.base import SamplingParams
+from looptrace.backends.sampling import Penalties, choose, generator_for, next_token
 
 
 def draws(logits, params, n=4000, seed=0):
@@ -62,26 +62,26 @@ def test_the_report_gives_the_models_own_logprob_rank_and_top_five():
     logprobs = torch.log_softmax(logits, dim=-1)
     generator = torch.Generator().manual_seed(0)
     # top_k=6 and a seed that draws id 2 here: a sampled token below the top, so its rank is > 1.
-    numbers = next(n for n in (next_token(logits, SamplingParams(temperature=5.0), generator) for _ in range(200))
-                   if n[0] == 2)
-    assert numbers[1] == pytest.approx(logprobs[2].item())
-    assert numbers[2] == 4  # 4.0, 3.0 and 2.5 are more likely
-    assert [int(i) for i in numbers[3:8]] == [1, 3, 5, 2, 0]
-    assert numbers[8:] == pytest.approx(logprobs[[1, 3, 5, 2, 0]].tolist())
-    assert math.exp(numbers[1]) == pytest.approx(torch.softmax(logits, -1)[2].item())
+    choice = next(c for c in (next_token(logits, SamplingParams(temperature=5.0), generator) for _ in range(200))
+                  if c.token_id == 2)
+    assert choice.logprob == pytest.approx(logprobs[2].item())
+    assert choice.rank == 4  # 4.0, 3.0 and 2.5 are more likely
+    assert choice.top_ids == [1, 3, 5, 2, 0]
+    assert choice.top_logprobs == pytest.approx(logprobs[[1, 3, 5, 2, 0]].tolist())
+    assert math.exp(choice.logprob) == pytest.approx(torch.softmax(logits, -1)[2].item())
 
 
 def test_greedy_reports_the_top_token_with_rank_one():
     logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
-    numbers = next_token(logits, SamplingParams(temperature=0), None)
-    assert numbers[:3] == [1, pytest.approx(torch.log_softmax(logits, -1)[1].item()), 1]
+    choice = next_token(logits, SamplingParams(temperature=0), None)
+    assert (choice.token_id, choice.logprob, choice.rank) == (1, pytest.approx(torch.log_softmax(logits, -1)[1].item()), 1)
 
 
 @pytest.mark.parametrize("tied", [[3, 7], [2, 5, 9], [1, 2, 3, 4, 5, 6, 8]])
 def test_greedy_ties_go_to_the_lowest_id_even_past_the_top_five(tied):
     logits = torch.zeros(12)
     logits[tied] = 2.0
-    assert next_token(logits, SamplingParams(temperature=0), None)[0] == min(tied) == logits.argmax().item()
+    assert next_token(logits, SamplingParams(temperature=0), None).token_id == min(tied) == logits.argmax().item()
 
 
 def test_penalties_follow_openais_formula_over_the_generated_tokens():
@@ -97,12 +97,12 @@ def test_penalties_change_the_choice_but_not_the_report():
     logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.5, 2.5, -1.0])
     penalties = Penalties(SamplingParams(temperature=0, presence_penalty=2.0), logits)
     penalties.add(1)
-    numbers = next_token(logits, SamplingParams(temperature=0, presence_penalty=2.0), None, penalties)
+    choice = next_token(logits, SamplingParams(temperature=0, presence_penalty=2.0), None, penalties)
     # 4.0 - 2 = 2.0 falls below 3.0: greedy now takes id 3, reported under the model's own distribution.
     logprobs = torch.log_softmax(logits, -1)
-    assert numbers[0] == 3 and numbers[2] == 2
-    assert numbers[1] == pytest.approx(logprobs[3].item())
-    assert [int(i) for i in numbers[3:8]] == [1, 3, 5, 2, 0]
+    assert choice.token_id == 3 and choice.rank == 2
+    assert choice.logprob == pytest.approx(logprobs[3].item())
+    assert choice.top_ids == [1, 3, 5, 2, 0]
 
 
 def test_a_negative_penalty_favours_what_was_said():
@@ -110,4 +110,4 @@ def test_a_negative_penalty_favours_what_was_said():
     params = SamplingParams(temperature=0, frequency_penalty=-1.5)
     penalties = Penalties(params, logits)
     penalties.add(2)
-    assert next_token(logits, params, None, penalties)[0] == 2
+    assert next_token(logits, params, None, penalties).token_id == 2

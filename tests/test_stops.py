@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxy.stops import StopStrings
+from looptrace.proxy.engine.stops import StopStrings
 
 TEXT = "The answer is 42.\nObservation: done"
 

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from transformers import AutoTokenizer
 
-from proxy.app import create_app
-from proxy.keys import TELEMETRY
-from proxy.settings import Settings
-from trace_store.tokens import expand_events
+from looptrace.proxy.api.app import create_app
+from looptrace.proxy.api.keys import TELEMETRY
+from looptrace.proxy.settings import Settings
+from looptrace.trace_store.tokens import expand_events
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -318,7 +318,7 @@ def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store.sqlite import SQLiteTraceStore
 
     store = SQLiteTraceStore(tmp_path / "t.sqlite3", retention_seconds=3600, max_bytes=1 << 40)
     provider = TracerProvider()
@@ -347,7 +347,7 @@ def test_the_store_writes_what_orjson_refuses(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store.sqlite import SQLiteTraceStore
 
     store = SQLiteTraceStore(tmp_path / "t.sqlite3")
     provider = TracerProvider()

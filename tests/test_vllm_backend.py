@@ -12,19 +12,22 @@ import asyncio
 import http.client
 import json
 import time
+import urllib.request
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backends import vllm_protocol as protocol
-from backends.base import DecodeRequest, SamplingParams
-from backends.detokenize import Vocabulary
-from backends.local import LocalBackend
-from backends.vllm import Upstream, VLLMBackend
-from checkpoints import chat_prompt_ids
-from families import family_for_config
+from looptrace.backends import vllm_protocol as protocol
+from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.local import LocalBackend
+from looptrace.backends.vllm import Upstream, VLLMBackend
+from looptrace.families import family_for_config
+
 from server import Server, free_port, sse_events
+from tiny_models import chat_prompt_ids
 from vllm_double import DoubleProcess
 
 KEY = "double-key"
@@ -173,8 +176,11 @@ def test_speculative_counts_and_cached_tokens_come_through(fresh, local, scale_o
         assert (done["drafts"], done["drafted"], done["accepted"]) == (
             spec["num_spec_steps"], spec["num_draft_tokens"], spec["num_accepted_draft_tokens"])
         assert 0 < done["accepted"] < done["drafted"]
-        assert events[0]["cached_tokens"] == record["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert runs[0][0]["cached_tokens"] == 0 and runs[1][0]["cached_tokens"] >= 16
+        # vLLM says how many prompt tokens it had cached only at the end: the prefill event does not
+        # guess, and `done` carries the number.
+        assert events[0]["type"] == "prefill" and events[0]["cached_tokens"] is None
+        assert done["cached_tokens"] == record["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert runs[0][-1]["cached_tokens"] == 0 and runs[1][-1]["cached_tokens"] >= 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +222,38 @@ def test_health_names_the_route_and_the_server(servers, double, qwen3_5_dir):
     assert "route_note" not in servers["generate"].get("/health")[1]["upstream"]
     assert servers["completions"].get("/health")[1]["upstream"]["route_note"] == (
         "/inference/v1/generate answered 403: the server was started without --enable-scale-out")
+
+
+def test_cached_prompt_tokens_reach_the_prefill_span_and_the_metric(servers, fresh):
+    """vLLM reports its prefix-cache hits at the end of a stream; the trace and the counter still get them."""
+    server = servers["generate"]
+    model = server.get("/health")[1]["model"]
+    body = chat_body(model, stream=True)
+    body["messages"][0]["content"] = "Tell me about lighthouses. " * 12  # several whole cache blocks
+    before = cached_tokens_total(server, model)
+    newest = server.newest_trace_id()
+    assert raw_post(server, "/v1/chat/completions", body)[0] == 200
+    first_trace = server.trace_after(newest)["trace_id"]
+    assert raw_post(server, "/v1/chat/completions", body)[0] == 200
+    sent = [r for r in generations(fresh, ROUTES["generate"])]
+    hit = sent[1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert sent[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and hit >= 16
+    trace = server.trace_after(first_trace)
+    prefill = next(s for s in trace["spans"] if s["name"] == "prefill")
+    assert prefill["attributes"]["looptrace.prefill.cached_tokens"] == hit
+    root = next(s for s in trace["spans"] if s["parent_span_id"] is None)
+    assert root["attributes"]["looptrace.usage.cached_tokens"] == hit
+    assert cached_tokens_total(server, model) - before == hit
+
+
+def cached_tokens_total(server: Server, model: str) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "looptrace_prompt_cached_tokens_total" and sample.labels.get("model") == model:
+                return sample.value
+    return 0.0
 
 
 def chat_body(model: str, stream: bool, max_tokens: int = 12) -> dict:

@@ -13,19 +13,28 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-import checkpoints
-from backends import vllm_protocol as protocol
-from backends.base import DecodeRequest, SamplingParams
-from backends.detokenize import Vocabulary
-from backends.vllm import Upstream, VLLMBackend
+from looptrace.backends import vllm_protocol as protocol
+from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.vllm import Upstream, VLLMBackend
+
+import build_cache
+import packaged
+import tiny_qwen3_5
 from server import free_port
 from vllm_double import VLLM_VERSION, DoubleProcess
+
+# The relay benchmark's double adds vLLM's chat route (bench/_vllm_chat.py); its chunks are checked here too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _vllm_chat import ChatDoubleProcess  # noqa: E402
 
 FILES = (
     "vllm/entrypoints/openai/completion/protocol.py",  # CompletionRequest, CompletionStreamResponse, ...
@@ -99,8 +108,8 @@ def _read_models(source: str) -> dict[str, Model]:
 
 @pytest.fixture(scope="module")
 def vllm_models() -> dict[str, Model]:
-    folder = checkpoints.vllm_sources("vllm-protocol", VLLM_VERSION, FILES)
-    assert VLLM_VERSION in checkpoints.build_info(folder)["wheel"]
+    folder = packaged.vllm_sources("vllm-protocol", VLLM_VERSION, FILES)
+    assert VLLM_VERSION in build_cache.build_info(folder)["wheel"]
     models: dict[str, Model] = {}
     for name in FILES:
         models.update(_read_models((folder / name).read_text()))
@@ -188,9 +197,9 @@ def test_neutral_settings_are_what_vllm_counts_as_off(vllm_models):
 
 @pytest.fixture(scope="module")
 def fast_double(tmp_path_factory):
-    tokenizer_dir = checkpoints.qwen3_5_tokenizer_dir()
-    double = DoubleProcess(tokenizer_dir, port=free_port(), log_path=tmp_path_factory.mktemp("double") / "double.log",
-                           fast=True, api_key=KEY)
+    tokenizer_dir = tiny_qwen3_5.qwen3_5_tokenizer_dir()
+    double = ChatDoubleProcess(tokenizer_dir, port=free_port(),
+                               log_path=tmp_path_factory.mktemp("double") / "double.log", fast=True, api_key=KEY)
     try:
         double.wait_ready()
         yield double, tokenizer_dir

@@ -2,11 +2,9 @@
 
 An aiohttp app that answers what looptrace asks of vLLM: GET /health, GET /v1/models,
 POST /v1/completions (token-id prompts, streamed) and POST /inference/v1/generate
-(output_mode "tokens", streamed); and, for what other clients and proxies send a vLLM server,
-POST /v1/chat/completions (messages rendered with the checkpoint's chat template, streamed, content
-only: no reasoning or tool-call parser, as vLLM started without them, and no logprobs). Tokens come
-from a small transformers checkpoint or, with --fast, from a fixed cycle of ordinary tokens sent as
-fast as the event loop allows (for relay benchmarks: no model time).
+(output_mode "tokens", streamed). Tokens come from a small transformers checkpoint or, with --fast,
+from a fixed cycle of ordinary tokens sent as fast as the event loop allows (for relay benchmarks:
+no model time). bench/_vllm_chat.py adds vLLM's /v1/chat/completions, for the relay benchmark.
 
 Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/test_vllm_protocol.py checks the
 chunks against the wheel), and so are the semantics, read from vLLM's serving code: a sampled
@@ -16,7 +14,7 @@ tokens, as with --enable-prompt-tokens-details) and per-request metrics come in 
 no choices; an error during generation is a `data: {"error": ...}` frame before `[DONE]`.
 
 Switches for tests, under /double/ (no part of vLLM):
-  POST /double/arm {"kind": K, "after": N, ...}: the next generation on a token route (not chat)
+  POST /double/arm {"kind": K, "after": N, ...}: the next generation
       status        answers {"status": S, "message": M} at once
       cut           closes the connection after N tokens
       stall         sends nothing more after N tokens
@@ -195,7 +193,6 @@ class Double:
         self.armed: dict | None = None
         self.requests: collections.deque = collections.deque(maxlen=2000)
         self.seen_prompts: collections.deque = collections.deque(maxlen=64)
-        self.chat_prompts: dict[str, list[int]] = {}  # rendered once per conversation: a benchmark repeats one
         self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
 
     def app(self) -> web.Application:
@@ -204,7 +201,6 @@ class Double:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/inference/v1/generate", self.generate)
-        app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/double/arm", self.arm)
         app.router.add_post("/double/config", self.config)
         app.router.add_get("/double/requests", self.list_requests)
@@ -435,102 +431,6 @@ class Double:
         self.seen_prompts.append(prompt)
         return "done"
 
-    # -- chat: what OpenAI-compatible clients send --
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            return error_response(f"JSON decode error: {exc}")
-        entry = self._record(request, body)
-        messages = body.get("messages") if isinstance(body, dict) else None
-        if not isinstance(messages, list) or not messages:
-            return error_response("1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', "
-                                  "'msg': 'Field required'}", "Bad Request", 400, "body.messages")
-        try:
-            prompt = self._chat_prompt(messages, body.get("chat_template_kwargs") or {})
-            # The token routes' checks and settings; chat's `logprobs` is a switch, and unsupported here.
-            max_tokens = body.get("max_completion_tokens")
-            max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
-            _, params = self._read({**body, "prompt": prompt, "max_tokens": max_tokens, "logprobs": None}, False)
-        except Refusal as refusal:
-            return refusal.response
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
-        entry["outcome"] = "streaming"
-        try:
-            entry["outcome"] = await self._stream_chat(response, prompt, params, body, entry)
-        except asyncio.CancelledError:
-            entry["outcome"] = "cancelled"
-            raise
-        return response
-
-    def _chat_prompt(self, messages: list, template_kwargs: dict) -> list[int]:
-        key = json.dumps([messages, template_kwargs], sort_keys=True)
-        if key not in self.chat_prompts:
-            try:
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                          **template_kwargs)
-            except Exception as exc:  # the template's own refusal (a bad role order, a missing field)
-                raise Refusal(error_response(str(exc))) from exc
-            if len(self.chat_prompts) > 256:
-                self.chat_prompts.clear()
-            self.chat_prompts[key] = self.tokenizer.encode(text, add_special_tokens=False)
-        return self.chat_prompts[key]
-
-    async def _stream_chat(self, response, prompt, params, body, entry) -> str:
-        """One chunk per token, each with exactly the fields vLLM's chat serving sets on it (it
-        serialises with exclude_unset): a first chunk with the role, token chunks with the text, the
-        finish reason on the last token's chunk, then the usage chunk when asked for."""
-        from tokenizers.decoders import DecodeStream
-
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.model}
-        return_ids = bool(body.get("return_token_ids"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        await response.write(_frame({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                          "logprobs": None, "finish_reason": None}],
-                                     "prompt_token_ids": prompt if return_ids else None, "prompt_text": None}))
-        stream = DecodeStream(skip_special_tokens=body.get("skip_special_tokens", True))  # chat's default: skip
-        backend = self.tokenizer.backend_tokenizer
-        eos, stops = self.tokenizer.eos_token_id, params["stop_token_ids"]
-        cached = self._cached(prompt)
-        produced: list[int] = entry["token_ids"]
-        steps = self.engine.steps(prompt, params)
-        try:
-            async for token, *_ in steps:
-                produced.append(token)
-                finish = stop_reason = None
-                if token in stops or (token == eos and not params["ignore_eos"]):
-                    finish, stop_reason = "stop", (token if token in stops else None)
-                elif len(produced) >= params["max_tokens"]:
-                    finish = "length"
-                text = "" if finish == "stop" else stream.step(backend, token) or ""  # the stop token has no text
-                choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-                if finish:
-                    choice.update(stop_reason=stop_reason, token_ids=[token] if return_ids else None,
-                                  weight_versions=None)
-                else:
-                    choice["token_ids"] = [token] if return_ids else None
-                chunk = {**head, "choices": [choice], "kv_transfer_params": None}
-                if finish and not include_usage:  # else the usage chunk carries it
-                    chunk["system_fingerprint"] = self.fingerprint
-                await response.write(_frame(chunk))
-                if finish:
-                    break
-        finally:
-            await steps.aclose()
-        if include_usage:
-            usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(produced),
-                     "completion_tokens": len(produced), "prompt_tokens_details": {"cached_tokens": cached}}
-            entry["usage"] = usage
-            await response.write(_frame({**head, "choices": [], "usage": usage,
-                                         "system_fingerprint": self.fingerprint}))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        self.seen_prompts.append(prompt)
-        return "done"
-
     def _step_sizes(self):
         """Tokens per engine step: 1 without speculation, else 1 + a fixed pattern of accepted drafts."""
         k = self.spec_tokens
@@ -661,8 +561,9 @@ def _context_length(config) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.vllm_double", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, double_class: type[Double] = Double, prog: str = "python -m tests.vllm_double"
+         ) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a checkpoint folder or a .gguf file (reported as `root`)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
@@ -673,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     path = Path(args.model).resolve()
     engine = FastEngine(path) if args.fast else ModelEngine(path)
-    double = Double(engine, Path(args.model), args.served_model_name, args.api_key, args.max_model_len)
+    double = double_class(engine, Path(args.model), args.served_model_name, args.api_key, args.max_model_len)
     # handler_cancellation: a client that closes its connection cancels its stream, as vLLM aborts it.
     web.run_app(double.app(), host=args.host, port=args.port, handler_cancellation=True, access_log=None,
                 print=lambda *_: print(f"vllm double serving {double.model} on {args.host}:{args.port}", flush=True))
@@ -683,13 +584,14 @@ class DoubleProcess(Service):
     """`python -m tests.vllm_double ...` as a child process, with its switches as methods."""
 
     name = "the vLLM double"
+    program = ("-m", "tests.vllm_double")
 
     def __init__(self, model: Path | str, *, port: int, log_path: Path, fast: bool = False,
                  api_key: str | None = None, served_model_name: str | None = None,
                  max_model_len: int | None = None) -> None:
         self.port = port
         self.api_key = api_key
-        command = [sys.executable, "-m", "tests.vllm_double", "--model", str(model), "--port", str(port)]
+        command = [sys.executable, *self.program, "--model", str(model), "--port", str(port)]
         for flag, value in (("--api-key", api_key), ("--served-model-name", served_model_name),
                             ("--max-model-len", max_model_len)):
             if value is not None:
@@ -724,7 +626,6 @@ class DoubleProcess(Service):
 
     def reset(self) -> None:
         self.control("/double/reset", {})
-
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def build_provider(*, store: SQLiteTraceStore | None, otlp_endpoint: str | None,
     if store is not None:
         processors.append(QueueingSpanProcessor(store, name="sqlite", on_dropped=on_dropped))
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         exporter = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=10)
         processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped))

@@ -7,16 +7,16 @@ between batches. Any SQLite failure fails the batch, which the processor counts 
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import time
 from pathlib import Path
 from typing import Sequence
 
-import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from looptrace.backends.jsontext import dumps, loads
 
 from .tokens import expand_events
 
@@ -49,21 +49,16 @@ def _attributes(attrs) -> dict:
     return dict(attrs) if attrs else {}
 
 
-def _json(obj: object) -> str:
-    """orjson: encoding a decode span's token events is most of this thread's work, and json holds
-    the interpreter about ten times longer doing it. json takes what orjson refuses (a lone surrogate
-    in a client's text, an integer past 64 bits)."""
-    try:
-        return orjson.dumps(obj).decode()
-    except TypeError:
-        return json.dumps(obj)
+def store_path(setting: str | None) -> Path | None:
+    """Where `--trace-db` puts the store: a path, None for the default under the user's data
+    directory, or "off" (None back: no store)."""
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    from platformdirs import user_data_dir
 
-
-def _loads(text: str):
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:  # NaN or Infinity, which json wrote and orjson does not read
-        return json.loads(text)
+    return Path(user_data_dir("looptrace")) / "traces.sqlite3"
 
 
 class SQLiteTraceStore(SpanExporter):
@@ -118,7 +113,7 @@ class SQLiteTraceStore(SpanExporter):
         db.execute(
             "INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (trace_id, span_id, parent, span.name, span.kind.name.lower(), span.start_time, span.end_time, status,
-             _json(attrs), _json(events), _json(links)),
+             dumps(attrs), dumps(events), dumps(links)),
         )
         if ROOT_MARK in attrs:
             db.execute(
@@ -143,10 +138,10 @@ class SQLiteTraceStore(SpanExporter):
         extra = {"looptrace.tool.result_trace_id": seen_in}
         if "looptrace.tool.result" in result:
             extra["looptrace.tool.result"] = result["looptrace.tool.result"]
-        attrs = _loads(db.execute("SELECT attributes FROM spans WHERE trace_id = ? AND span_id = ?", row).fetchone()[0])
+        attrs = loads(db.execute("SELECT attributes FROM spans WHERE trace_id = ? AND span_id = ?", row).fetchone()[0])
         attrs.update(extra)
         db.execute("UPDATE spans SET attributes = ? WHERE trace_id = ? AND span_id = ?",
-                   (_json(attrs), *row))
+                   (dumps(attrs), *row))
 
     def enforce_retention(self) -> None:
         db = self._writer()
@@ -217,19 +212,33 @@ class SQLiteTraceStore(SpanExporter):
             return None
         spans = []
         for r in rows:
-            events = _loads(r["events"])
+            events = loads(r["events"])
             span = {
                 "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
                 "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
                 "end_time_unix_nano": r["end_ns"], "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6,
-                "status": r["status"], "attributes": _loads(r["attributes"]), "events": events,
-                "links": _loads(r["links"]),
+                "status": r["status"], "attributes": loads(r["attributes"]), "events": events,
+                "links": loads(r["links"]),
             }
             tokens = expand_events(events)
             if tokens:
                 span["tokens"] = tokens
             spans.append(span)
         return {"trace_id": trace_id, "spans": spans}
+
+    def replay_steps(self, spec: str) -> list[dict]:
+        """`--replay` from the store: trace ids (comma-separated), or `conversation:ID` for every trace of
+        a session, oldest first; one step of generated token ids per trace."""
+        if spec.startswith("conversation:"):
+            conversation = spec.removeprefix("conversation:")
+            trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000))]
+            if not trace_ids:
+                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.path}")
+        elif all(len(t) == 32 for t in spec.split(",")):
+            trace_ids = spec.split(",")
+        else:
+            raise ValueError(f"--replay {spec}: not a file, a trace id or conversation:ID")
+        return [{"token_ids": self.generated_ids(trace_id)} for trace_id in trace_ids]
 
     def generated_ids(self, trace_id: str) -> list[int]:
         """The token ids a traced request generated, for the replay backend."""

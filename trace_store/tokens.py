@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from backends.base import TOP_N
+from looptrace.backends.events import TOP_N
 
 EVENT = "looptrace.tokens"
 GROUP = 64

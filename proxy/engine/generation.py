@@ -1,8 +1,8 @@
 """One request's run, whatever API it came from: render → decode → parse.
 
-The API adapters build a `GenerationRequest`, then iterate `Generation.run()`, which yields each
-backend token event with the channel deltas its text produced. Observers (tracing, metrics) see
-the same events; they never change them.
+The API adapters build a `GenerationRequest`, then iterate `Generation.run()`, which yields a
+`Step` per backend token: the token event, the channel it fell in, and the deltas its text produced.
+Observers (tracing, metrics) see the same events; like everyone else, they never change them.
 """
 
 from __future__ import annotations
@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator, NamedTuple
 
-from backends.base import DecodeRequest, SamplingParams
-from families.base import THOUGHT, Rendered
+from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
+from looptrace.families.base import THOUGHT, Rendered
 
-from .errors import APIError, invalid
+from .errors import Refused
+from .runtime import Runtime
 from .stops import StopStrings
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 
 @dataclass(slots=True)
@@ -41,6 +40,14 @@ class GenerationRequest:
     top_logprobs: int | None = None  # None: no logprobs asked for
 
 
+class Step(NamedTuple):
+    """What one turn of `Generation.run()` yields."""
+
+    token: TokenEvent | None  # None for deltas not tied to a token (a forced prefix, the parser's flush)
+    channel: str | None  # where the token fell: THOUGHT, CONTENT or TOOL_CALL
+    deltas: list[dict]  # what the client sees of it: thinking, text, tool calls
+
+
 class Observer:
     """Sees one generation happen (tracing, metrics); never changes it. The base class ignores everything.
 
@@ -49,14 +56,16 @@ class Observer:
 
     def rendered(self, generation: "Generation", started_ns: int, ended_ns: int) -> None: ...
     def submitted(self, generation: "Generation", decode: DecodeRequest) -> None: ...
-    def prefill(self, event: dict) -> None: ...
-    def token(self, event: dict) -> None: ...
+    def prefill(self, event: PrefillEvent) -> None: ...
+    def token(self, event: TokenEvent, channel: str) -> None: ...
     def tool_call(self, delta: dict) -> None: ...
     def finished(self, generation: "Generation") -> None: ...
 
 
 class Generation:
-    def __init__(self, runtime: "Runtime", request: GenerationRequest, observer: Observer | None = None) -> None:
+    """One request's run on a loaded runtime (the API awaits `runtime.ready()` first)."""
+
+    def __init__(self, runtime: Runtime, request: GenerationRequest, observer: Observer | None = None) -> None:
         self.runtime = runtime
         self.request = request
         self.observer = observer or Observer()
@@ -66,20 +75,17 @@ class Generation:
         self.max_tokens = 0
         self.sampling = SamplingParams()
         # Filled in while running:
-        self.prefill_event: dict | None = None
-        self.done_event: dict | None = None
+        self.prefill_event: PrefillEvent | None = None
+        self.done_event: DoneEvent | None = None
         self.completion_tokens = 0
         self.reasoning_tokens = 0
         self.tool_calls: list[dict] = []
         self.finish_reason: str | None = None
-        self.first_token_at: float | None = None
-        self.started_at = time.perf_counter()
         self._decode: DecodeRequest | None = None
 
     # -- before any byte goes to the client: everything that can refuse the request --
 
     async def prepare(self) -> None:
-        await self.runtime.ready()
         # Rendering and tokenizing a long agent conversation takes milliseconds: not on the event loop.
         await asyncio.to_thread(self._prepare)
 
@@ -91,7 +97,7 @@ class Generation:
         try:
             rendered = family.render(request.messages, tools, request.enable_thinking)
         except ValueError as exc:
-            raise invalid(f"the chat template refused these messages: {exc}", param="messages", code="template_error") from exc
+            raise Refused(f"the chat template refused these messages: {exc}", param="messages", code="template_error") from exc
         forced_name = request.tool_choice.get("name") if isinstance(request.tool_choice, dict) else None
         if request.tools and (request.tool_choice == "required" or forced_name):
             thinking_on = bool(request.enable_thinking) or rendered.thinking
@@ -103,13 +109,13 @@ class Generation:
         limit = runtime.max_model_len
         room = limit - len(ids)
         if room <= 0:
-            raise APIError(
-                400, f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            raise Refused(
+                f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
                 f"{len(ids)} tokens. Please reduce the length of the messages.", param="messages",
                 code="context_length_exceeded",
             )
         if request.max_tokens is not None and request.max_tokens > room:
-            raise invalid(
+            raise Refused(
                 f"{request.max_tokens_param} is too large: {request.max_tokens_param} is {request.max_tokens}, but the "
                 f"prompt already uses {len(ids)} of this model's {limit} tokens of context, leaving {room}.",
                 param=request.max_tokens_param, code="context_length_exceeded",
@@ -128,8 +134,7 @@ class Generation:
 
     # -- the run --
 
-    async def run(self) -> AsyncIterator[tuple[dict | None, list[dict]]]:
-        """Yields (token event, deltas); the event is None for deltas not tied to a token."""
+    async def run(self) -> AsyncIterator[Step]:
         runtime, request = self.runtime, self.request
         family, observer = runtime.family, self.observer
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
@@ -141,15 +146,13 @@ class Generation:
 
         if self.forced_prefix:
             # The prompt already holds the call's opening; the parser must read it as the model's own words.
-            yield None, self._screen(parser.feed(self.forced_prefix))
+            yield Step(None, None, self._screen(parser.feed(self.forced_prefix)))
 
         stopped_by: str | None = None
         try:
             async for event in runtime.backend.generate(self._decode):
                 kind = event["type"]
                 if kind == "token":
-                    if self.first_token_at is None:
-                        self.first_token_at = time.perf_counter()
                     deltas: list[dict] = []
                     text = event["text"]
                     # Special tokens outside the family's grammar (a stray <|im_start|>, say) are recorded
@@ -159,12 +162,12 @@ class Generation:
                             text = stops.feed(text)
                         if text:
                             deltas = self._screen(parser.feed(text))
-                    event["channel"] = parser.channel
+                    channel = parser.channel
                     self.completion_tokens += 1
-                    if parser.channel == THOUGHT:
+                    if channel == THOUGHT:
                         self.reasoning_tokens += 1
-                    observer.token(event)
-                    yield event, deltas
+                    observer.token(event, channel)
+                    yield Step(event, channel, deltas)
                     if stops is not None and stops.hit:
                         stopped_by = "stop"
                         break
@@ -182,7 +185,7 @@ class Generation:
         tail = parser.feed(stops.flush()) if stops is not None and not stops.hit else []
         tail = self._screen(tail + parser.finish())
         if tail:
-            yield None, tail
+            yield Step(None, None, tail)
         self.finish_reason = self._finish_reason(stopped_by)
         observer.finished(self)
 
@@ -223,7 +226,10 @@ class Generation:
 
     @property
     def cached_tokens(self) -> int:
-        return self.prefill_event["cached_tokens"] if self.prefill_event else 0
+        # `done` has the final word: a vLLM server says it only at the end.
+        if self.done_event is not None:
+            return self.done_event["cached_tokens"]
+        return (self.prefill_event or {}).get("cached_tokens") or 0
 
 
 def _pick(asked, default, fallback):

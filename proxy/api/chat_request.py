@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass
 
-from ._validate import field, in_range, is_a
-from .errors import invalid
-from .generation import GenerationRequest
+from looptrace.backends.events import TOP_N
 
-log = logging.getLogger("looptrace")
-_warned: set[str] = set()
+from ..engine.generation import GenerationRequest
+from .errors import invalid
+from .parsing import (
+    MEDIA_PARTS,
+    call_arguments,
+    media_note,
+    parse_tool_choice,
+    temperature_and_top_p,
+)
+from .validation import field, in_range, is_a
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_TOP_LOGPROBS = 5  # the backends report the five most likely tokens
-# Media parts become a note the model reads in their place: an agent that attaches a screenshot (pi's
-# `read` of an image, codex's `view_image`) goes on, and the model can say what it could not see.
-MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file")
-MEDIA_NOTE = "[an image or file was attached here; this server reads text only]"
 
 
 @dataclass(slots=True)
@@ -38,11 +37,7 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
     max_tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = field(body, max_tokens_param, int, max_tokens_param)
     in_range(max_tokens, max_tokens_param, 1)
-    temperature = field(body, "temperature", float, "temperature")
-    in_range(temperature, "temperature", 0, 2)
-    top_p = field(body, "top_p", float, "top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
+    temperature, top_p = temperature_and_top_p(body)
     top_k = field(body, "top_k", int, "top_k")
     in_range(top_k, "top_k", -1)
     penalties = {name: field(body, name, float, name, default=0.0) for name in ("presence_penalty", "frequency_penalty")}
@@ -54,7 +49,7 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
 
     logprobs = field(body, "logprobs", bool, "logprobs", default=False)
     top_logprobs = field(body, "top_logprobs", int, "top_logprobs")
-    in_range(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    in_range(top_logprobs, "top_logprobs", 0, TOP_N)  # the backends report the five most likely tokens
     if top_logprobs and not logprobs:
         raise invalid("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
 
@@ -137,19 +132,11 @@ def _content(message: dict, where: str, role: str) -> str | None:
         if kind in ("text", "input_text", "output_text"):
             texts.append(field(part, "text", str, f"{param}.text", required=True))
         elif kind in MEDIA_PARTS:
-            warn_once("media", "media in a request were replaced by a note: this server reads text only")
-            texts.append(MEDIA_NOTE)
+            texts.append(media_note())
         else:
             raise invalid(f"Invalid value for '{param}.type': {kind!r}.", param=f"{param}.type")
     # Joined into one string, as vLLM does: not every template can take a list of parts.
     return "\n".join(texts)
-
-
-def warn_once(key: str, message: str, *args) -> None:
-    # Clients send the same things on every request of a session: say it once, not per request.
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message, *args)
 
 
 def _history_call(call: object, where: str) -> dict:
@@ -163,18 +150,6 @@ def _history_call(call: object, where: str) -> dict:
     if isinstance(call_id, str):
         out["id"] = call_id
     return out
-
-
-def call_arguments(arguments: object, param: str) -> dict:
-    """A past call's arguments (a JSON string or an object) as the dict templates iterate over."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
-    if not isinstance(arguments, dict):
-        raise invalid(f"'{param}' must be a JSON object.", param=param)
-    return arguments
 
 
 def parse_tools(tools: list | None) -> list[dict] | None:
@@ -200,29 +175,6 @@ def parse_tools(tools: list | None) -> list[dict] | None:
         spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
         out.append({"type": "function", "function": spec})
     return out
-
-
-def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
-    if choice is None:
-        return "auto"
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
-            raise invalid(f"Invalid value for 'tool_choice': {choice!r}; expected 'auto', 'none', 'required' or a "
-                          "named function.", param="tool_choice")
-        if choice == "required" and not tools:
-            raise invalid("'tool_choice' is 'required' but no tools were given.", param="tool_choice")
-        return choice
-    if isinstance(choice, dict):
-        function = choice.get("function") if isinstance(choice.get("function"), dict) else choice
-        name = function.get("name")
-        if not isinstance(name, str):
-            raise invalid("'tool_choice' names no function.", param="tool_choice")
-        if name not in {t["function"]["name"] for t in tools or []}:
-            raise invalid(f"'tool_choice' names the function {name!r}, which is not among the tools.",
-                          param="tool_choice")
-        return {"name": name}
-    raise invalid("Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice",
-                  code="invalid_type")
 
 
 def _thinking(body: dict) -> bool | None:

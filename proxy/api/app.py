@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import time
 
 from aiohttp import web
 
+from ..engine.runtime import Runtime
+from ..observe.telemetry import Telemetry
+from ..settings import Settings
 from .chat import chat_completions
 from .errors import APIError, error_middleware
-from .keys import RUNTIME, SETTINGS, TELEMETRY
-from .response_store import RESPONSE_STORE, ResponseStore
+from .health import health, metrics, models
+from .keys import RESPONSE_STORE, RUNTIME, SETTINGS, TELEMETRY
+from .response_store import ResponseStore
 from .responses import create_response, delete_response, get_response
-from .runtime import Runtime
-from .settings import Settings
-from .telemetry import Telemetry
-from .traces_api import get_trace, list_traces, metrics
+from .traces import get_trace, list_traces
 
 PUBLIC_PATHS = ("/health", "/metrics")
-_WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch")
+_WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
@@ -27,16 +27,16 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
+    app[RESPONSE_STORE] = ResponseStore()
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/traces", list_traces)
-    app.router.add_get("/v1/traces/{trace_id}", get_trace)
-    app[RESPONSE_STORE] = ResponseStore()
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_get("/v1/traces", list_traces)
+    app.router.add_get("/v1/traces/{trace_id}", get_trace)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app
@@ -73,21 +73,3 @@ async def _auth_middleware(request: web.Request, handler):
                 else "No API key provided: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key",
             )
     return await handler(request)
-
-
-async def health(request: web.Request) -> web.Response:
-    body = request.app[RUNTIME].health()
-    return web.json_response(body, status=200 if body["status"] == "ready" else 503)
-
-
-async def models(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    await runtime.ready()
-    return web.json_response({"object": "list", "data": [{
-        "id": runtime.model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "looptrace",
-        "max_model_len": runtime.max_model_len,
-        "root": runtime.settings.model,
-    }]})

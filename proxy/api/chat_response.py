@@ -7,22 +7,15 @@ JSON encoding of the new text.
 
 from __future__ import annotations
 
-import secrets
 import time
-from typing import TYPE_CHECKING
 
-from families.base import CONTENT
+from looptrace.backends.events import TokenEvent
+from looptrace.backends.jsontext import dumps
+from looptrace.families.base import CONTENT, new_id
 
-from .json_text import dumps
-
-if TYPE_CHECKING:
-    from .generation import Generation
+from ..engine.generation import Generation, Step
 
 DONE_FRAME = b"data: [DONE]\n\n"
-
-
-def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
 
 
 class TokenTexts:
@@ -32,7 +25,7 @@ class TokenTexts:
         self.tokenizer = tokenizer
         self.top = top
 
-    def entry(self, event: dict) -> dict:
+    def entry(self, event: TokenEvent) -> dict:
         token = self.tokenizer.decode([event["id"]])
         entry = {"token": token, "logprob": event["logprob"], "bytes": list(token.encode("utf-8")), "top_logprobs": []}
         for token_id, logprob in list(zip(event["top_ids"], event["top_logprobs"]))[: self.top]:
@@ -41,7 +34,7 @@ class TokenTexts:
         return entry
 
 
-def usage(generation: "Generation") -> dict:
+def usage(generation: Generation) -> dict:
     return {
         "prompt_tokens": generation.prompt_tokens,
         "completion_tokens": generation.completion_tokens,
@@ -57,7 +50,7 @@ def tool_call_json(delta: dict) -> dict:
 
 class ChatStream:
     def __init__(self, model: str, *, include_usage: bool, logprobs: TokenTexts | None) -> None:
-        self.id = completion_id()
+        self.id = new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
@@ -74,9 +67,10 @@ class ChatStream:
     def start(self) -> bytes:
         return self._chunk('{"role":"assistant","content":""}')
 
-    def frames(self, event: dict | None, deltas: list[dict]) -> bytes:
-        if self.logprobs is not None and event is not None and event.get("channel") == CONTENT:
-            self._pending_logprobs.append(self.logprobs.entry(event))
+    def frames(self, step: Step) -> bytes:
+        if self.logprobs is not None and step.channel == CONTENT:
+            self._pending_logprobs.append(self.logprobs.entry(step.token))
+        deltas = step.deltas
         if not deltas:
             return b""
         out = []
@@ -95,7 +89,7 @@ class ChatStream:
                 out.append(self._chunk({"tool_calls": [call]}))
         return b"".join(out)
 
-    def finish(self, generation: "Generation") -> bytes:
+    def finish(self, generation: Generation) -> bytes:
         logprobs = self._pending_logprobs or None
         out = [self._chunk("{}", generation.finish_reason, logprobs=logprobs)]
         if self.include_usage:
@@ -122,10 +116,10 @@ class ChatCollector:
         self.calls: list[dict] = []
         self.entries: list[dict] = []
 
-    def add(self, event: dict | None, deltas: list[dict]) -> None:
-        if self.logprobs is not None and event is not None and event.get("channel") == CONTENT:
-            self.entries.append(self.logprobs.entry(event))
-        for delta in deltas:
+    def add(self, step: Step) -> None:
+        if self.logprobs is not None and step.channel == CONTENT:
+            self.entries.append(self.logprobs.entry(step.token))
+        for delta in step.deltas:
             kind = delta["type"]
             if kind == "text":
                 self.text.append(delta["text"])
@@ -134,7 +128,7 @@ class ChatCollector:
             elif kind == "tool_call":
                 self.calls.append(tool_call_json(delta))
 
-    def body(self, generation: "Generation") -> dict:
+    def body(self, generation: Generation) -> dict:
         text = "".join(self.text)
         message: dict = {"role": "assistant", "content": text if text or not self.calls else None}
         if self.reasoning:
@@ -144,7 +138,7 @@ class ChatCollector:
         if self.calls:
             message["tool_calls"] = self.calls
         return {
-            "id": completion_id(),
+            "id": new_id("chatcmpl-"),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,

@@ -1,4 +1,4 @@
-"""GET /v1/traces and /v1/traces/{trace_id}: the embedded store, queried over HTTP; and GET /metrics."""
+"""GET /v1/traces and /v1/traces/{trace_id}: the embedded store, queried over HTTP."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from datetime import datetime
 
 from aiohttp import web
 
+from looptrace.backends.jsontext import dumps
+
 from .errors import APIError, invalid
-from .json_text import dumps
 from .keys import TELEMETRY
 
 
@@ -38,13 +39,6 @@ async def get_trace(request: web.Request) -> web.Response:
         raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
                        param="trace_id", code="trace_not_found")
     return web.json_response(found, dumps=dumps)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[TELEMETRY].metrics.exposition(request.headers.get("Accept"))
-    response = web.Response(body=body)
-    response.headers["Content-Type"] = content_type
-    return response
 
 
 def _store(request: web.Request):

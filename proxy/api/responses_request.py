@@ -12,12 +12,20 @@ refused, because clients send them whatever the model.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 
-from ._validate import describe, field, in_range
-from .chat_request import MEDIA_NOTE, MEDIA_PARTS, call_arguments, parse_tool_choice, warn_once
+from ..engine.generation import GenerationRequest
 from .errors import invalid
-from .generation import GenerationRequest
+from .parsing import (
+    MEDIA_PARTS,
+    call_arguments,
+    media_note,
+    parse_tool_choice,
+    temperature_and_top_p,
+    warn_once,
+)
+from .validation import describe, field, in_range
 
 log = logging.getLogger("looptrace")
 
@@ -25,6 +33,7 @@ MESSAGE_ROLES = ("system", "developer", "user", "assistant")
 CALL_ITEMS = ("function_call", "custom_tool_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn
+
 
 @dataclass(frozen=True, slots=True)
 class ToolRef:
@@ -79,11 +88,7 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
 
     max_tokens = field(body, "max_output_tokens", int, "max_output_tokens")
     in_range(max_tokens, "max_output_tokens", 1)
-    temperature = field(body, "temperature", float, "temperature")
-    in_range(temperature, "temperature", 0, 2)
-    top_p = field(body, "top_p", float, "top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
+    temperature, top_p = temperature_and_top_p(body)
     reasoning = field(body, "reasoning", dict, "reasoning", default={})
     effort = field(reasoning, "effort", str, "reasoning.effort")
     text = field(body, "text", dict, "text", default={})
@@ -334,8 +339,7 @@ def content_text(content: object, param: str) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in MEDIA_PARTS:
-            warn_once("media", "media in a request were replaced by a note: this server reads text only")
-            texts.append(MEDIA_NOTE)
+            texts.append(media_note())
         else:
             raise invalid(f"Invalid value for '{param}[{j}].type': {kind!r}.", param=f"{param}[{j}].type")
     return "\n".join(texts)

@@ -10,14 +10,17 @@ import json
 import logging
 from pathlib import Path
 
-from backends import checkpoint as ckpt
-from backends.base import Backend
-from backends.detokenize import Vocabulary
-from families import family_for_config
-from families.base import Family
+from looptrace.backends import checkpoint as ckpt
+from looptrace.backends.base import Backend
+from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.replay import ReplayBackend, read_steps
+from looptrace.backends.vllm import Upstream, VLLMBackend
+from looptrace.families import family_for_config
+from looptrace.families.base import Family
+from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
-from .errors import unavailable
-from .settings import Settings
+from ..settings import Settings
+from .errors import Unavailable
 
 log = logging.getLogger("looptrace")
 
@@ -33,7 +36,7 @@ class Runtime:
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
         self.backend: Backend | None = None
-        self.upstream = None  # the vLLM server, with --backend vllm (backends.vllm.Upstream)
+        self.upstream: Upstream | None = None  # the vLLM server, with --backend vllm; the runtime owns it
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -56,8 +59,6 @@ class Runtime:
 
     async def _reach_vllm(self) -> None:
         """Learn what the vLLM server serves; while it does not answer, say so and keep trying."""
-        from backends.vllm import Upstream
-
         settings = self.settings
         self.upstream = upstream = Upstream(settings.vllm_url, settings.vllm_api_key, settings.vllm_timeout)
 
@@ -71,6 +72,8 @@ class Runtime:
         upstream.watch()
 
     def _load_sync(self) -> None:
+        # Imported here, on the loading thread: transformers takes seconds to import, and /health
+        # answers from the first second.
         from transformers import AutoTokenizer
 
         settings = self.settings
@@ -94,41 +97,23 @@ class Runtime:
     def _backend(self, checkpoint: ckpt.Checkpoint) -> Backend:
         settings = self.settings
         if settings.backend == "replay":
-            from backends.replay import ReplayBackend
-
             return ReplayBackend(self._replay_steps(), self.vocab)
         if settings.backend == "vllm":
-            from backends.vllm import VLLMBackend
-
             return VLLMBackend(self.upstream, self.vocab)
-        from backends.loading import load_local  # torch and the model classes load only when needed
+        # torch and the model classes are imported only when this process decodes.
+        from looptrace.backends.loading import load_local
 
         return load_local(checkpoint, self.vocab, settings, self.max_model_len)
 
     def _replay_steps(self) -> list[dict]:
-        """A JSON Lines file of steps, or traces from the store: trace ids (comma-separated) or
-        `conversation:ID` for every trace of a session, oldest first."""
-        from backends.replay import read_steps
-
+        """A JSON Lines file of steps, or traces from the store (trace_store's `replay_steps`)."""
         spec = self.settings.replay
         if Path(spec).expanduser().is_file():
             return read_steps(Path(spec).expanduser())
-        from trace_store.sqlite import SQLiteTraceStore
-
-        from .telemetry import default_trace_db
-
-        db = self.settings.trace_db
-        store = SQLiteTraceStore(Path(db).expanduser() if db and db != "off" else default_trace_db())
-        if spec.startswith("conversation:"):
-            conversation = spec.removeprefix("conversation:")
-            trace_ids = [t["trace_id"] for t in reversed(store.list_traces(conversation=conversation, limit=100000))]
-            if not trace_ids:
-                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {store.path}")
-        elif all(len(t) == 32 for t in spec.split(",")):
-            trace_ids = spec.split(",")
-        else:
-            raise ValueError(f"--replay {spec}: not a file, a trace id or conversation:ID")
-        return [{"token_ids": store.generated_ids(trace_id)} for trace_id in trace_ids]
+        path = store_path(self.settings.trace_db)
+        if path is None:
+            raise ValueError(f"--replay {spec}: not a file, and the trace store is off")
+        return SQLiteTraceStore(path).replay_steps(spec)
 
     async def loaded(self) -> None:
         """Until loading ends, either way."""
@@ -137,10 +122,10 @@ class Runtime:
     async def ready(self) -> None:
         if not self._loaded.is_set() and self.upstream is not None and not self.upstream.reachable and self.reason:
             # The vLLM server may never answer: say so now rather than hold the request.
-            raise unavailable(f"the model is not ready: {self.reason}", code="upstream_unreachable")
+            raise Unavailable(f"the model is not ready: {self.reason}", code="upstream_unreachable")
         await self._loaded.wait()
         if self.status != "ready":
-            raise unavailable(f"the model {self.settings.model} failed to load: {self.reason}", code="model_load_failed")
+            raise Unavailable(f"the model {self.settings.model} failed to load: {self.reason}", code="model_load_failed")
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -150,9 +135,9 @@ class Runtime:
         if self.status == "ready":
             body.update(family=self.family.name, backend=self.backend.name, max_model_len=self.max_model_len,
                         requests_running=self.backend.running, requests_waiting=self.backend.waiting)
-            kept = getattr(self.backend, "prefix_cache", None)
+            kept = self.backend.prefix_cache_stats()
             if kept is not None:
-                body["prefix_cache"] = {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens}
+                body["prefix_cache"] = kept
         if self.reason:
             body["reason"] = self.reason
         if self.upstream is not None:  # where tokens come from, by which route, and whether it answers now
@@ -166,7 +151,7 @@ class Runtime:
             self._task.cancel()
         if self.backend is not None:
             await self.backend.close()
-        if self.upstream is not None:
+        if self.upstream is not None:  # created here, closed here (the backend only borrows it)
             await self.upstream.close()
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from aiohttp import web
-
 from .errors import APIError
 
 DEFAULT_MAX_RESPONSES = 256
@@ -60,6 +58,3 @@ def _not_found(response_id: str) -> APIError:
     # Responses stream with store=false, and anything older than the last `max_responses`, are not kept.
     return APIError(404, f"Response with id '{response_id}' not found. This server keeps the last responses "
                     "created with store=true, in memory.", param="response_id", code="response_not_found")
-
-
-RESPONSE_STORE: web.AppKey[ResponseStore] = web.AppKey("response_store")

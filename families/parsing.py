@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from .base import CONTENT, THOUGHT, TOOL_CALL, Parser, new_call_id
+from .base import CONTENT, THOUGHT, TOOL_CALL, Parser, new_id
 from .tool_schema import check_arguments, index_tools
 
 # CallBuilder.advance() results.
@@ -245,7 +245,7 @@ class StreamParser(Parser):
         delta = {
             "type": "tool_call",
             "index": self._index,
-            "id": new_call_id(),
+            "id": new_id("call_"),
             "name": name,
             "arguments": arguments,
             "raw": raw,

@@ -1,12 +1,20 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+The engine and the backends refuse in their own terms (engine errors, BackendError); `api_error`
+is the one place that turns those into HTTP answers.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
 
-from .json_text import dumps
+from looptrace.backends.base import BackendError
+from looptrace.backends.jsontext import dumps
+
+from ..engine.errors import Refused, Unavailable
 
 log = logging.getLogger("looptrace")
 
@@ -40,8 +48,27 @@ def model_not_found(name: str, served: str) -> APIError:
     )
 
 
-def unavailable(message: str, code: str = "model_not_ready") -> APIError:
-    return APIError(503, message, type="server_error", code=code)
+def api_error(exc: Refused | Unavailable | BackendError) -> APIError:
+    """What the client hears of an engine's or a backend's refusal."""
+    if isinstance(exc, Refused):
+        return APIError(400, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, Unavailable):
+        return APIError(503, exc.message, type="server_error", code=exc.code)
+    return APIError(exc.status, exc.message, type="server_error" if exc.status >= 500 else "invalid_request_error",
+                    code=exc.code)
+
+
+def failure_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status a failure ends its request with, and its kind, for traces and metrics."""
+    if isinstance(exc, (Refused, Unavailable, BackendError)):
+        exc = api_error(exc)
+    if isinstance(exc, APIError):
+        return exc.status, exc.code or exc.type
+    if isinstance(exc, web.HTTPException):
+        return exc.status, type(exc).__name__
+    if isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):
+        return 499, "client_disconnected"  # nginx's code for a client that left
+    return 500, type(exc).__name__
 
 
 @web.middleware
@@ -51,6 +78,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except APIError as err:
         return err.response()
+    except (Refused, Unavailable, BackendError) as err:
+        return api_error(err).response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -13,25 +13,18 @@ each costs one JSON encoding of the new text.
 from __future__ import annotations
 
 import json
-import secrets
 import time
-from typing import TYPE_CHECKING
 
-from .json_text import dumps
+from looptrace.backends.jsontext import dumps
+from looptrace.families.base import new_id
+
+from ..engine.generation import Generation
 from .responses_request import ToolNames
-
-if TYPE_CHECKING:
-    from .generation import Generation
 
 REASONING, MESSAGE = "reasoning", "message"
 
 
-def new_id(prefix: str) -> str:
-    # Random, not a counter: several looptrace processes may serve one conversation.
-    return prefix + secrets.token_hex(16)
-
-
-def usage(generation: "Generation") -> dict:
+def usage(generation: Generation) -> dict:
     return {
         "input_tokens": generation.prompt_tokens,
         "input_tokens_details": {"cached_tokens": generation.cached_tokens},
@@ -184,7 +177,7 @@ class ResponseBuilder:
 
     # -- the end --
 
-    def finish(self, generation: "Generation") -> bytes:
+    def finish(self, generation: Generation) -> bytes:
         """`response.completed`, or `response.incomplete` when the token budget ran out."""
         cut = generation.finish_reason == "length"
         closed = self._close("incomplete" if cut else "completed")
@@ -193,7 +186,7 @@ class ResponseBuilder:
         self.final = body
         return closed + self._event(f"response.{self.status}", {"response": body})
 
-    def failed(self, code: str, message: str, generation: "Generation | None" = None) -> bytes:
+    def failed(self, code: str, message: str, generation: Generation | None = None) -> bytes:
         """Too late for an HTTP status: the error ends the stream, where codex shows its message."""
         self.status = "failed"
         body = self.response(error={"code": code, "message": message},

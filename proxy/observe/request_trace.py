@@ -14,69 +14,62 @@ token events in groups (trace_store/tokens.py).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import Counter
 from math import exp
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from aiohttp import web
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 
-from backends.base import TOP_N
-from trace_store import tokens as token_events
-from trace_store.sqlite import RESULT_EVENT, ROOT_MARK
+from looptrace.backends.base import DecodeRequest
+from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
+from looptrace.trace_store import tokens as token_events
+from looptrace.trace_store.sqlite import RESULT_EVENT, ROOT_MARK
 
-from .errors import APIError
-from .generation import Observer
-
-if TYPE_CHECKING:
-    from backends.base import DecodeRequest
-
-    from .generation import Generation
-    from .telemetry import Telemetry
-
+from ..engine.generation import Generation, Observer
+from .conversations import Conversations
+from .metrics import Metrics
 
 
 class RequestTrace(Observer):
-    def __init__(self, telemetry: "Telemetry", http: web.Request, endpoint: str, parent) -> None:
-        from .telemetry import client_of
-
-        self.t = telemetry
-        self.metrics = telemetry.metrics
-        self.content = telemetry.content
+    def __init__(self, tracer: Tracer, metrics: Metrics, conversations: Conversations, *, content: bool,
+                 endpoint: str, parent: Context | None, attributes: dict) -> None:
+        self.tracer = tracer
+        self.metrics = metrics
+        self.conversations = conversations
+        self.content = content
         self.endpoint = endpoint
         self.model = ""
         self.conversation: str | None = None
         self.status = 200
         self.error_type: str | None = None
         self.started = time.perf_counter()
-        self.span = telemetry.tracer.start_span(
+        self.span = tracer.start_span(
             endpoint, context=parent, kind=SpanKind.SERVER,
-            attributes={ROOT_MARK: endpoint, "gen_ai.provider.name": "looptrace",
-                        "gen_ai.operation.name": "chat", "http.request.method": http.method, "url.path": http.path},
+            attributes={ROOT_MARK: endpoint, "gen_ai.provider.name": "looptrace", "gen_ai.operation.name": "chat",
+                        **attributes},
         )
-        agent = http.headers.get("User-Agent")
-        if agent:
-            name, version = client_of(agent)
-            self.span.set_attributes({"user_agent.original": agent, **({"looptrace.client.name": name} if name else {}),
-                                      **({"looptrace.client.version": version} if version else {})})
         # Exemplars point at traces only when the trace is kept somewhere.
         self.trace_id = format(self.span.get_span_context().trace_id, "032x") if self.span.is_recording() else None
         self._exemplar = {"trace_id": self.trace_id} if self.trace_id else None
         self._context = trace.set_span_in_context(self.span)
-        self._generation: Generation | None = None
         self._decode_span = None
         self._submitted_ns = 0
+        self._prefill: PrefillEvent | None = None  # its span is made at the end, when cached tokens are known
+        self._prefill_ns = 0
         self._last_token: float | None = None
         self._max_itl = 0.0
-        self._pending: list[dict] = []  # token events since the last group was recorded
-        self._gaps: list[float] = []  # and the gaps before them
+        # Token events since the last group was recorded, with what this trace adds to each: the
+        # channel, the wall-clock time, the gap before it. Events themselves are never written to.
+        self._pending: list[TokenEvent] = []
+        self._channels: list[str] = []
+        self._times: list[int] = []
+        self._gaps: list[float] = []
         self._recording = False
         self._output_ids: list[int] = []
 
@@ -95,13 +88,11 @@ class RequestTrace(Observer):
 
     # -- the generation --
 
-    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int) -> None:
-        self._generation = generation
+    def rendered(self, generation: Generation, started_ns: int, ended_ns: int) -> None:
         runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
         family, tokenizer = runtime.family, runtime.tokenizer
         results, links = self._tool_results(generation.request.messages)
-        with self.t.lock:
-            seen = self.t.conversations.get(self.conversation) if self.conversation else None
+        seen = self.conversations.seen(self.conversation) if self.conversation else None
         new_at = _common_prefix(seen, ids) if seen else 0
         attributes = {
             "looptrace.family": family.name,
@@ -120,14 +111,13 @@ class RequestTrace(Observer):
             attributes["looptrace.prompt.text"] = rendered.text + generation.forced_prefix
             attributes["looptrace.prompt.ids"] = ids
             attributes["looptrace.prompt.new_text"] = tokenizer.decode(ids[new_at:]) if new_at else ""
-        span = self.t.tracer.start_span("render", context=self._context, start_time=started_ns, links=links,
+        span = self.tracer.start_span("render", context=self._context, start_time=started_ns, links=links,
                                         attributes=attributes)
         for result in results:
             span.add_event(RESULT_EVENT, result, timestamp=ended_ns)
         span.end(end_time=ended_ns)
 
-    def submitted(self, generation: "Generation", decode: "DecodeRequest") -> None:
-        self._generation = generation
+    def submitted(self, generation: Generation, decode: DecodeRequest) -> None:
         sampling = decode.sampling
         self.span.set_attributes({
             "gen_ai.request.temperature": sampling.temperature, "gen_ai.request.top_p": sampling.top_p,
@@ -138,9 +128,11 @@ class RequestTrace(Observer):
         })
         self._submitted_ns = time.time_ns()
         backend = generation.runtime.backend
-        self._decode_span = self.t.tracer.start_span(
-            "decode", context=self._context, start_time=self._submitted_ns,
-            attributes={"looptrace.backend": backend.name, **_route(backend)})
+        attributes = {"looptrace.backend": backend.name}
+        if backend.route:
+            attributes["looptrace.backend.route"] = backend.route
+        self._decode_span = self.tracer.start_span("decode", context=self._context, start_time=self._submitted_ns,
+                                                   attributes=attributes)
         carrier: dict = {}
         inject(carrier, context=trace.set_span_in_context(self._decode_span))
         decode.traceparent = carrier.get("traceparent")
@@ -148,20 +140,28 @@ class RequestTrace(Observer):
         self._recording = self._decode_span.is_recording()
         self._itl = self.metrics.itl.labels(self.model)
 
-    def prefill(self, event: dict) -> None:
-        now = time.time_ns()
-        span = self.t.tracer.start_span("prefill", context=self._context, start_time=self._submitted_ns, attributes={
-            "looptrace.prefill.prompt_tokens": event["prompt_tokens"],
-            "looptrace.prefill.cached_tokens": event["cached_tokens"],
-            "looptrace.prefill.seconds": event["seconds"],
-        })
-        span.end(end_time=now)
+    def prefill(self, event: PrefillEvent) -> None:
+        self._prefill, self._prefill_ns = event, time.time_ns()
         self.metrics.prompt_tokens.labels(self.model).inc(event["prompt_tokens"])
-        if event["cached_tokens"]:
-            self.metrics.cached_tokens.labels(self.model).inc(event["cached_tokens"])
 
-    def token(self, event: dict) -> None:
-        # The per-token path: a clock read and two appends. Metrics and span events are made once per
+    def _end_prefill(self, cached: int | None) -> None:
+        """The prefill span, from submission to the first token, once the cached tokens are known
+        (a vLLM server says how many only at the end); None: never learnt (the request failed)."""
+        event, self._prefill = self._prefill, None
+        if event is None:
+            return
+        attributes = {"looptrace.prefill.prompt_tokens": event["prompt_tokens"],
+                      "looptrace.prefill.seconds": event["seconds"]}
+        if cached is not None:
+            attributes["looptrace.prefill.cached_tokens"] = cached
+            if cached:
+                self.metrics.cached_tokens.labels(self.model).inc(cached)
+        span = self.tracer.start_span("prefill", context=self._context, start_time=self._submitted_ns,
+                                      attributes=attributes)
+        span.end(end_time=self._prefill_ns)
+
+    def token(self, event: TokenEvent, channel: str) -> None:
+        # The per-token path: a clock read and a few appends. Metrics and span events are made once per
         # group of tokens (_flush_tokens), where the work is done in bulk.
         now = time.perf_counter()
         last, self._last_token = self._last_token, now
@@ -169,17 +169,18 @@ class RequestTrace(Observer):
             self.metrics.ttft.labels(self.model, self.endpoint).observe(now - self.started, self._exemplar)
         else:
             self._gaps.append(now - last)
-        event["time_unix_nano"] = time.time_ns()
+        self._times.append(time.time_ns())
+        self._channels.append(channel)
         pending = self._pending
         pending.append(event)
         if len(pending) >= token_events.GROUP:
             self._flush_tokens()
 
     def _flush_tokens(self) -> None:
-        events, gaps = self._pending, self._gaps
+        events, channels, times, gaps = self._pending, self._channels, self._times, self._gaps
         if not events:
             return
-        self._pending, self._gaps = [], []
+        self._pending, self._channels, self._times, self._gaps = [], [], [], []
         itl = self._itl
         for gap in gaps:
             if gap > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
@@ -187,21 +188,20 @@ class RequestTrace(Observer):
                 itl.observe(gap, self._exemplar)
             else:
                 itl.observe(gap)
-        channels = Counter(e["channel"] for e in events)
-        for channel, count in channels.items():
+        for channel, count in Counter(channels).items():
             self.metrics.generation_tokens.labels(self.model, channel).inc(count)
         self._output_ids.extend(e["id"] for e in events)
         if self._recording and self._decode_span is not None:
-            _add_event(self._decode_span, token_events.EVENT, self._token_attributes(events),
-                       events[0]["time_unix_nano"])
+            _add_event(self._decode_span, token_events.EVENT, self._token_attributes(events, channels, times),
+                       times[0])
 
-    def _token_attributes(self, events: list[dict]) -> dict:
+    def _token_attributes(self, events: list[TokenEvent], channels: list[str], times: list[int]) -> dict:
         """One group's parallel arrays; the top five of each token padded to TOP_N entries."""
         columns = {
             "index": [e["index"] for e in events],
-            "time_unix_nano": [e["time_unix_nano"] for e in events],
+            "time_unix_nano": times,
             "special": [e["special"] for e in events],
-            "channel": [e["channel"] for e in events],
+            "channel": channels,
             "p": [e["p"] for e in events],
             "logprob": [e["logprob"] for e in events],
             "rank": [e["rank"] for e in events],
@@ -231,13 +231,12 @@ class RequestTrace(Observer):
         if self.content:
             attributes["looptrace.tool.raw"] = delta["raw"]
         name = "execute_tool" if unparsed else f"execute_tool {delta['name']}"
-        span = self.t.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
+        span = self.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
         span.end()
         if not unparsed:
-            with self.t.lock:
-                self.t.pending_calls.remember(delta["id"], (span.get_span_context(), delta["name"]))
+            self.conversations.expect_result(delta["id"], span.get_span_context(), delta["name"])
 
-    def finished(self, generation: "Generation") -> None:
+    def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}
         reasons = [generation.finish_reason] if generation.finish_reason else []
         self.span.set_attributes({
@@ -248,6 +247,7 @@ class RequestTrace(Observer):
             "gen_ai.usage.reasoning.output_tokens": generation.reasoning_tokens,
             "looptrace.usage.cached_tokens": generation.cached_tokens,
         })
+        self._end_prefill(generation.cached_tokens)
         rate = done.get("tokens_per_second", 0.0)
         if rate:
             self.metrics.decode_rate.labels(self.model).observe(rate, self._exemplar)
@@ -267,8 +267,7 @@ class RequestTrace(Observer):
         })
         if self.conversation:
             self._flush_tokens()
-            with self.t.lock:
-                self.t.conversations.remember(self.conversation, generation.prompt_ids + self._output_ids)
+            self.conversations.saw(self.conversation, generation.prompt_ids + self._output_ids)
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span
@@ -284,21 +283,18 @@ class RequestTrace(Observer):
 
     # -- the request's end --
 
-    def fail(self, exc: BaseException) -> None:
-        if isinstance(exc, APIError):
-            self.status, self.error_type = exc.status, exc.code or exc.type
-        elif isinstance(exc, web.HTTPException):
-            self.status, self.error_type = exc.status, type(exc).__name__
-        elif isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):
-            self.status, self.error_type = 499, "client_disconnected"  # nginx's code for a client that left
-        else:
-            self.status, self.error_type = 500, type(exc).__name__
+    def fail(self, status: int, error_type: str) -> None:
+        """The request ended in an error: its HTTP status (499: the client left) and what it was."""
+        self.status, self.error_type = status, error_type
 
     def stream_failed(self, code: str) -> None:
         """An error after the status line went out: the status stays, the span says what broke."""
         self.error_type = code
 
     def end(self) -> None:
+        prefill = self._prefill
+        if prefill is not None:  # the generation never finished: cached tokens as far as they are known
+            self._end_prefill(prefill["cached_tokens"])
         if self.error_type:
             self._end_decode({}, self.error_type)
             self.span.set_status(Status(StatusCode.ERROR, self.error_type))
@@ -320,8 +316,7 @@ class RequestTrace(Observer):
         for message in messages:
             if message.get("role") != "tool":
                 continue
-            with self.t.lock:
-                pending = self.t.pending_calls.pop(message.get("tool_call_id"), None)
+            pending = self.conversations.take_result(message.get("tool_call_id"))
             if pending is None:
                 continue
             context, name = pending
@@ -374,7 +369,3 @@ def _media_counts(runtime, ids: list[int]) -> dict[str, int]:
             counts[kind] += 1
     return counts
 
-
-def _route(backend) -> dict:
-    route = getattr(backend, "route", None)
-    return {"looptrace.backend.route": route} if route else {}

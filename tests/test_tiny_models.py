@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
-import checkpoints
+import build_cache
+import packaged
+import tiny_gemma4
+import tiny_models
+import tiny_qwen3_5
 
 QWEN_ENDOFTEXT, QWEN_IM_START, QWEN_IM_END = 248044, 248045, 248046
 
@@ -104,8 +108,8 @@ def varied_texts(n_random: int = 1500) -> list[str]:
 @pytest.fixture(scope="module")
 def qwen_tok_dir() -> Path:
     try:
-        return checkpoints.qwen3_5_tokenizer_dir()
-    except (checkpoints.MissingShared, checkpoints.MissingPackage) as exc:
+        return tiny_qwen3_5.qwen3_5_tokenizer_dir()
+    except (build_cache.MissingShared, build_cache.MissingPackage) as exc:
         pytest.skip(str(exc))
 
 
@@ -205,7 +209,7 @@ def test_qwen3_5_tokenizer_special_tokens(qwen_tok_dir):
     for token_id, content in QWEN3_5_SPECIAL_TOKENS:
         assert tok.convert_tokens_to_ids(content) == token_id
         assert decoder[token_id].content == content
-        assert decoder[token_id].special is (content not in checkpoints.QWEN3_5_NOT_SPECIAL), content
+        assert decoder[token_id].special is (content not in tiny_qwen3_5.QWEN3_5_NOT_SPECIAL), content
     ids = tok("<|im_start|>assistant\n<think>\nhm\n</think>\n\n<tool_call>\nx\n</tool_call><|im_end|>",
               add_special_tokens=False)["input_ids"]
     assert ids[0] == QWEN_IM_START and ids[-1] == QWEN_IM_END
@@ -222,20 +226,20 @@ def test_qwen3_5_tokenizer_special_tokens(qwen_tok_dir):
 @pytest.fixture(scope="module")
 def gemma_tok_dir() -> Path:
     try:
-        return checkpoints.gemma4_tokenizer_dir()
-    except (checkpoints.MissingShared, checkpoints.MissingPackage) as exc:
+        return tiny_gemma4.gemma4_tokenizer_dir()
+    except (build_cache.MissingShared, build_cache.MissingPackage) as exc:
         pytest.skip(str(exc))
 
 
 def test_gemma4_tokenizer_control_tokens(gemma_tok_dir):
     tok = _auto_tokenizer(gemma_tok_dir)
-    for token_id, content in checkpoints.GEMMA4_CONTROL_TOKENS.items():
+    for token_id, content in tiny_gemma4.GEMMA4_CONTROL_TOKENS.items():
         assert tok.convert_tokens_to_ids(content) == token_id, content
         assert tok.added_tokens_decoder[token_id].special, content
         assert tok(content, add_special_tokens=False)["input_ids"] == [token_id]
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) == (2, 1, 0, 3)
     assert tok.convert_ids_to_tokens(5) == "<unused0>"
-    media = [tok.convert_tokens_to_ids(t) for t in checkpoints.GEMMA4_MEDIA_TOKENS]
+    media = [tok.convert_tokens_to_ids(t) for t in tiny_gemma4.GEMMA4_MEDIA_TOKENS]
     assert media == list(range(len(tok) - len(media), len(tok)))
     assert 4000 <= len(tok) <= 8192
     assert tok.image_token == "<|image|>" and tok.image_token_id == media[2]
@@ -261,11 +265,11 @@ def test_gemma4_tokenizer_round_trips_any_text(gemma_tok_dir, texts):
 )
 def test_real_template_renders_example(family, example, thinking, qwen_tok_dir, gemma_tok_dir):
     tok = _auto_tokenizer(qwen_tok_dir if family == "qwen3_5" else gemma_tok_dir)
-    expected = checkpoints.chat_example_path(example).read_text(encoding="utf-8")
+    expected = build_cache.chat_example_path(example).read_text(encoding="utf-8")
     assert (qwen_tok_dir if family == "qwen3_5" else gemma_tok_dir).joinpath("chat_template.jinja").read_bytes() == \
-        checkpoints.chat_template_path(family).read_bytes()
+        build_cache.chat_template_path(family).read_bytes()
     rendered = tok.apply_chat_template(
-        checkpoints.chat_messages(), tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        tiny_models.chat_messages(), tokenize=False, add_generation_prompt=True, enable_thinking=thinking
     )
     assert rendered == expected
 
@@ -292,7 +296,7 @@ def test_qwen3_5_checkpoint_layout(qwen3_5_dir):
     assert set(text["layer_types"]) == {"linear_attention", "full_attention"}
     assert not (qwen3_5_dir / "generation_config.json").exists()  # as the real Qwen3.5
     assert _tensor_dtypes(qwen3_5_dir) == {"F32"}
-    assert (qwen3_5_dir / "chat_template.jinja").read_bytes() == checkpoints.chat_template_path("qwen3_5").read_bytes()
+    assert (qwen3_5_dir / "chat_template.jinja").read_bytes() == build_cache.chat_template_path("qwen3_5").read_bytes()
 
 
 def test_gemma4_checkpoint_layout(gemma4_dir):
@@ -329,7 +333,7 @@ def test_greedy_generation_is_varied(which, expected_class, request):
     model = _load(path)
     assert type(model).__name__ == expected_class
     tok = _auto_tokenizer(path)
-    prompt = checkpoints.chat_prompt_ids(tok)
+    prompt = tiny_models.chat_prompt_ids(tok)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=32, do_sample=False)
@@ -337,15 +341,15 @@ def test_greedy_generation_is_varied(which, expected_class, request):
     assert len(generated) == 32
     assert len(set(generated)) >= 8, generated
     # Loading from disk through the Auto class reproduces what the builder saw before saving.
-    assert generated == checkpoints.build_info(path)["greedy_probe"]["tokens"][:32]
+    assert generated == build_cache.build_info(path)["greedy_probe"]["tokens"][:32]
 
 
 def test_config_overrides_keep_the_layer_pattern():
-    config = checkpoints.qwen3_5_config_dict(num_hidden_layers=8, vision_config={"depth": 2})
+    config = tiny_qwen3_5.qwen3_5_config_dict(num_hidden_layers=8, vision_config={"depth": 2})
     assert config["text_config"]["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
     assert config["vision_config"]["depth"] == 2
-    ids = {t: 100 + i for i, t in enumerate(checkpoints.GEMMA4_MEDIA_TOKENS)}
-    config = checkpoints.gemma4_config_dict(200, ids, num_hidden_layers=3)
+    ids = {t: 100 + i for i, t in enumerate(tiny_gemma4.GEMMA4_MEDIA_TOKENS)}
+    config = tiny_gemma4.gemma4_config_dict(200, ids, num_hidden_layers=3)
     assert config["text_config"]["layer_types"] == ["sliding_attention", "full_attention", "full_attention"]
     assert config["text_config"]["vocab_size"] == 256
 
@@ -358,21 +362,21 @@ def test_config_overrides_keep_the_layer_pattern():
 def test_cache_builds_once_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPTRACE_TEST_CACHE", str(tmp_path))
     try:
-        checkpoints.shared_dir()
-    except checkpoints.MissingShared as exc:
+        build_cache.shared_dir()
+    except build_cache.MissingShared as exc:
         pytest.skip(str(exc))
     # An interrupted earlier build of the same key leaves a temp folder; the next build removes it.
-    key_probe = checkpoints.gemma4_tokenizer_dir()
+    key_probe = tiny_gemma4.gemma4_tokenizer_dir()
     stale = tmp_path / f".tmp-{key_probe.name}-interrupted"
     key_probe.rename(tmp_path / "moved-away")
     stale.mkdir()
     (stale / "tokenizer.json").write_text("half written")
 
     calls = []
-    real_build = checkpoints._build_gemma4_tokenizer
-    monkeypatch.setattr(checkpoints, "_build_gemma4_tokenizer", lambda *a: calls.append(1) or real_build(*a))
+    real_build = tiny_gemma4._build_gemma4_tokenizer
+    monkeypatch.setattr(tiny_gemma4, "_build_gemma4_tokenizer", lambda *a: calls.append(1) or real_build(*a))
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(checkpoints.gemma4_tokenizer_dir())) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(tiny_gemma4.gemma4_tokenizer_dir())) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -380,16 +384,16 @@ def test_cache_builds_once_atomically(tmp_path, monkeypatch):
     assert len(set(results)) == 1 and results[0] == key_probe
     assert len(calls) == 1  # the other two waited on the lock and found it finished
     assert not list(tmp_path.glob(".tmp-*"))
-    assert checkpoints.build_info(key_probe)["kind"] == "gemma4-tokenizer"
+    assert build_cache.build_info(key_probe)["kind"] == "gemma4-tokenizer"
     started = time.perf_counter()
-    assert checkpoints.gemma4_tokenizer_dir() == key_probe
+    assert tiny_gemma4.gemma4_tokenizer_dir() == key_probe
     assert time.perf_counter() - started < 0.5
 
 
 def test_missing_shared_is_a_clear_skip_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPTRACE_SHARED", str(tmp_path / "nowhere"))
-    with pytest.raises(checkpoints.MissingShared, match="LOOPTRACE_SHARED"):
-        checkpoints.qwen3_5_tokenizer_dir()
+    with pytest.raises(build_cache.MissingShared, match="LOOPTRACE_SHARED"):
+        tiny_qwen3_5.qwen3_5_tokenizer_dir()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +402,7 @@ def test_missing_shared_is_a_clear_skip_reason(tmp_path, monkeypatch):
 
 
 def test_smollm2_gguf_is_there(smollm2_gguf_path):
-    assert smollm2_gguf_path.name == checkpoints.SMOLLM2_GGUF
+    assert smollm2_gguf_path.name == packaged.SMOLLM2_GGUF
     with open(smollm2_gguf_path, "rb") as handle:
         assert handle.read(4) == b"GGUF"
     assert smollm2_gguf_path.stat().st_size > 50_000_000

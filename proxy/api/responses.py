@@ -9,61 +9,46 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from backends.base import BackendError
+from looptrace.backends.base import BackendError
 
+from ..engine.generation import Generation
+from ..observe.request_trace import RequestTrace
 from . import streaming
-from ._validate import field, json_body
-from .errors import APIError, model_not_found
-from .generation import Generation
-from .keys import RUNTIME, TELEMETRY
-from .request_trace import RequestTrace
-from .response_store import RESPONSE_STORE
+from .generate import prepared, traced
+from .keys import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
 from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
-from .telemetry import conversation_id
+from .validation import field, json_body
 
 log = logging.getLogger("looptrace")
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    async with request.app[TELEMETRY].request(request, "responses") as trace:
-        return await _create(request, trace)
-
-
-async def _create(request: web.Request, trace: RequestTrace) -> web.StreamResponse:
-    runtime = request.app[RUNTIME]
-    store = request.app[RESPONSE_STORE]
-    body = await json_body(request)
-    previous_id = field(body, "previous_response_id", str, "previous_response_id")
-    previous = store.conversation(previous_id) if previous_id else None
-    generation_request, options, names = parse_responses(body, previous)
-    trace.requested(options.model, stream=options.stream, conversation=conversation_id(request.headers, body))
-    await runtime.ready()
-    if options.model != runtime.model_name:
-        raise model_not_found(options.model, runtime.model_name)
-
-    generation = Generation(runtime, generation_request, observer=trace)
-    await generation.prepare()  # refusals (a too-long prompt, say) leave as HTTP errors, before any event
-    builder = ResponseBuilder(runtime.model_name, names, options.echo, stream=options.stream)
-    trace.responded(builder.id)
-    try:
-        if options.stream:
-            response = await _stream(request, generation, builder, trace)
-        else:
-            async with aclosing(generation.run()) as steps:
-                async for _, deltas in steps:
-                    builder.add(deltas)
-            builder.finish(generation)
-            response = web.json_response(builder.final)
-    except BackendError as err:
-        raise APIError(err.status, err.message, type="server_error" if err.status >= 500 else "invalid_request_error",
-                       code=err.code) from err
-    finally:
-        generation.cancel()  # a client that went away stops its generation
-    if options.store and builder.status in ("completed", "incomplete"):
-        store.put(builder.final, options.items)
-    return response
+    async with traced(request, "responses") as trace:
+        store = request.app[RESPONSE_STORE]
+        body = await json_body(request)
+        previous_id = field(body, "previous_response_id", str, "previous_response_id")
+        previous = store.conversation(previous_id) if previous_id else None
+        generation_request, options, names = parse_responses(body, previous)
+        generation = await prepared(request, trace, body, generation_request, model=options.model,
+                                    stream=options.stream)
+        builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream)
+        trace.responded(builder.id)
+        try:
+            if options.stream:
+                response = await _stream(request, generation, builder, trace)
+            else:
+                async with aclosing(generation.run()) as steps:
+                    async for step in steps:
+                        builder.add(step.deltas)
+                builder.finish(generation)
+                response = web.json_response(builder.final)
+        finally:
+            generation.cancel()  # a client that went away stops its generation
+        if options.store and builder.status in ("completed", "incomplete"):
+            store.put(builder.final, options.items)
+        return response
 
 
 async def get_response(request: web.Request) -> web.Response:
@@ -88,11 +73,11 @@ async def _stream(request: web.Request, generation: Generation, builder: Respons
         try:
             step = await first
             if step is not END:
-                frames = builder.add(step[1])
+                frames = builder.add(step.deltas)
                 if frames:
                     await response.write(frames)
-                async for _, deltas in steps:
-                    frames = builder.add(deltas)
+                async for step in steps:
+                    frames = builder.add(step.deltas)
                     if frames:
                         await response.write(frames)
             end = builder.finish(generation)

@@ -1,0 +1,77 @@
+"""The events every backend yields, built here and nowhere else.
+
+Plain dicts with a `type` and the same fields from every backend, so the code that consumes them
+never asks which backend produced them. Once yielded, an event is a fact: nobody writes into it.
+
+    prefill  the prompt was read: prompt and cached tokens, seconds until the first token
+    token    one generated token: its id, piece, text, whether special, and the model's own view of
+             it (p, logprob, rank, the five most likely tokens, at T = 1 whatever the sampling)
+    done     the generation ended: why, how many tokens, decode speed, cached prompt tokens,
+             speculative decoding counts
+
+`text` is the token's share of the decoded output: the whole sequence is decoded incrementally, so
+a character split across byte tokens arrives once, whole, and stop tokens contribute no text.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, TypedDict
+
+TOP_N = 5  # the most likely tokens reported with each token
+
+
+class PrefillEvent(TypedDict):
+    type: Literal["prefill"]
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the backend learns it only at the end (vLLM), and `done` says it
+    seconds: float
+
+
+class TokenEvent(TypedDict):
+    type: Literal["token"]
+    index: int
+    id: int
+    piece: str
+    text: str
+    special: bool
+    logprob: float
+    p: float
+    rank: int | None  # None: the server did not say, and the token is outside the top five
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+class DoneEvent(TypedDict):
+    type: Literal["done"]
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    tokens: int
+    seconds: float  # from the first token to the last
+    tokens_per_second: float
+    cached_tokens: int  # prompt tokens served from a prefix cache
+    drafts: int  # speculative decoding: proposals, tokens proposed, tokens accepted
+    drafted: int
+    accepted: int
+
+
+Event = PrefillEvent | TokenEvent | DoneEvent
+
+
+def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float) -> PrefillEvent:
+    return {"type": "prefill", "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "seconds": seconds}
+
+
+def token_event(index: int, token_id: int, piece: str, text: str, special: bool, logprob: float, rank: int | None,
+                top_ids: list[int], top_logprobs: list[float]) -> TokenEvent:
+    return {"type": "token", "index": index, "id": token_id, "piece": piece, "text": text, "special": special,
+            "logprob": logprob, "p": math.exp(logprob), "rank": rank, "top_ids": top_ids,
+            "top_logprobs": top_logprobs}
+
+
+def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int,
+               drafts: int = 0, drafted: int = 0, accepted: int = 0) -> DoneEvent:
+    # The first token comes out of prefill, so the decode rate counts the ones after it.
+    rate = (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
+    return {"type": "done", "finish_reason": finish_reason, "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": rate, "cached_tokens": cached_tokens, "drafts": drafts, "drafted": drafted,
+            "accepted": accepted}

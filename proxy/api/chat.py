@@ -1,0 +1,75 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from aiohttp import web
+
+from looptrace.backends.base import BackendError
+
+from ..engine.generation import Generation
+from ..observe.request_trace import RequestTrace
+from . import streaming
+from .chat_request import parse_chat
+from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
+from .errors import api_error
+from .generate import prepared, traced
+from .keys import RUNTIME
+from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
+from .validation import json_body
+
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    async with traced(request, "chat") as trace:
+        body = await json_body(request)
+        generation_request, options = parse_chat(body)
+        generation = await prepared(request, trace, body, generation_request, model=options.model,
+                                    stream=options.stream)
+        tokenizer = request.app[RUNTIME].tokenizer
+        texts = TokenTexts(tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
+        try:
+            if options.stream:
+                stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts)
+                trace.responded(stream.id)
+                return await _stream(request, generation, stream, trace)
+            collector = ChatCollector(options.model, texts)
+            async with aclosing(generation.run()) as steps:
+                async for step in steps:
+                    collector.add(step)
+            answer = collector.body(generation)
+            trace.responded(answer["id"])
+            return web.json_response(answer)
+        finally:
+            generation.cancel()  # a client that went away stops its generation
+
+
+async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
+                  trace: RequestTrace) -> web.StreamResponse:
+    async with aclosing(generation.run()) as steps, first_step(steps) as first:
+        await wait_before_opening(first)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(stream.start())
+        try:
+            # Until the first token: a comment every interval (after it, tokens keep the stream busy).
+            while not first.done():
+                await asyncio.wait({first}, timeout=streaming.KEEPALIVE_SECONDS)
+                if not first.done():
+                    await response.write(KEEPALIVE)
+            step = first.result()
+            if step is not END:
+                await response.write(stream.frames(step))
+                async for step in steps:
+                    frame = stream.frames(step)
+                    if frame:
+                        await response.write(frame)
+            await response.write(stream.finish(generation))
+        except BackendError as err:
+            # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+            trace.stream_failed(err.code)
+            await response.write(error_frame(api_error(err).body()))
+        return response

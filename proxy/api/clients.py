@@ -1,0 +1,42 @@
+"""Who is calling: an agent session's conversation id and the client's name and version, from what
+the request carries. Only ever recorded, never trusted: they become span attributes, not labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Conversation ids, in the order clients are known to send them: codex (session-id, thread-id),
+# pi (session_id, x-session-affinity).
+CONVERSATION_HEADERS = ("session-id", "session_id", "thread-id", "x-session-affinity")
+
+
+def conversation_id(headers: Mapping[str, str], body: dict | None) -> str | None:
+    for name in CONVERSATION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    key = (body or {}).get("prompt_cache_key")  # what Responses clients send when no header says it
+    return key if isinstance(key, str) and key else None
+
+
+def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
+    """'codex_exec/0.169.0 (Linux; x86_64) …' → ('codex_exec', '0.169.0')."""
+    if not user_agent:
+        return None, None
+    product = user_agent.split()[0]
+    name, _, version = product.partition("/")
+    return name or None, version or None
+
+
+def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
+    """The server span's attributes about the HTTP request and its client."""
+    attributes = {"http.request.method": method, "url.path": path}
+    agent = headers.get("User-Agent")
+    if agent:
+        name, version = client_of(agent)
+        attributes["user_agent.original"] = agent
+        if name:
+            attributes["looptrace.client.name"] = name
+        if version:
+            attributes["looptrace.client.version"] = version
+    return attributes

@@ -1,0 +1,44 @@
+"""What both generating endpoints (/v1/chat/completions, /v1/responses) do around their own formats:
+trace the request from arrival to end, check the model, and prepare the generation, so that every
+refusal leaves before a byte of the answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from opentelemetry.propagate import extract
+
+from ..engine.generation import Generation, GenerationRequest
+from ..observe.request_trace import RequestTrace
+from .clients import conversation_id, request_attributes
+from .errors import failure_of, model_not_found
+from .keys import RUNTIME, TELEMETRY
+
+
+@asynccontextmanager
+async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTrace]:
+    """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued."""
+    trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers),
+                                              request_attributes(http.method, http.path, http.headers))
+    try:
+        yield trace
+    except BaseException as exc:
+        trace.fail(*failure_of(exc))
+        raise
+    finally:
+        trace.end()
+
+
+async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: GenerationRequest, *, model: str,
+                   stream: bool) -> Generation:
+    """The generation, rendered and checked against the context: ready to run."""
+    trace.requested(model, stream=stream, conversation=conversation_id(http.headers, body))
+    runtime = http.app[RUNTIME]
+    await runtime.ready()
+    if model != runtime.model_name:
+        raise model_not_found(model, runtime.model_name)
+    generation = Generation(runtime, request, observer=trace)
+    await generation.prepare()
+    return generation
