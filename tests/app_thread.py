@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -78,6 +79,27 @@ class AppThread:
         backend = ReplayBackend([{"text": t} for t in texts], self.runtime.vocab)
         self.runtime.backend = backend
         return backend
+
+    def call(self, method: str, path: str, body: object = None, headers: dict | None = None) -> tuple[int, object]:
+        """(status, the JSON answer) of one request."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"null")
+
+    def stored(self, path: str, timeout: float = 10.0) -> object:
+        """GET `path` until it answers 200: the store writes a request's spans a moment after its answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, body = self.call("GET", path)
+            if status == 200 or time.monotonic() > deadline:
+                assert status == 200, body
+                return body
+            time.sleep(0.05)
 
     def post(self, body: dict, path: str = "/v1/responses") -> tuple[int, str, bytes]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",

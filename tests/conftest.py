@@ -52,10 +52,26 @@ def replay_app(qwen3_5_dir, tmp_path_factory):
 
     from app_thread import AppThread
 
-    placeholder = tmp_path_factory.mktemp("replay") / "none.jsonl"
+    folder = tmp_path_factory.mktemp("replay")
+    placeholder = folder / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')
     app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
-                             served_model_name="tiny-qwen")).start()
+                             served_model_name="tiny-qwen", trace_db=str(folder / "traces.sqlite3"))).start()
+    yield app
+    app.stop()
+
+
+@pytest.fixture(scope="module")
+def local_app(qwen3_5_dir, tmp_path_factory):
+    """The application in this process serving the tiny Qwen3.5 as "tiny-qwen" on the local backend,
+    its traces in a store of the module's own."""
+    from looptrace.proxy.settings import Settings
+
+    from app_thread import AppThread
+
+    folder = tmp_path_factory.mktemp("local")
+    app = AppThread(Settings(model=str(qwen3_5_dir), served_model_name="tiny-qwen",
+                             trace_db=str(folder / "traces.sqlite3"))).start()
     yield app
     app.stop()
 

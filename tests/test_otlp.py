@@ -82,3 +82,24 @@ def test_every_token_of_a_long_answer_arrives(exported):
     assert long.usage.completion_tokens >= 4000
     assert [t["index"] for t in tokens] == list(range(long.usage.completion_tokens))
     assert "".join(t["text"] for t in tokens) == LONG.removesuffix("<|im_end|>")
+
+
+def test_phoenix_shows_a_request_as_an_llm_conversation(exported):
+    """The GenAI content attributes (gen_ai.input.messages and the rest) are what GenAI tools read:
+    Phoenix turns them into an LLM span with its input and output messages."""
+    phoenix, server, call, long, (call_trace, _) = exported
+    root = next(s for s in received(phoenix, call_trace, 5) if s["parent_id"] is None)
+    assert root["span_kind"] == "LLM"
+    attributes = root["attributes"]
+    assert attributes["llm.model_name"] == "qwen"
+    assert (attributes["llm.input_messages.0.message.role"], attributes["llm.input_messages.0.message.content"]) == (
+        "user", "Weather?")
+    output = "llm.output_messages.0.message."
+    assert attributes[output + "role"] == "assistant" and attributes[output + "finish_reason"] == "tool_call"
+    made = call.choices[0].message.tool_calls[0]
+    assert attributes[output + "tool_calls.0.tool_call.id"] == made.id
+    assert attributes[output + "tool_calls.0.tool_call.function.name"] == "get_weather"
+    assert json.loads(attributes[output + "tool_calls.0.tool_call.function.arguments"]) == {"city": "Paris", "days": 3}
+    assert json.loads(attributes["llm.tools.0.tool.json_schema"])["function"]["name"] == "get_weather"
+    assert attributes["llm.token_count.prompt"] == call.usage.prompt_tokens
+    assert attributes["llm.token_count.completion"] == call.usage.completion_tokens

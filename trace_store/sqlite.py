@@ -1,8 +1,12 @@
 """The embedded trace store: spans in one SQLite file, written in batches off the event loop.
 
-`export` runs on the exporting thread only (it owns the writing connection); queries open their
-own connections, so readers never wait for a writer (WAL mode). Retention by age and by size runs
-between batches. Any SQLite failure fails the batch, which the processor counts as dropped.
+`export` runs on the exporting thread only (it owns the writing connection); reading is
+queries.py's, on connections of its own. Retention by age and by size runs between batches. Any
+SQLite failure fails the batch, which the processor counts as dropped.
+
+With each request's server span, the store also keeps what the trace viewer reads without opening
+every span: the request's step summary (steps.py), its session's running totals, and its text,
+indexed for search. `on_written` hears of every stored request, after its batch is committed.
 """
 
 from __future__ import annotations
@@ -11,34 +15,22 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from platformdirs import user_data_dir
 
 from looptrace.backends.jsontext import dumps, loads
 
-from .tokens import expand_events
+from .queries import TraceQueries
+from .schema import RESULT_EVENT, ROOT_MARK, prepare, rebuild_sessions
+from .steps import StepGatherer, searchable_text
 
 log = logging.getLogger("looptrace.trace")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS spans (
-    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_id TEXT, name TEXT NOT NULL, kind TEXT,
-    start_ns INTEGER, end_ns INTEGER, status TEXT, attributes TEXT, events TEXT, links TEXT,
-    PRIMARY KEY (trace_id, span_id)
-);
-CREATE TABLE IF NOT EXISTS traces (
-    trace_id TEXT PRIMARY KEY, start_ns INTEGER, end_ns INTEGER, endpoint TEXT, model TEXT,
-    conversation TEXT, status TEXT, http_status INTEGER, input_tokens INTEGER, output_tokens INTEGER
-);
-CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
-CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
-CREATE TABLE IF NOT EXISTS tool_calls (call_id TEXT PRIMARY KEY, trace_id TEXT, span_id TEXT);
-"""
-
-ROOT_MARK = "looptrace.endpoint"  # set on the request's server span only
-RESULT_EVENT = "looptrace.tool_result"
+OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
+                   "unknown_tool": "tools_unknown_tool", "unparsed": "tools_unparsed"}
 
 
 def _hex(value: int, width: int) -> str:
@@ -56,18 +48,19 @@ def store_path(setting: str | None) -> Path | None:
         return None
     if setting:
         return Path(setting).expanduser()
-    from platformdirs import user_data_dir
-
     return Path(user_data_dir("looptrace")) / "traces.sqlite3"
 
 
-class SQLiteTraceStore(SpanExporter):
-    def __init__(self, path: str | Path, *, retention_seconds: float = 7 * 86400, max_bytes: int = 1 << 30) -> None:
-        self.path = Path(path)
+class SQLiteTraceStore(TraceQueries, SpanExporter):
+    def __init__(self, path: str | Path, *, retention_seconds: float = 7 * 86400, max_bytes: int = 1 << 30,
+                 on_written: Callable[[list[dict]], None] | None = None) -> None:
+        super().__init__(path)
         self.retention_seconds = retention_seconds
         self.max_bytes = max_bytes
+        self.on_written = on_written  # called on the writing thread with each batch's stored steps
         self._db: sqlite3.Connection | None = None
         self._last_retention = 0.0
+        self._steps = StepGatherer()
 
     # -- writing (the exporting thread) --
 
@@ -76,31 +69,50 @@ class SQLiteTraceStore(SpanExporter):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Used by the exporting thread only; shutdown closes it after that thread has stopped.
             db = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
-            db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new file: lets retention shrink it
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.executescript(SCHEMA)
+            prepare(db)
             self._db = db
         return self._db
+
+    def open(self) -> None:
+        """Creates the file, or upgrades an older one, now rather than at the first batch: readers
+        (the trace viewer) find the current tables from the start. Never raises: a store that cannot
+        be opened loses spans, never requests."""
+        try:
+            self._writer()
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("trace store %s: %s", self.path, exc)
+            self._close_writer()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             db = self._writer()
+            stored: list[dict] = []
             with db:
                 for span in spans:
-                    self._write(db, span)
+                    step = self._write(db, span)
+                    if step is not None:
+                        stored.append(step)
             if time.monotonic() - self._last_retention > 60:
                 self._last_retention = time.monotonic()
                 self.enforce_retention()
-            return SpanExportResult.SUCCESS
         except (sqlite3.Error, OSError) as exc:
             log.warning("trace store %s: %s", self.path, exc)
-            if self._db is not None:
-                self._db.close()
-                self._db = None  # reopen next time: the disk may have room again
+            self._close_writer()  # reopen next time: the disk may have room again
             return SpanExportResult.FAILURE
+        if stored and self.on_written is not None:
+            try:
+                self.on_written(stored)
+            except Exception:  # noqa: BLE001 - a listener's failure is not the store's
+                log.exception("trace store listener failed")
+        return SpanExportResult.SUCCESS
 
-    def _write(self, db: sqlite3.Connection, span: ReadableSpan) -> None:
+    def _close_writer(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _write(self, db: sqlite3.Connection, span: ReadableSpan) -> dict | None:
+        """Stores one span; for a request's server span, returns its step summary."""
         ctx = span.context
         trace_id, span_id = _hex(ctx.trace_id, 32), _hex(ctx.span_id, 16)
         attrs = _attributes(span.attributes)
@@ -115,19 +127,53 @@ class SQLiteTraceStore(SpanExporter):
             (trace_id, span_id, parent, span.name, span.kind.name.lower(), span.start_time, span.end_time, status,
              dumps(attrs), dumps(events), dumps(links)),
         )
-        if ROOT_MARK in attrs:
-            db.execute(
-                "INSERT OR REPLACE INTO traces VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (trace_id, span.start_time, span.end_time, attrs[ROOT_MARK], attrs.get("gen_ai.request.model"),
-                 attrs.get("gen_ai.conversation.id"), status, attrs.get("http.response.status_code"),
-                 attrs.get("gen_ai.usage.input_tokens"), attrs.get("gen_ai.usage.output_tokens")),
-            )
         call_id = attrs.get("gen_ai.tool.call.id")
         if call_id and span.name.startswith("execute_tool"):
             db.execute("INSERT OR REPLACE INTO tool_calls VALUES (?,?,?)", (call_id, trace_id, span_id))
         for event in events:
             if event["name"] == RESULT_EVENT:
                 self._attach_result(db, event["attributes"], trace_id)
+        if ROOT_MARK not in attrs:
+            self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
+            return None
+        step = self._steps.finish(trace_id, attrs, span.start_time, span.end_time, status)
+        self._write_trace(db, attrs, step)
+        return step
+
+    def _write_trace(self, db: sqlite3.Connection, attrs: dict, step: dict) -> None:
+        trace_id, fork_of = step["trace_id"], (step.get("fork_of") or {}).get("trace_id")
+        conversation = attrs.get("gen_ai.conversation.id")
+        session = step["session"] = conversation or f"trace:{trace_id}"
+        client, version = attrs.get("looptrace.client.name"), attrs.get("looptrace.client.version")
+        db.execute(
+            "INSERT OR REPLACE INTO traces (trace_id, start_ns, end_ns, endpoint, model, conversation, status, "
+            "http_status, input_tokens, output_tokens, session, client, client_version, error, finish_reason, "
+            "fork_of, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (trace_id, step["start_ns"], step["end_ns"], step.get("endpoint"), step.get("model"), conversation,
+             step["status"], step.get("http_status"), step.get("input_tokens"), step.get("output_tokens"), session,
+             client, version, step.get("error"), step.get("finish_reason"), fork_of, dumps(step)),
+        )
+        text = searchable_text(step)
+        if text:
+            db.execute("INSERT INTO trace_text (trace_id, text) VALUES (?, ?)", (trace_id, text))
+        if fork_of:
+            return  # a fork is shown with the step it continued, not as a step of the session
+        tools = step["tools"]
+        counts = [tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS]
+        db.execute(
+            f"""INSERT INTO sessions VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)
+            ON CONFLICT (key) DO UPDATE SET
+                model = coalesce(excluded.model, model), client = coalesce(excluded.client, client),
+                client_version = coalesce(excluded.client_version, client_version),
+                first_ns = min(first_ns, excluded.first_ns), last_ns = max(last_ns, excluded.last_ns),
+                last_trace_id = CASE WHEN excluded.last_ns >= last_ns THEN excluded.last_trace_id ELSE last_trace_id END,
+                steps = steps + 1, input_tokens = input_tokens + excluded.input_tokens,
+                output_tokens = output_tokens + excluded.output_tokens, errors = errors + excluded.errors,
+                {", ".join(f"{c} = {c} + excluded.{c}" for c in OUTCOME_COLUMNS.values())}""",
+            (session, conversation, step.get("model"), client, version, step["start_ns"], step["start_ns"],
+             step.get("input_tokens") or 0, step.get("output_tokens") or 0, *counts,
+             int(step["status"] == "error"), trace_id),
+        )
 
     def _attach_result(self, db: sqlite3.Connection, result: dict, seen_in: str) -> None:
         """A tool's result, seen in a later request, joins the execute_tool span that asked for it."""
@@ -166,89 +212,22 @@ class SQLiteTraceStore(SpanExporter):
     @staticmethod
     def _delete(db: sqlite3.Connection, select: str, args: tuple) -> None:
         ids = [(r[0],) for r in db.execute(select, args).fetchall()]
+        sessions = _sessions_of(db, ids)
         db.executemany("DELETE FROM spans WHERE trace_id = ?", ids)
         db.executemany("DELETE FROM tool_calls WHERE trace_id = ?", ids)
+        db.executemany("DELETE FROM trace_text WHERE trace_id = ?", ids)
         db.executemany("DELETE FROM traces WHERE trace_id = ?", ids)
+        for start in range(0, len(sessions), 500):  # what is left of the sessions they belonged to
+            rebuild_sessions(db, sessions[start:start + 500])
 
     def shutdown(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        self._close_writer()
 
-    # -- reading (any thread; a connection each) --
 
-    def _reader(self) -> sqlite3.Connection:
-        if not self.path.exists():
-            raise FileNotFoundError(f"no trace store at {self.path} yet")
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-        db.row_factory = sqlite3.Row
-        return db
-
-    def list_traces(self, *, conversation: str | None = None, model: str | None = None,
-                    since_ns: int | None = None, limit: int = 50) -> list[dict]:
-        where, args = [], []
-        for column, value in (("conversation", conversation), ("model", model)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since_ns is not None:
-            where.append("start_ns >= ?")
-            args.append(since_ns)
-        sql = "SELECT * FROM traces" + (" WHERE " + " AND ".join(where) if where else "")
-        sql += " ORDER BY start_ns DESC LIMIT ?"
-        with self._reader() as db:
-            rows = db.execute(sql, (*args, limit)).fetchall()
-        return [{
-            "trace_id": r["trace_id"], "start_time_unix_nano": r["start_ns"],
-            "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6, "endpoint": r["endpoint"], "model": r["model"],
-            "conversation": r["conversation"], "status": r["status"], "http_status": r["http_status"],
-            "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
-        } for r in rows]
-
-    def get_trace(self, trace_id: str) -> dict | None:
-        with self._reader() as db:
-            rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
-        if not rows:
-            return None
-        spans = []
-        for r in rows:
-            events = loads(r["events"])
-            span = {
-                "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
-                "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
-                "end_time_unix_nano": r["end_ns"], "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6,
-                "status": r["status"], "attributes": loads(r["attributes"]), "events": events,
-                "links": loads(r["links"]),
-            }
-            tokens = expand_events(events)
-            if tokens:
-                span["tokens"] = tokens
-            spans.append(span)
-        return {"trace_id": trace_id, "spans": spans}
-
-    def replay_steps(self, spec: str) -> list[dict]:
-        """`--replay` from the store: trace ids (comma-separated), or `conversation:ID` for every trace of
-        a session, oldest first; one step of generated token ids per trace."""
-        if spec.startswith("conversation:"):
-            conversation = spec.removeprefix("conversation:")
-            trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000))]
-            if not trace_ids:
-                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.path}")
-        elif all(len(t) == 32 for t in spec.split(",")):
-            trace_ids = spec.split(",")
-        else:
-            raise ValueError(f"--replay {spec}: not a file, a trace id or conversation:ID")
-        return [{"token_ids": self.generated_ids(trace_id)} for trace_id in trace_ids]
-
-    def generated_ids(self, trace_id: str) -> list[int]:
-        """The token ids a traced request generated, for the replay backend."""
-        found = self.get_trace(trace_id)
-        if found is None:
-            raise LookupError(f"no trace {trace_id} in {self.path}")
-        decode = [s for s in found["spans"] if s["name"] == "decode"]
-        tokens = decode[0].get("tokens", []) if decode else []
-        if not tokens:
-            raise LookupError(f"trace {trace_id} has no generated tokens")
-        if "id" not in tokens[0]:
-            raise LookupError(f"trace {trace_id} was recorded with --no-trace-content: its token ids were not kept")
-        return [t["id"] for t in tokens]
+def _sessions_of(db: sqlite3.Connection, ids: list[tuple[str]]) -> list[str]:
+    found: set[str] = set()
+    for (trace_id,) in ids:
+        row = db.execute("SELECT session FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+        if row and row[0]:
+            found.add(row[0])
+    return sorted(found)

@@ -1,6 +1,7 @@
 """What observation remembers between the requests of a conversation, in bounded memory.
 
 - what each conversation's model has seen (prompt and output ids), to find what a new request adds;
+- the messages of each conversation's last request (a digest each), to find which messages are new;
 - tool calls waiting for their result to come back in a later request, to link the two.
 
 Used from the rendering threads and the event loop alike, hence the lock.
@@ -31,6 +32,7 @@ class Bounded(OrderedDict):
 class Conversations:
     def __init__(self, conversations: int = 1024, calls: int = 8192) -> None:
         self._seen: Bounded = Bounded(conversations)
+        self._messages: Bounded = Bounded(conversations)
         self._calls: Bounded = Bounded(calls)
         self._lock = threading.Lock()
 
@@ -42,6 +44,18 @@ class Conversations:
     def saw(self, conversation: str, ids: list[int]) -> None:
         with self._lock:
             self._seen.remember(conversation, ids)
+
+    def new_messages_from(self, conversation: str, digests: list[int]) -> int:
+        """Where this request's messages stop repeating the last request's; remembers these instead."""
+        with self._lock:
+            previous = self._messages.get(conversation) or []
+            self._messages.remember(conversation, digests)
+        common = 0
+        for a, b in zip(previous, digests):
+            if a != b:
+                break
+            common += 1
+        return common
 
     def expect_result(self, call_id: str, span: SpanContext, name: str) -> None:
         """A tool call was made; its result will come back in a later request."""

@@ -24,14 +24,16 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
+from looptrace.backends.jsontext import dumps
 from looptrace.trace_store import tokens as token_events
-from looptrace.trace_store.sqlite import RESULT_EVENT, ROOT_MARK
+from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK
 
 from ..engine.generation import Generation, Observer
+from . import genai
 from .conversations import Conversations
 from .metrics import Metrics
 
@@ -86,6 +88,18 @@ class RequestTrace(Observer):
     def responded(self, response_id: str) -> None:
         self.span.set_attribute("gen_ai.response.id", response_id)
 
+    def forked(self, original: dict, index: int, replacement: list[int]) -> None:
+        """This request runs a stored one again from its token `index`: linked to it, and saying where."""
+        root = next((s for s in original["spans"] if not s["parent_span_id"]), None)
+        if root is not None:
+            context = SpanContext(int(original["trace_id"], 16), int(root["span_id"], 16), is_remote=True,
+                                  trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            self.span.add_link(context, {"looptrace.link": "forked_from"})
+        attributes = {"looptrace.fork.trace_id": original["trace_id"], "looptrace.fork.index": index}
+        if self.content:
+            attributes["looptrace.fork.replacement_ids"] = replacement
+        self.span.set_attributes(attributes)
+
     # -- the generation --
 
     def rendered(self, generation: Generation, started_ns: int, ended_ns: int) -> None:
@@ -105,17 +119,40 @@ class RequestTrace(Observer):
             attributes["looptrace.prompt.merged_system_messages"] = rendered.merged_system
         for kind, count in _media_counts(runtime, ids).items():
             attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
-        if generation.forced_prefix:
-            attributes["looptrace.prompt.forced_prefix"] = generation.forced_prefix if self.content else ""
+        if generation.forced_ids:  # the answer's forced opening, at the end of the prompt ids
+            attributes["looptrace.prompt.forced_tokens"] = len(generation.forced_ids)
+            attributes["looptrace.prompt.forced_prefix"] = generation.forced_text if self.content else ""
         if self.content:
-            attributes["looptrace.prompt.text"] = rendered.text + generation.forced_prefix
+            attributes["looptrace.prompt.text"] = rendered.text + generation.forced_text
             attributes["looptrace.prompt.ids"] = ids
             attributes["looptrace.prompt.new_text"] = tokenizer.decode(ids[new_at:]) if new_at else ""
         span = self.tracer.start_span("render", context=self._context, start_time=started_ns, links=links,
-                                        attributes=attributes)
+                                      attributes=attributes)
         for result in results:
             span.add_event(RESULT_EVENT, result, timestamp=ended_ns)
         span.end(end_time=ended_ns)
+        if self.content and generation.request.messages:
+            self._record_messages(generation)
+
+    def _record_messages(self, generation: Generation) -> None:
+        """The conversation in the GenAI conventions' shape (genai.py), and which messages are new
+        since the conversation's last request: what a person reads as this step of the loop."""
+        request = generation.request
+        messages = request.messages
+        instructions, inputs = genai.split_system(messages)
+        new_from = 0
+        if self.conversation:
+            new_from = self.conversations.new_messages_from(self.conversation, [hash(dumps(m)) for m in messages])
+        attributes = {
+            "gen_ai.input.messages": dumps(inputs),
+            "looptrace.input.new_from": new_from,
+            "looptrace.input.new_messages": dumps([genai.message(m) for m in messages[new_from:]]),
+        }
+        if instructions:
+            attributes["gen_ai.system_instructions"] = dumps(instructions)
+        if request.tools:
+            attributes["gen_ai.tool.definitions"] = dumps(genai.tool_definitions(request.tools))
+        self.span.set_attributes(attributes)
 
     def submitted(self, generation: Generation, decode: DecodeRequest) -> None:
         sampling = decode.sampling
@@ -246,7 +283,12 @@ class RequestTrace(Observer):
             "gen_ai.usage.output_tokens": generation.completion_tokens,
             "gen_ai.usage.reasoning.output_tokens": generation.reasoning_tokens,
             "looptrace.usage.cached_tokens": generation.cached_tokens,
+            "gen_ai.usage.cache_read.input_tokens": generation.cached_tokens,
         })
+        if self.content:
+            answer = genai.output_message("".join(generation.reasoning), "".join(generation.text),
+                                          generation.tool_calls, generation.finish_reason)
+            self.span.set_attribute("gen_ai.output.messages", dumps([answer]))
         self._end_prefill(generation.cached_tokens)
         rate = done.get("tokens_per_second", 0.0)
         if rate:

@@ -13,6 +13,7 @@ from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings
 from .conversations import Conversations
+from .feed import LiveFeed
 from .metrics import Metrics
 from .request_trace import RequestTrace
 
@@ -21,11 +22,14 @@ class Telemetry:
     def __init__(self, settings: Settings) -> None:
         self.content = settings.trace_content
         self.metrics = Metrics()
+        self.feed = LiveFeed()
         path = store_path(settings.trace_db)
         self.store: SQLiteTraceStore | None = None
         if path is not None:
             self.store = SQLiteTraceStore(path, retention_seconds=settings.trace_retention_days * 86400,
-                                          max_bytes=int(settings.trace_max_mb * 1024 * 1024))
+                                          max_bytes=int(settings.trace_max_mb * 1024 * 1024),
+                                          on_written=self.feed.publish)
+            self.store.open()
         self.provider, self.processors = build_provider(
             store=self.store, otlp_endpoint=settings.otlp_endpoint, on_dropped=self.metrics.dropped)
         self.tracer = self.provider.get_tracer("looptrace")

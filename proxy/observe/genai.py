@@ -1,0 +1,87 @@
+"""The conversation as the OpenTelemetry GenAI conventions record it on a span, so that other GenAI
+tools (Phoenix, Langfuse, MLflow, Weave) show a request as the messages it carried:
+
+    gen_ai.system_instructions   the system prompt, as parts
+    gen_ai.input.messages        the rest of the conversation, role and parts per message
+    gen_ai.output.messages       the model's answer: reasoning, text, tool calls, with its finish reason
+    gen_ai.tool.definitions      the tools offered
+
+Parts are the conventions' `text`, `reasoning`, `tool_call` and `tool_call_response`. Written by hand
+(plain dicts, once per request): the conventions' own Python models (opentelemetry-util-genai) are a
+beta library with instrumentation dependencies; the tests check this output against them.
+"""
+
+from __future__ import annotations
+
+from looptrace.backends.jsontext import dumps, loads
+
+# Our finish reasons → the conventions' (`tool_call`, singular; the rest are the same words).
+FINISH_REASONS = {"tool_calls": "tool_call"}
+
+
+def _arguments(value: object) -> object:
+    """A call's arguments as an object where they are JSON, else as the text the model wrote."""
+    if isinstance(value, str):
+        try:
+            return loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _text(content: object) -> str:
+    return content if isinstance(content, str) else "" if content is None else dumps(content)
+
+
+def message(source: dict) -> dict:
+    """One message in Hugging Face's common format (the engine's) → role and parts."""
+    role = source.get("role", "user")
+    parts: list[dict] = []
+    if role == "tool":
+        parts.append({"type": "tool_call_response", "id": source.get("tool_call_id") or None,
+                      "response": _text(source.get("content"))})
+    else:
+        if source.get("reasoning_content"):
+            parts.append({"type": "reasoning", "content": source["reasoning_content"]})
+        if source.get("content"):
+            parts.append({"type": "text", "content": _text(source["content"])})
+        for call in source.get("tool_calls") or ():
+            function = call.get("function", {})
+            parts.append({"type": "tool_call", "id": call.get("id"), "name": function.get("name", ""),
+                          "arguments": _arguments(function.get("arguments"))})
+    out = {"role": role, "parts": parts}
+    if source.get("name") and role != "tool":
+        out["name"] = source["name"]
+    return out
+
+
+def split_system(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The leading system messages as system instructions (parts), and the rest as input messages."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    instructions = [{"type": "text", "content": _text(m.get("content"))} for m in messages[:lead]]
+    return instructions, [message(m) for m in messages[lead:]]
+
+
+def output_message(reasoning: str, text: str, tool_calls: list[dict], finish_reason: str | None) -> dict:
+    """The answer as one assistant message; `tool_calls` are the parser's tool_call deltas."""
+    parts: list[dict] = []
+    if reasoning:
+        parts.append({"type": "reasoning", "content": reasoning})
+    if text:
+        parts.append({"type": "text", "content": text})
+    for call in tool_calls:
+        parts.append({"type": "tool_call", "id": call["id"], "name": call["name"],
+                      "arguments": _arguments(call["arguments"])})
+    reason = finish_reason or "error"
+    return {"role": "assistant", "parts": parts, "finish_reason": FINISH_REASONS.get(reason, reason)}
+
+
+def tool_definitions(tools: list[dict] | None) -> list[dict]:
+    out = []
+    for tool in tools or ():
+        function = tool.get("function", {})
+        out.append({"type": "function", "name": function.get("name", ""), "description": function.get("description"),
+                    "parameters": function.get("parameters")})
+    return out

@@ -1,0 +1,203 @@
+"""Reading the store: traces, sessions, a session's steps, one trace whole.
+
+Any thread may read; each query opens its own read-only connection, so readers never wait for the
+writer (WAL mode). A store that does not exist yet reads as empty.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from looptrace.backends.jsontext import loads
+
+from .schema import OUTCOMES
+from .tokens import expand_events
+
+FORK_LIMIT = 50  # forks listed per step
+
+
+class TraceQueries:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _reader(self) -> sqlite3.Connection:
+        if not self.path.exists():
+            raise FileNotFoundError(f"no trace store at {self.path} yet")
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+        db.row_factory = sqlite3.Row
+        return db
+
+    # -- traces --
+
+    def list_traces(self, *, conversation: str | None = None, model: str | None = None,
+                    since_ns: int | None = None, limit: int = 50) -> list[dict]:
+        where, args = [], []
+        for column, value in (("conversation", conversation), ("model", model)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since_ns is not None:
+            where.append("start_ns >= ?")
+            args.append(since_ns)
+        sql = "SELECT * FROM traces" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY start_ns DESC LIMIT ?"
+        with self._reader() as db:
+            rows = db.execute(sql, (*args, limit)).fetchall()
+        return [{
+            "trace_id": r["trace_id"], "start_time_unix_nano": r["start_ns"],
+            "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6, "endpoint": r["endpoint"], "model": r["model"],
+            "conversation": r["conversation"], "status": r["status"], "http_status": r["http_status"],
+            "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
+        } for r in rows]
+
+    def get_trace(self, trace_id: str) -> dict | None:
+        with self._reader() as db:
+            rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
+            step = db.execute("SELECT session, step FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+        if not rows:
+            return None
+        spans = []
+        for r in rows:
+            events = loads(r["events"])
+            span = {
+                "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
+                "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
+                "end_time_unix_nano": r["end_ns"], "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6,
+                "status": r["status"], "attributes": loads(r["attributes"]), "events": events,
+                "links": loads(r["links"]),
+            }
+            tokens = expand_events(events)
+            if tokens:
+                span["tokens"] = tokens
+            spans.append(span)
+        found = {"trace_id": trace_id, "spans": spans}
+        if step is not None:  # not yet, while the server span is still on its way
+            found["session"] = step["session"]
+            if step["step"]:
+                found["step"] = loads(step["step"])
+        return found
+
+    def tokens(self, trace_id: str) -> dict | None:
+        """A trace's generated tokens, one dict each, without its other spans (which hold whole prompts)."""
+        with self._reader() as db:
+            root = db.execute("SELECT model, session, fork_of FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            decode = db.execute("SELECT events FROM spans WHERE trace_id = ? AND name = 'decode'",
+                                (trace_id,)).fetchone()
+        if root is None and decode is None:
+            return None
+        return {"trace_id": trace_id, "model": root["model"] if root else None,
+                "session": root["session"] if root else None, "fork_of": root["fork_of"] if root else None,
+                "tokens": expand_events(loads(decode["events"])) if decode else []}
+
+    def generated_ids(self, trace_id: str) -> list[int]:
+        """The token ids a traced request generated, for the replay backend."""
+        found = self.get_trace(trace_id)
+        if found is None:
+            raise LookupError(f"no trace {trace_id} in {self.path}")
+        decode = [s for s in found["spans"] if s["name"] == "decode"]
+        tokens = decode[0].get("tokens", []) if decode else []
+        if not tokens:
+            raise LookupError(f"trace {trace_id} has no generated tokens")
+        if "id" not in tokens[0]:
+            raise LookupError(f"trace {trace_id} was recorded with --no-trace-content: its token ids were not kept")
+        return [t["id"] for t in tokens]
+
+    def replay_steps(self, spec: str) -> list[dict]:
+        """`--replay` from the store: trace ids (comma-separated), or `conversation:ID` for every trace of
+        a session, oldest first; one step of generated token ids per trace."""
+        if spec.startswith("conversation:"):
+            conversation = spec.removeprefix("conversation:")
+            trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000))]
+            if not trace_ids:
+                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.path}")
+        elif all(len(t) == 32 for t in spec.split(",")):
+            trace_ids = spec.split(",")
+        else:
+            raise ValueError(f"--replay {spec}: not a file, a trace id or conversation:ID")
+        return [{"token_ids": self.generated_ids(trace_id)} for trace_id in trace_ids]
+
+    # -- sessions --
+
+    def list_sessions(self, *, model: str | None = None, client: str | None = None, since_ns: int | None = None,
+                      until_ns: int | None = None, text: str | None = None, before: tuple[int, str] | None = None,
+                      limit: int = 50) -> dict:
+        """Sessions, most recently active first, `limit` at a time: `before` is the (last_ns, key) of
+        the previous page's last row. `text` matches a conversation id or words a step said or read."""
+        where, args = [], []
+        for column, value in (("model", model), ("client", client)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since_ns is not None:
+            where.append("last_ns >= ?")
+            args.append(since_ns)
+        if until_ns is not None:
+            where.append("first_ns <= ?")
+            args.append(until_ns)
+        if text:
+            where.append("(instr(lower(coalesce(conversation, key)), lower(?)) > 0 OR key IN ("
+                         "SELECT t.session FROM trace_text x JOIN traces t ON t.trace_id = x.trace_id "
+                         "WHERE trace_text MATCH ?))")
+            args += [text, _phrase(text)]
+        if before is not None:
+            where.append("(last_ns < ? OR (last_ns = ? AND key < ?))")
+            args += [before[0], before[0], before[1]]
+        sql = ("SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY last_ns DESC, key DESC LIMIT ?")
+        with self._reader() as db:
+            rows = [_session(r) for r in db.execute(sql, (*args, limit + 1)).fetchall()]
+            facets = {
+                "models": [r[0] for r in db.execute("SELECT DISTINCT model FROM sessions WHERE model IS NOT NULL "
+                                                    "ORDER BY model LIMIT 100")],
+                "clients": [r[0] for r in db.execute("SELECT DISTINCT client FROM sessions WHERE client IS NOT NULL "
+                                                     "ORDER BY client LIMIT 100")],
+            }
+        more = len(rows) > limit
+        rows = rows[:limit]
+        after = rows[-1] if more else None
+        return {"data": rows, "next": f"{after['last_ns']}:{after['key']}" if after else None, **facets}
+
+    def session(self, key: str) -> dict | None:
+        """A session and its steps in order, each the summary its request was stored with."""
+        with self._reader() as db:
+            head = db.execute("SELECT * FROM sessions WHERE key = ?", (key,)).fetchone()
+            if head is None:
+                return None
+            rows = db.execute("SELECT * FROM traces WHERE session = ? AND fork_of IS NULL ORDER BY start_ns",
+                              (key,)).fetchall()
+            forks: dict[str, list[str]] = {}
+            for fork in db.execute(
+                    "SELECT f.trace_id, f.fork_of FROM traces f JOIN traces t ON f.fork_of = t.trace_id "
+                    "WHERE t.session = ? ORDER BY f.start_ns LIMIT ?", (key, FORK_LIMIT * 20)):
+                forks.setdefault(fork["fork_of"], []).append(fork["trace_id"])
+        steps = []
+        for r in rows:
+            step = loads(r["step"]) if r["step"] else _bare_step(r)
+            if r["trace_id"] in forks:
+                step["forks"] = forks[r["trace_id"]][:FORK_LIMIT]
+            steps.append(step)
+        return {**_session(head), "steps": steps}
+
+
+def _session(row: sqlite3.Row) -> dict:
+    return {
+        "key": row["key"], "conversation": row["conversation"], "model": row["model"], "client": row["client"],
+        "client_version": row["client_version"], "first_ns": row["first_ns"], "last_ns": row["last_ns"],
+        "steps": row["steps"], "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+        "tool_calls": {o: row[f"tools_{o}"] for o in OUTCOMES}, "errors": row["errors"],
+        "last_trace_id": row["last_trace_id"],
+    }
+
+
+def _bare_step(row: sqlite3.Row) -> dict:
+    """A trace stored before step summaries existed: what its row says."""
+    return {"trace_id": row["trace_id"], "start_ns": row["start_ns"], "end_ns": row["end_ns"],
+            "endpoint": row["endpoint"], "model": row["model"], "status": row["status"],
+            "http_status": row["http_status"], "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"], "tool_calls": [], "tools": {}}
+
+
+def _phrase(text: str) -> str:
+    """The user's words as one FTS5 phrase: nothing they type is read as query syntax."""
+    return '"' + text.replace('"', '""') + '"'

@@ -1,0 +1,103 @@
+"""The store's tables, and bringing an older file up to them.
+
+    spans       every span as recorded: attributes, events (a decode span's tokens), links
+    traces      one row per request, from its server span: what the trace API lists, and the step
+                summary (steps.py) the trace viewer shows for it
+    sessions    one row per agent conversation (or per request that carries none), kept up to date
+                as requests are stored, so that listing sessions never scans traces
+    trace_text  what a person searches for (new messages, the model's output), full-text indexed
+    tool_calls  call id → the span that made the call, so a result seen later can join it
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+VERSION = 2  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+
+# What the store reads on the spans it is given.
+ROOT_MARK = "looptrace.endpoint"  # set on a request's server span only
+RESULT_EVENT = "looptrace.tool_result"  # on a render span: a tool's result, arriving in a later request
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_id TEXT, name TEXT NOT NULL, kind TEXT,
+    start_ns INTEGER, end_ns INTEGER, status TEXT, attributes TEXT, events TEXT, links TEXT,
+    PRIMARY KEY (trace_id, span_id)
+);
+CREATE TABLE IF NOT EXISTS traces (
+    trace_id TEXT PRIMARY KEY, start_ns INTEGER, end_ns INTEGER, endpoint TEXT, model TEXT,
+    conversation TEXT, status TEXT, http_status INTEGER, input_tokens INTEGER, output_tokens INTEGER
+);
+CREATE TABLE IF NOT EXISTS tool_calls (call_id TEXT PRIMARY KEY, trace_id TEXT, span_id TEXT);
+"""
+
+# Added in version 2, to `traces`: (column, type).
+TRACE_COLUMNS = (
+    ("session", "TEXT"),  # the conversation id, or "trace:" + the trace id for a request without one
+    ("client", "TEXT"), ("client_version", "TEXT"), ("error", "TEXT"), ("finish_reason", "TEXT"),
+    ("fork_of", "TEXT"),  # the trace a fork continued
+    ("step", "TEXT"),  # JSON: the step summary (steps.py)
+)
+
+VERSION_2 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    key TEXT PRIMARY KEY, conversation TEXT, model TEXT, client TEXT, client_version TEXT,
+    first_ns INTEGER, last_ns INTEGER, steps INTEGER, input_tokens INTEGER, output_tokens INTEGER,
+    tools_valid INTEGER, tools_invalid_args INTEGER, tools_unknown_tool INTEGER, tools_unparsed INTEGER,
+    errors INTEGER, last_trace_id TEXT
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS trace_text USING fts5(trace_id UNINDEXED, text, tokenize = 'unicode61 remove_diacritics 2');
+"""
+
+INDEXES = """
+CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session, start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_fork ON traces (fork_of) WHERE fork_of IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
+"""
+
+OUTCOMES = ("valid", "invalid_args", "unknown_tool", "unparsed")
+
+
+def prepare(db: sqlite3.Connection) -> None:
+    """Creates the tables, or brings an older file up to this version (its traces stay readable)."""
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new file: lets retention shrink it
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version >= VERSION:
+        return
+    with db:
+        db.executescript(TABLES)
+        have = {row[1] for row in db.execute("PRAGMA table_info(traces)")}
+        for column, kind in TRACE_COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE traces ADD COLUMN {column} {kind}")
+        db.executescript(VERSION_2)
+        db.executescript(INDEXES)
+        # Traces stored by an older version: their sessions, from what their rows say.
+        db.execute("UPDATE traces SET session = coalesce(conversation, 'trace:' || trace_id) WHERE session IS NULL")
+        rebuild_sessions(db, None)
+        db.execute(f"PRAGMA user_version = {VERSION}")
+
+
+def rebuild_sessions(db: sqlite3.Connection, keys: list[str] | None) -> None:
+    """Sessions recomputed from their traces (all of them when `keys` is None): after retention
+    removed some of a session's traces, or after an upgrade."""
+    where, args = ("", ()) if keys is None else (f" AND session IN ({','.join('?' * len(keys))})", tuple(keys))
+    if keys is not None:
+        db.execute(f"DELETE FROM sessions WHERE key IN ({','.join('?' * len(keys))})", args)
+    else:
+        db.execute("DELETE FROM sessions")
+    outcome = "coalesce(json_extract(step, '$.tools.{0}'), 0)"
+    db.execute(f"""
+        INSERT INTO sessions
+        SELECT session, conversation, max(model), max(client), max(client_version), min(start_ns), max(start_ns),
+               count(*), sum(coalesce(input_tokens, 0)), sum(coalesce(output_tokens, 0)),
+               {', '.join(f'sum({outcome.format(o)})' for o in OUTCOMES)},
+               sum(status = 'error'),
+               (SELECT t2.trace_id FROM traces t2 WHERE t2.session = traces.session AND t2.fork_of IS NULL
+                ORDER BY t2.start_ns DESC LIMIT 1)
+        FROM traces WHERE fork_of IS NULL{where} GROUP BY session""", args)

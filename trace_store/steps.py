@@ -1,0 +1,124 @@
+"""A request's step summary: what the trace viewer shows of one step of an agent's loop, gathered
+from its spans as they are stored, so that a session of hundreds of steps reads back as one small
+JSON document per step instead of every prompt and token.
+
+    {"trace_id", "start_ns", "end_ns", "endpoint", "model", "status", "http_status", "error",
+     "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
+     "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
+     "drafted", "accepted", "new_from", "new_messages", "output", "tool_calls", "tools", "fork_of"}
+
+`new_messages` are the input messages new since the conversation's previous step, `output` the
+model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
+the trace was recorded without content. `tools` counts the tool calls by outcome.
+
+Spans of a request end before its server span, so they are gathered first and the summary is
+finished when the server span arrives.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from looptrace.backends.jsontext import loads
+
+from .schema import ROOT_MARK
+
+MAX_PENDING = 4096  # requests whose server span has not arrived yet (it may have been dropped)
+
+
+def _ms(start: int | None, end: int | None) -> float | None:
+    return round((end - start) / 1e6, 3) if start is not None and end is not None else None
+
+
+def _json(attrs: dict, key: str):
+    value = attrs.get(key)
+    if not isinstance(value, str):
+        return None
+    try:
+        return loads(value)
+    except ValueError:
+        return None
+
+
+class StepGatherer:
+    """Used by the store's writer thread only."""
+
+    def __init__(self) -> None:
+        self._pending: OrderedDict[str, dict] = OrderedDict()
+
+    def _for(self, trace_id: str) -> dict:
+        step = self._pending.get(trace_id)
+        if step is None:
+            step = self._pending[trace_id] = {"tool_calls": []}
+            while len(self._pending) > MAX_PENDING:
+                self._pending.popitem(last=False)
+        return step
+
+    def add(self, trace_id: str, name: str, attrs: dict, start_ns: int, end_ns: int) -> None:
+        """A span below the server span."""
+        step = self._for(trace_id)
+        if name == "prefill":
+            step["prefill"] = (start_ns, end_ns, attrs.get("looptrace.prefill.seconds"),
+                               attrs.get("looptrace.prefill.cached_tokens"))
+        elif name == "decode":
+            step["decode"] = attrs
+        elif name.startswith("execute_tool"):
+            call = {"outcome": attrs.get("looptrace.tool.outcome"), "name": attrs.get("gen_ai.tool.name"),
+                    "id": attrs.get("gen_ai.tool.call.id"), "index": attrs.get("looptrace.tool.index"),
+                    "arguments": attrs.get("gen_ai.tool.call.arguments"), "raw": attrs.get("looptrace.tool.raw")}
+            step["tool_calls"].append({k: v for k, v in call.items() if v is not None})
+
+    def finish(self, trace_id: str, attrs: dict, start_ns: int, end_ns: int, status: str) -> dict:
+        """The server span arrived: the step's summary."""
+        gathered = self._pending.pop(trace_id, None) or {"tool_calls": []}
+        prefill = gathered.get("prefill")
+        decode = gathered.get("decode") or {}
+        reasons = attrs.get("gen_ai.response.finish_reasons") or ()
+        calls = sorted(gathered["tool_calls"], key=lambda c: c.get("index", 1 << 30))
+        tools: dict[str, int] = {}
+        for call in calls:
+            tools[call.get("outcome", "unparsed")] = tools.get(call.get("outcome", "unparsed"), 0) + 1
+        step = {
+            "trace_id": trace_id, "start_ns": start_ns, "end_ns": end_ns,
+            "endpoint": attrs.get(ROOT_MARK), "model": attrs.get("gen_ai.request.model"), "status": status,
+            "http_status": attrs.get("http.response.status_code"), "error": attrs.get("error.type"),
+            "finish_reason": reasons[0] if reasons else None,
+            "input_tokens": attrs.get("gen_ai.usage.input_tokens"),
+            "output_tokens": attrs.get("gen_ai.usage.output_tokens"),
+            "reasoning_tokens": attrs.get("gen_ai.usage.reasoning.output_tokens"),
+            "cached_tokens": attrs.get("looptrace.usage.cached_tokens"),
+            "ttft_ms": _ms(start_ns, prefill[1]) if prefill else None,
+            # The prefill span runs from submission to the first token; the backend's own prefill
+            # time is part of it, and the rest is waiting for the model.
+            "queue_ms": (max(0.0, round(_ms(prefill[0], prefill[1]) - prefill[2] * 1e3, 3))
+                         if prefill and prefill[2] is not None else None),
+            "prefill_ms": round(prefill[2] * 1e3, 3) if prefill and prefill[2] is not None else None,
+            "decode_ms": round(decode["looptrace.decode.seconds"] * 1e3, 3)
+            if "looptrace.decode.seconds" in decode else None,
+            "tokens_per_second": decode.get("looptrace.decode.tokens_per_second"),
+            "backend": decode.get("looptrace.backend"),
+            "drafted": decode.get("looptrace.spec.drafted_tokens"),
+            "accepted": decode.get("looptrace.spec.accepted_tokens"),
+            "new_from": attrs.get("looptrace.input.new_from"),
+            "new_messages": _json(attrs, "looptrace.input.new_messages"),
+            "output": _json(attrs, "gen_ai.output.messages"),
+            "tool_calls": calls,
+            "tools": tools,
+            "fork_of": ({"trace_id": attrs["looptrace.fork.trace_id"], "index": attrs.get("looptrace.fork.index")}
+                        if "looptrace.fork.trace_id" in attrs else None),
+        }
+        return {k: v for k, v in step.items() if v is not None}
+
+
+def searchable_text(step: dict) -> str:
+    """What a text search of the sessions finds a step by: its new messages and the model's output."""
+    texts: list[str] = []
+    for message in (step.get("new_messages") or []) + (step.get("output") or []):
+        for part in message.get("parts", ()):
+            for key in ("content", "name", "arguments", "response"):
+                value = part.get(key)
+                if isinstance(value, str):
+                    texts.append(value)
+                elif value is not None and key in ("arguments", "response"):
+                    texts.append(str(value))
+    return "\n".join(texts)
