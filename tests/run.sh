@@ -4,10 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# From Debian's packages: Prometheus (a real server scraping a real /metrics) and, when missing,
+# From Debian's packages: Prometheus (a real server scraping a real /metrics), Chromium (the trace
+# viewer's tests drive it with Playwright, which cannot download browsers here) and, when missing,
 # Node.js and npm for the real agent clients.
 missing=""
 command -v prometheus >/dev/null || missing="$missing prometheus"
+command -v chromium >/dev/null || missing="$missing chromium"
 command -v npm >/dev/null || missing="$missing nodejs npm"
 if [ -n "$missing" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

@@ -10,20 +10,22 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
+from . import pages
 from .chat import chat_completions
 from .errors import APIError, error_middleware
+from .fork import fork_trace
 from .health import health, metrics, models
 from .keys import RESPONSE_STORE, RUNTIME, SETTINGS, TELEMETRY
 from .response_store import ResponseStore
 from .responses import create_response, delete_response, get_response
-from .traces import get_trace, list_traces
-
-PUBLIC_PATHS = ("/health", "/metrics")
+from .sessions import get_session, list_sessions, live
+from .traces import get_prompt, get_tokens, get_trace, list_traces
 _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, _auth_middleware], client_max_size=256 * 1024**2)
+    app = web.Application(middlewares=[pages.security_headers, error_middleware, _auth_middleware],
+                          client_max_size=256 * 1024**2)
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
@@ -37,6 +39,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/traces", list_traces)
     app.router.add_get("/v1/traces/{trace_id}", get_trace)
+    app.router.add_get("/v1/traces/{trace_id}/prompt", get_prompt)
+    app.router.add_get("/v1/traces/{trace_id}/tokens", get_tokens)
+    app.router.add_post("/v1/traces/{trace_id}/fork", fork_trace)
+    app.router.add_get("/v1/sessions", list_sessions)
+    app.router.add_get("/v1/sessions/{key:.+}", get_session)
+    app.router.add_get("/v1/live", live)
+    pages.add_routes(app.router)  # the trace viewer
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app
@@ -45,6 +54,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
 async def _start(app: web.Application) -> None:
     runtime = app[RUNTIME]
     runtime.start()
+    app[TELEMETRY].feed.attach(asyncio.get_running_loop())
 
     async def watch_when_loaded() -> None:
         # The model's name is final only once loaded (a vLLM server may name it).
@@ -64,7 +74,7 @@ async def _stop(app: web.Application) -> None:
 @web.middleware
 async def _auth_middleware(request: web.Request, handler):
     key = request.app[SETTINGS].api_key
-    if key and request.path not in PUBLIC_PATHS:
+    if key and not pages.is_public(request.path):
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):

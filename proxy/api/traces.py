@@ -1,70 +1,115 @@
-"""GET /v1/traces and /v1/traces/{trace_id}: the embedded store, queried over HTTP."""
+"""The embedded store over HTTP: GET /v1/traces, /v1/traces/{trace_id}, /v1/traces/{trace_id}/prompt."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import datetime
 
 from aiohttp import web
 
+from looptrace.backends.detokenize import Vocabulary
 from looptrace.backends.jsontext import dumps
+from looptrace.trace_store.sqlite import SQLiteTraceStore
 
 from .errors import APIError, invalid
-from .keys import TELEMETRY
+from .keys import RUNTIME, TELEMETRY
+from .prompt_view import TokenTexts, prompt_view, with_alternative_texts
 
 
 async def list_traces(request: web.Request) -> web.Response:
-    store = _store(request)
+    store = store_of(request)
     query = request.query
-    limit = _int(query.get("limit", "50"), "limit")
-    if not 1 <= limit <= 1000:
-        raise invalid("'limit' must be between 1 and 1000.", param="limit")
-    since = _since(query.get("since"))
-    try:
-        rows = await asyncio.to_thread(store.list_traces, conversation=query.get("conversation"),
-                                       model=query.get("model"), since_ns=since, limit=limit)
-    except FileNotFoundError:
-        rows = []  # nothing recorded yet
+    limit = bounded_int(query.get("limit", "50"), "limit", 1, 1000)
+    since = timestamp(query.get("since"), "since")
+    rows = await read(store.list_traces, [], conversation=query.get("conversation"), model=query.get("model"),
+                      since_ns=since, limit=limit)
     return web.json_response({"object": "list", "data": rows}, dumps=dumps)
 
 
 async def get_trace(request: web.Request) -> web.Response:
-    store = _store(request)
+    """One trace, every span; the decode span's tokens one by one, with their alternatives' text when
+    the trace is of the model served (its tokenizer reads them)."""
+    trace = await stored_trace(request, request.match_info["trace_id"])
+    vocab = vocabulary_for(request, trace)
+    if vocab is not None:
+        trace = await asyncio.to_thread(with_alternative_texts, trace, vocab)
+    return web.json_response(trace, dumps=dumps)
+
+
+async def get_tokens(request: web.Request) -> web.Response:
+    """A trace's generated tokens alone, with their alternatives' text: what the viewer's heat map reads."""
     trace_id = request.match_info["trace_id"].lower()
-    try:
-        found = await asyncio.to_thread(store.get_trace, trace_id)
-    except FileNotFoundError:
-        found = None
+    found = await read(store_of(request).tokens, None, trace_id)
     if found is None:
         raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
                        param="trace_id", code="trace_not_found")
+    runtime = request.app[RUNTIME]
+    if runtime.status == "ready" and found["model"] == runtime.model_name:
+        await asyncio.to_thread(TokenTexts(runtime.vocab).add_to, found["tokens"])
     return web.json_response(found, dumps=dumps)
 
 
-def _store(request: web.Request):
+async def get_prompt(request: web.Request) -> web.Response:
+    """The prompt token by token, and with `?against=TRACE_ID` (the step before) what changed since."""
+    trace = await stored_trace(request, request.match_info["trace_id"])
+    against = request.query.get("against")
+    previous = await stored_trace(request, against, param="against") if against else None
+    view = await asyncio.to_thread(prompt_view, trace, previous, vocabulary_for(request, trace))
+    return web.json_response(view, dumps=dumps)
+
+
+def vocabulary_for(request: web.Request, trace: dict) -> Vocabulary | None:
+    """The tokenizer a trace's ids mean something in: the served model's, if the trace is of it."""
+    runtime = request.app[RUNTIME]
+    model = next((s["attributes"].get("gen_ai.request.model") for s in trace["spans"] if not s["parent_span_id"]), None)
+    return runtime.vocab if runtime.status == "ready" and model == runtime.model_name else None
+
+
+async def stored_trace(request: web.Request, trace_id: str, param: str = "trace_id") -> dict:
+    found = await read(store_of(request).get_trace, None, trace_id.lower())
+    if found is None:
+        raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
+                       param=param, code="trace_not_found")
+    return found
+
+
+async def read(query, empty, *args, **kwargs):
+    """A store query off the event loop; a store with nothing written yet reads as `empty`."""
+    try:
+        return await asyncio.to_thread(query, *args, **kwargs)
+    except FileNotFoundError:
+        return empty
+
+
+def store_of(request: web.Request) -> SQLiteTraceStore:
     store = request.app[TELEMETRY].store
     if store is None:
         raise APIError(404, "The trace store is off (--trace-db off).", code="trace_store_off")
     return store
 
 
-def _int(value: str, name: str) -> int:
+def bounded_int(value: str, name: str, low: int, high: int) -> int:
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise invalid(f"'{name}' must be an integer.", param=name) from None
+    if not low <= number <= high:
+        raise invalid(f"'{name}' must be between {low} and {high}.", param=name)
+    return number
 
 
-def _since(value: str | None) -> int | None:
+def timestamp(value: str | None, name: str) -> int | None:
     """Unix seconds or an ISO 8601 time → nanoseconds."""
     if not value:
         return None
     try:
-        return int(float(value) * 1e9)
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
-    except ValueError:
-        raise invalid("'since' must be Unix seconds or an ISO 8601 time.", param="since") from None
-
+        try:
+            seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name) from None
+    if not math.isfinite(seconds):
+        raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name)
+    return int(seconds * 1e9)

@@ -21,6 +21,15 @@ from .runtime import Runtime
 from .stops import StopStrings
 
 
+@dataclass(frozen=True, slots=True)
+class StoredPrompt:
+    """A prompt already rendered (a stored trace's), run again without rendering: how a fork starts."""
+
+    ids: list[int]
+    thinking: bool  # the prompt leaves the model inside its thinking channel
+    answer_prefix: list[int] = field(default_factory=list)  # tokens the answer starts with, as if generated
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     messages: list[dict]  # Hugging Face's common format; tool-call arguments as dicts
@@ -38,6 +47,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs asked for
+    stored: StoredPrompt | None = None  # run this prompt instead of rendering `messages`
 
 
 class Step(NamedTuple):
@@ -71,7 +81,10 @@ class Generation:
         self.observer = observer or Observer()
         self.rendered: Rendered | None = None
         self.prompt_ids: list[int] = []
-        self.forced_prefix = ""
+        # Tokens after the rendered prompt that the answer starts with (a forced tool call's opening, a
+        # fork's prefix), and their text, which the parser reads as the model's own words.
+        self.forced_ids: list[int] = []
+        self.forced_text = ""
         self.max_tokens = 0
         self.sampling = SamplingParams()
         # Filled in while running:
@@ -80,6 +93,8 @@ class Generation:
         self.completion_tokens = 0
         self.reasoning_tokens = 0
         self.tool_calls: list[dict] = []
+        self.reasoning: list[str] = []  # the answer as the client received it, for traces
+        self.text: list[str] = []
         self.finish_reason: str | None = None
         self._decode: DecodeRequest | None = None
 
@@ -94,15 +109,24 @@ class Generation:
         family = runtime.family
         tools = request.tools if request.tool_choice != "none" else None
         started_ns = time.time_ns()
-        try:
-            rendered = family.render(request.messages, tools, request.enable_thinking)
-        except ValueError as exc:
-            raise Refused(f"the chat template refused these messages: {exc}", param="messages", code="template_error") from exc
-        forced_name = request.tool_choice.get("name") if isinstance(request.tool_choice, dict) else None
-        if request.tools and (request.tool_choice == "required" or forced_name):
-            thinking_on = bool(request.enable_thinking) or rendered.thinking
-            self.forced_prefix = family.forced_call_prefix(forced_name, thinking_on)
-        ids = rendered.ids + (runtime.encode(self.forced_prefix) if self.forced_prefix else [])
+        stored = request.stored
+        if stored is not None:
+            rendered = Rendered(text=runtime.tokenizer.decode(stored.ids), ids=stored.ids, thinking=stored.thinking,
+                                history_length=len(stored.ids))
+            self.forced_ids = list(stored.answer_prefix)
+            self.forced_text = self._text_of(stored.ids, self.forced_ids)
+        else:
+            try:
+                rendered = family.render(request.messages, tools, request.enable_thinking)
+            except ValueError as exc:
+                raise Refused(f"the chat template refused these messages: {exc}", param="messages",
+                              code="template_error") from exc
+            forced_name = request.tool_choice.get("name") if isinstance(request.tool_choice, dict) else None
+            if request.tools and (request.tool_choice == "required" or forced_name):
+                thinking_on = bool(request.enable_thinking) or rendered.thinking
+                self.forced_text = family.forced_call_prefix(forced_name, thinking_on)
+                self.forced_ids = runtime.encode(self.forced_text)
+        ids = rendered.ids + self.forced_ids
         self.rendered, self.prompt_ids = rendered, ids
         self.observer.rendered(self, started_ns, time.time_ns())
 
@@ -144,9 +168,9 @@ class Generation:
                                      keep_at=self.rendered.history_length)
         observer.submitted(self, self._decode)
 
-        if self.forced_prefix:
-            # The prompt already holds the call's opening; the parser must read it as the model's own words.
-            yield Step(None, None, self._screen(parser.feed(self.forced_prefix)))
+        if self.forced_text:
+            # The prompt already holds the answer's opening; the parser must read it as the model's own words.
+            yield Step(None, None, self._screen(parser.feed(self.forced_text)))
 
         stopped_by: str | None = None
         try:
@@ -193,19 +217,38 @@ class Generation:
         if self._decode is not None:
             self._decode.cancel.set()
 
+    def _text_of(self, context: list[int], ids: list[int]) -> str:
+        """What the parser would have read of tokens had they been generated after `context`: grammar
+        and plain tokens' text, not stray special tokens'."""
+        vocab, grammar = self.runtime.vocab, self.runtime.family.grammar_ids
+        detokenizer = vocab.detokenizer(context[-4:])
+        texts = []
+        for token_id in ids:
+            text = detokenizer.step(token_id)
+            if token_id not in vocab.special or token_id in grammar:
+                texts.append(text)
+        texts.append(detokenizer.flush())
+        return "".join(texts)
+
     def _screen(self, deltas: list[dict]) -> list[dict]:
         """Record tool calls; with tool_choice "none" a call the model makes anyway comes back as text."""
         if not deltas:
             return deltas
         out = []
         for delta in deltas:
-            if delta["type"] == "tool_call":
+            kind = delta["type"]
+            if kind == "text":
+                self.text.append(delta["text"])
+            elif kind == "thinking":
+                self.reasoning.append(delta["text"])
+            if kind == "tool_call":
                 if self.request.tool_choice == "none":
+                    self.text.append(delta["raw"])
                     out.append({"type": "text", "text": delta["raw"]})
                     continue
                 self.tool_calls.append(delta)
                 self.observer.tool_call(delta)
-            elif delta["type"] == "tool_call_unparsed":
+            elif kind == "tool_call_unparsed":
                 self.observer.tool_call(delta)
             out.append(delta)
         return out

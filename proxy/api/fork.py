@@ -1,0 +1,146 @@
+"""POST /v1/traces/{trace_id}/fork: run a stored request again from one of its generated tokens.
+
+    {"index": N, "token_id": ID} or {"index": N, "text": "..."}, optional max_tokens, temperature,
+    top_p, top_k, seed (greedy by default)
+
+The model reads the stored prompt ids, the tokens it generated before index N, then the replacement
+instead of token N, and goes on from there on the backend serving now. The answer is shaped like a
+non-streamed chat completion, and its `looptrace` field carries the new trace's id, the continuation
+token by token and where it forked. The fork is traced as a request of its own, linked to the original.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import NamedTuple
+
+from aiohttp import web
+
+from looptrace.backends.jsontext import loads
+
+from ..engine.generation import Generation, GenerationRequest, StoredPrompt
+from ..engine.runtime import Runtime
+from .chat_response import ChatCollector
+from .errors import APIError, invalid
+from .generate import traced
+from .keys import RUNTIME
+from .parsing import temperature_and_top_p
+from .prompt_view import TokenTexts
+from .traces import stored_trace
+from .validation import field, in_range, json_body
+
+DEFAULT_MAX_TOKENS = 1024  # when the original request said none
+
+
+async def fork_trace(request: web.Request) -> web.Response:
+    async with traced(request, "fork") as trace:
+        body = await json_body(request)
+        index, token_id, text = _what(body)
+        max_tokens = field(body, "max_tokens", int, "max_tokens")
+        in_range(max_tokens, "max_tokens", 1)
+        temperature, top_p = temperature_and_top_p(body)
+        top_k = field(body, "top_k", int, "top_k")
+        in_range(top_k, "top_k", -1)
+        runtime = request.app[RUNTIME]
+        await runtime.ready()
+        if runtime.backend.name == "replay":
+            raise invalid("The replay backend serves recorded output; a fork needs a backend that decodes "
+                          "(--backend local or vllm).", code="fork_unsupported")
+        recorded = await stored_trace(request, request.match_info["trace_id"])
+        original = _original(recorded, runtime)
+        generated = original.generated
+        if not 0 <= index < len(generated):
+            raise invalid(f"'index' must point at a generated token: this trace generated {len(generated)}, "
+                          f"so 0 to {len(generated) - 1}.", param="index")
+        replacement = [_token(token_id, runtime)] if token_id is not None else _encode(text, runtime)
+        prefix = generated[:index] + replacement
+        stored = StoredPrompt(original.ids, original.thinking, original.forced + prefix)
+        room = runtime.max_model_len - len(stored.ids) - len(stored.answer_prefix)
+        if room <= 0:
+            raise invalid("The prompt and the tokens before the fork already fill the model's context.",
+                          param="index", code="context_length_exceeded")
+        if max_tokens is None:  # as long as the original answer could have run, from here
+            max_tokens = max(1, (original.max_tokens or DEFAULT_MAX_TOKENS) - len(prefix))
+        trace.requested(runtime.model_name, stream=False, conversation=None)
+        trace.forked(recorded, index, replacement)
+        generation = Generation(runtime, GenerationRequest(
+            messages=[], tools=original.tools, max_tokens=min(max_tokens, room), stored=stored,
+            temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k,
+            seed=field(body, "seed", int, "seed")), observer=trace)
+        await generation.prepare()
+        collector = ChatCollector(runtime.model_name, None)
+        tokens: list[dict] = []
+        try:
+            async with aclosing(generation.run()) as steps:
+                async for step in steps:
+                    collector.add(step)
+                    if step.token is not None:
+                        tokens.append({**step.token, "channel": step.channel})
+            TokenTexts(runtime.vocab).add_to(tokens)
+        finally:
+            generation.cancel()
+        answer = collector.body(generation)
+        trace.responded(answer["id"])
+        answer["looptrace"] = {
+            "trace_id": trace.trace_id, "forked_from": {"trace_id": recorded["trace_id"], "index": index},
+            "prefix_ids": prefix, "replacement_ids": replacement,
+            "tokens": tokens,
+        }
+        return web.json_response(answer)
+
+
+def _what(body: dict) -> tuple[int, int | None, str | None]:
+    index = field(body, "index", int, "index", required=True)
+    token_id = field(body, "token_id", int, "token_id")
+    text = field(body, "text", str, "text")
+    if (token_id is None) == (text is None):
+        raise invalid("Give either 'token_id' (one of the alternatives) or 'text' to put at 'index'.",
+                      param="token_id")
+    if text is not None and not text:
+        raise invalid("'text' must not be empty.", param="text")
+    return index, token_id, text
+
+
+class Original(NamedTuple):
+    ids: list[int]  # the prompt as rendered, less a forced opening
+    forced: list[int]  # a forced opening (tool_choice), which the answer starts with
+    thinking: bool
+    generated: list[int]
+    tools: list[dict] | None
+    max_tokens: int | None
+
+
+def _original(trace: dict, runtime: Runtime) -> Original:
+    """What the stored request ran, or a 4xx saying why this trace cannot be forked."""
+    spans = {s["name"]: s for s in trace["spans"] if s["name"] in ("render", "decode")}
+    root = next((s for s in trace["spans"] if not s["parent_span_id"]), None)
+    attrs = root["attributes"] if root else {}
+    model = attrs.get("gen_ai.request.model")
+    if model != runtime.model_name:
+        raise APIError(409, f"This trace is of the model {model!r}; this server serves {runtime.model_name!r}, "
+                       "whose tokens would mean something else.", param="trace_id", code="model_mismatch")
+    render = spans.get("render", {}).get("attributes", {})
+    tokens = spans.get("decode", {}).get("tokens", [])
+    ids = render.get("looptrace.prompt.ids")
+    if ids is None or any("id" not in t for t in tokens):
+        raise invalid("This trace was recorded with --no-trace-content: its token ids were not kept, so it "
+                      "cannot be run again.", param="trace_id", code="trace_without_content")
+    cut = len(ids) - render.get("looptrace.prompt.forced_tokens", 0)
+    definitions = attrs.get("gen_ai.tool.definitions")
+    tools = [{"type": "function", "function": {k: d[k] for k in ("name", "description", "parameters") if k in d}}
+             for d in loads(definitions)] if definitions else None
+    return Original(ids[:cut], ids[cut:], bool(render.get("looptrace.prompt.thinking")), [t["id"] for t in tokens],
+                    tools, attrs.get("gen_ai.request.max_tokens"))
+
+
+def _token(token_id: int, runtime: Runtime) -> int:
+    if not 0 <= token_id < len(runtime.vocab.pieces):
+        raise invalid(f"'token_id' {token_id} is not in this model's vocabulary of {len(runtime.vocab.pieces)}.",
+                      param="token_id")
+    return token_id
+
+
+def _encode(text: str, runtime: Runtime) -> list[int]:
+    # split_special_tokens: a control token typed here is text, never a turn or call marker.
+    return runtime.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+

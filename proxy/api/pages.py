@@ -1,0 +1,46 @@
+"""The trace viewer: one page (static/index.html and its scripts), served at `/`, `/sessions/{key}`
+and `/traces/{trace_id}`, so that a link from Grafana or a colleague opens that view.
+
+The page is public (a browser cannot send a key for it); the data it reads under /v1 needs the key
+when one is set, which the page asks for and sends as a header, never in a URL. Everything it shows
+came from a model or a client, so its Content-Security-Policy runs only this server's scripts and
+styles, fetches only from this server, and can be framed by nobody.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+STATIC = Path(__file__).resolve().parent / "static"
+PAGES = ("/", "/sessions/{key:.+}", "/traces/{trace_id}")
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def is_public(path: str) -> bool:
+    """What needs no key: /health and /metrics (probes, Prometheus) and the viewer's page and assets,
+    which hold no data. Everything else, the API and the data the page reads, does."""
+    return path in ("/", "/health", "/metrics") or path.startswith(("/static/", "/sessions/", "/traces/"))
+
+
+async def page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    for path in PAGES:
+        router.add_get(path, page)
+    router.add_static("/static", STATIC, follow_symlinks=False)
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    if not request.path.startswith("/v1/"):
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+    return response

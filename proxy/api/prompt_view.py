@@ -1,0 +1,113 @@
+"""A stored trace as the trace viewer shows it: the prompt token by token, what changed since the
+step before, and each generated token's alternatives as text.
+
+The comparison is with what the model had seen at the end of the previous step, its prompt and then
+its answer: everything after the common start is what this step's template added or rewrote, and
+whatever the previous step had that this prompt lacks is what the template dropped (reasoning of
+earlier turns, a system message moved).
+"""
+
+from __future__ import annotations
+
+from difflib import SequenceMatcher
+
+from looptrace.backends.detokenize import Vocabulary
+
+DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
+
+
+def _render(trace: dict) -> dict:
+    return next((s["attributes"] for s in trace["spans"] if s["name"] == "render"), {})
+
+
+def generated_ids(trace: dict) -> list[int]:
+    decode = next((s for s in trace["spans"] if s["name"] == "decode"), None)
+    return [t["id"] for t in (decode or {}).get("tokens", ()) if "id" in t]
+
+
+class TokenTexts:
+    """A token's text on its own (what a person reads for an alternative), each id decoded once."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self._known: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._known.get(token_id)
+        if text is None:
+            text = self._known[token_id] = self.vocab.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def add_to(self, tokens: list[dict]) -> None:
+        """`top_texts` beside each token's `top_ids`."""
+        for token in tokens:
+            if "top_ids" in token:
+                token["top_texts"] = [self(i) for i in token["top_ids"]]
+
+
+def with_alternative_texts(trace: dict, vocab: Vocabulary) -> dict:
+    texts = TokenTexts(vocab)
+    for span in trace["spans"]:
+        texts.add_to(span.get("tokens", ()))
+    return trace
+
+
+def prompt_tokens(ids: list[int], vocab: Vocabulary) -> list[list]:
+    """[id, text, special] per token; the texts join to the decoded prompt (a character split across
+    byte tokens shows on the token that completes it)."""
+    detokenizer = vocab.detokenizer()
+    special = vocab.special
+    out = [[token_id, detokenizer.step(token_id), token_id in special] for token_id in ids]
+    if out:
+        out[-1][1] += detokenizer.flush()
+    return out
+
+
+def diff(before: list[int], after: list[int]) -> list[dict]:
+    """Edits that turn `before` into `after`: {"op": "equal" | "insert" | "delete" | "replace",
+    "a": [start, end] in before, "b": [start, end] in after}."""
+    head = 0
+    limit = min(len(before), len(after))
+    while head < limit and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    a_mid, b_mid = before[head:len(before) - tail], after[head:len(after) - tail]
+    ops: list[dict] = []
+    if head:
+        ops.append({"op": "equal", "a": [0, head], "b": [0, head]})
+    if a_mid or b_mid:
+        if len(a_mid) <= DIFF_LIMIT and len(b_mid) <= DIFF_LIMIT:
+            for op, i1, i2, j1, j2 in SequenceMatcher(None, a_mid, b_mid, autojunk=False).get_opcodes():
+                ops.append({"op": op, "a": [head + i1, head + i2], "b": [head + j1, head + j2]})
+        else:
+            ops.append({"op": "replace" if a_mid and b_mid else "insert" if b_mid else "delete",
+                        "a": [head, len(before) - tail], "b": [head, len(after) - tail]})
+    if tail:
+        ops.append({"op": "equal", "a": [len(before) - tail, len(before)], "b": [len(after) - tail, len(after)]})
+    return ops
+
+
+def prompt_view(trace: dict, previous: dict | None, vocab: Vocabulary | None) -> dict:
+    """What GET /v1/traces/{id}/prompt answers. `vocab` is None when the trace is of another model
+    than the one served: then the text alone, without token boundaries."""
+    render = _render(trace)
+    ids = render.get("looptrace.prompt.ids")
+    view: dict = {"text": render.get("looptrace.prompt.text"), "tokens": None,
+                  "new_offset": render.get("looptrace.prompt.new_offset", 0),
+                  "thinking": render.get("looptrace.prompt.thinking")}
+    if ids is None:
+        return view  # recorded without content
+    view["count"] = len(ids)
+    if vocab is not None:
+        view["tokens"] = prompt_tokens(ids, vocab)
+    if previous is not None:
+        seen = (_render(previous).get("looptrace.prompt.ids") or []) + generated_ids(previous)
+        edits = diff(seen, ids)
+        view["against"] = previous["trace_id"]
+        view["diff"] = edits
+        if vocab is not None:  # the text the template dropped, which this prompt has no tokens for
+            view["removed"] = {str(e["b"][0]): vocab.tokenizer.decode(seen[e["a"][0]:e["a"][1]])
+                               for e in edits if e["op"] in ("delete", "replace")}
+    return view

@@ -1,0 +1,67 @@
+"""Agent sessions from the store: GET /v1/sessions, GET /v1/sessions/{key}, and GET /v1/live, the
+stream of requests as they are stored, for pages that watch an agent run."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from looptrace.backends.jsontext import dumps
+
+from .errors import APIError, invalid
+from .keys import TELEMETRY
+from .streaming import KEEPALIVE_SECONDS, SSE_HEADERS
+from .traces import bounded_int, read, store_of, timestamp
+
+EMPTY = {"data": [], "next": None, "models": [], "clients": []}
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    """Sessions, most recently active first. ?model= &client= &since= &until= &q= (a conversation id or
+    words a step read or wrote) &limit= &before= (the `next` of the page before)."""
+    query = request.query
+    before = None
+    if query.get("before"):
+        stamp, _, key = query["before"].partition(":")
+        if not stamp.isdigit() or not key:
+            raise invalid("'before' must be the 'next' value of a previous page.", param="before")
+        before = (int(stamp), key)
+    page = await read(store_of(request).list_sessions, EMPTY, model=query.get("model") or None,
+                      client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
+                      until_ns=timestamp(query.get("until"), "until"), text=query.get("q", "").strip() or None,
+                      before=before, limit=bounded_int(query.get("limit", "50"), "limit", 1, 500))
+    return web.json_response({"object": "list", **page}, dumps=dumps)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    key = request.match_info["key"]
+    found = await read(store_of(request).session, None, key)
+    if found is None:
+        raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",
+                       param="key", code="session_not_found")
+    return web.json_response(found, dumps=dumps)
+
+
+async def live(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: `data:` a stored step (its `session` says where it belongs) for every
+    request as it is stored; `event: gap` when this client fell behind and should reload."""
+    store_of(request)  # a 404 when there is no store to watch
+    feed = request.app[TELEMETRY].feed
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    async with feed.subscribe() as queue:
+        try:
+            await response.write(b": watching\n\n")
+            while True:
+                try:
+                    batch = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if batch is None:
+                    await response.write(b"event: gap\ndata: {}\n\n")
+                    continue
+                await response.write(b"".join(f"data: {dumps(step)}\n\n".encode() for step in batch))
+        except ConnectionError:
+            return response  # the page went away

@@ -1,0 +1,101 @@
+// The trace viewer: the sessions list on the left, the selected session's steps on the right, the
+// selection in the URL (/sessions/KEY, /traces/TRACE_ID), so a link from Grafana opens that view.
+
+import {get, key, watch} from "./api.js";
+import {SessionView} from "./session.js";
+import {SessionList} from "./sessions.js";
+import {h} from "./text.js";
+
+const $ = (id) => document.getElementById(id);
+
+const view = new SessionView($("detail"), {onNavigate: navigate});
+const list = new SessionList({list: $("session-list"), more: $("more"), note: $("list-note"), form: $("filters"),
+  onOpen: (sessionKey) => navigate(`/sessions/${encodeURIComponent(sessionKey)}`)});
+
+function navigate(path) {
+  history.pushState(null, "", path);
+  route();
+}
+
+async function route() {
+  const path = location.pathname;
+  const session = path.match(/^\/sessions\/(.+)$/);
+  const trace = path.match(/^\/traces\/([0-9a-fA-F]{32})$/);
+  if (session) {
+    const sessionKey = decodeURIComponent(session[1]);
+    list.mark(sessionKey);
+    await view.open(sessionKey);
+  } else if (trace) {
+    // A trace opens as its step in its session (a fork: the step it forked from).
+    let found;
+    try {
+      found = await get(`/v1/traces/${trace[1]}/tokens`);
+    } catch (err) {
+      $("detail").replaceChildren(h("p", {class: "error"}, err.status === 404
+        ? `No trace ${trace[1]} in the store (not written yet, or retired).` : err.message));
+      return;
+    }
+    let focus = found.trace_id, sessionKey = found.session;
+    if (found.fork_of) {
+      const original = await get(`/v1/traces/${found.fork_of}/tokens`).catch(() => null);
+      if (original) { focus = original.trace_id; sessionKey = original.session; }
+    }
+    if (!sessionKey) {
+      $("detail").replaceChildren(h("p", {class: "note"}, "This trace is still being stored; reload in a moment."));
+      return;
+    }
+    list.mark(sessionKey);
+    await view.open(sessionKey, {focus});
+    const article = document.querySelector(`[data-step="${CSS.escape(focus)}"]`);
+    if (article) {
+      await view.loadTokens(article);
+      article.scrollIntoView({block: "start"});
+    }
+  }
+}
+
+// The key dialog: asked for when the server answers 401.
+key.ask = (message) => new Promise((resolve, reject) => {
+  const dialog = $("key-dialog");
+  const error = $("key-error");
+  error.hidden = !message;
+  error.textContent = message || "";
+  $("key-input").value = "";
+  const done = (ok) => {
+    $("key-form").onsubmit = null;
+    $("key-cancel").onclick = null;
+    dialog.close();
+    ok ? resolve() : reject(new Error("An API key is needed to read this server's traces."));
+  };
+  $("key-form").onsubmit = (e) => {
+    e.preventDefault();
+    key.set($("key-input").value.trim());
+    done(true);
+  };
+  $("key-cancel").onclick = () => done(false);
+  dialog.oncancel = (e) => { e.preventDefault(); done(false); };
+  dialog.showModal();
+  $("key-input").focus();
+});
+
+$("key-button").addEventListener("click", () => key.ask("").then(() => { list.load(); route(); }, () => {}));
+
+window.addEventListener("popstate", route);
+document.addEventListener("keydown", (e) => {
+  if (e.key === "/" && !e.target.closest("input, textarea")) { e.preventDefault(); $("q").focus(); }
+});
+
+// New steps as they are stored: the list refreshes, and the open session grows.
+watch({
+  onStep: (step) => { list.soon(); view.add(step); },
+  onGap: () => { list.soon(); view.refresh(); },
+  onState: (state) => { $("live").dataset.state = state; $("live").title = {
+    on: "Watching: new requests appear as they are stored", off: "Not connected; retrying",
+    locked: "Needs the API key"}[state]; },
+});
+
+get("/health").then((health) => {
+  $("where").textContent = [health.model, health.backend, health.status].filter(Boolean).join(" · ");
+}).catch(() => {});
+list.load();
+route();

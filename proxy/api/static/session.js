@@ -1,0 +1,275 @@
+// A session as the agent's loop: one step per request, in order, each with what was new in its prompt
+// (the user's message, tool results beside the calls they answer), what the model thought and said
+// token by token, its tool calls, why it stopped, and how long each part took.
+
+import {get} from "./api.js";
+import {forkPanel} from "./fork.js";
+import {promptView} from "./prompt.js";
+import {count, h, ms, pretty, when} from "./text.js";
+import {legend, tokenStream} from "./tokens.js";
+
+const LONG = 4000; // characters of a message shown before "show all": a step stays quick to draw
+const OUTCOMES = {valid: "valid", invalid_args: "invalid arguments", unknown_tool: "unknown tool", unparsed: "unparsed"};
+
+function longText(text, cls = "text") {
+  const pre = h("pre", {class: cls});
+  if (text.length <= LONG) {
+    pre.append(h("span", {}, text));
+    return pre;
+  }
+  pre.append(h("span", {}, text.slice(0, LONG)));
+  const more = h("button", {type: "button", class: "show-all", onclick: () => {
+    pre.replaceChildren(h("span", {}, text));
+  }}, `show all ${count(text.length)} characters`);
+  pre.append(h("span", {class: "cut"}, "…"), more);
+  return pre;
+}
+
+function partsText(parts, type) {
+  return (parts || []).filter((p) => p.type === type).map((p) => p.content ?? "").join("");
+}
+
+export class SessionView {
+  constructor(root, {onNavigate}) {
+    this.root = root;
+    this.onNavigate = onNavigate;
+    this.key = null;
+    this.steps = [];
+    this.calls = new Map(); // call id → {step, call}: where each tool call was made
+    this.results = new Map(); // call id → {step, text}: where its result came back
+    this.observer = new IntersectionObserver((entries) => {
+      for (const entry of entries) if (entry.isIntersecting) this.loadTokens(entry.target.closest("[data-step]"));
+    }, {rootMargin: "200px"});
+    root.addEventListener("keydown", (e) => this.keys(e));
+  }
+
+  async open(key, {focus} = {}) {
+    const started = performance.now();
+    this.key = key;
+    this.root.replaceChildren(h("p", {class: "note"}, "Loading…"));
+    let session;
+    try {
+      session = await get(`/v1/sessions/${encodeURIComponent(key)}`);
+    } catch (err) {
+      this.root.replaceChildren(h("p", {class: "error"}, err.status === 404 ? "No such session in the store." : err.message));
+      return;
+    }
+    if (this.key !== key) return; // another session was opened meanwhile
+    this.observer.disconnect();
+    this.steps = session.steps;
+    this.index();
+    const title = session.conversation ? session.conversation : `request ${session.key.replace(/^trace:/, "")}`;
+    const tools = Object.entries(session.tool_calls).filter(([, n]) => n).map(([o, n]) => `${n} ${OUTCOMES[o]}`);
+    this.list = h("ol", {class: "steps", "aria-label": "Steps of the agent's loop, in order"});
+    this.root.replaceChildren(
+      h("header", {class: "session-head"},
+        h("h2", {}, h("span", {class: "label"}, session.conversation ? "Session " : ""), h("code", {}, title)),
+        h("p", {class: "facts"},
+          [session.client ? `${session.client}${session.client_version ? " " + session.client_version : ""}` : "client unknown",
+            session.model, `${session.steps.length} step${session.steps.length === 1 ? "" : "s"}`, `${count(session.input_tokens)} tokens in / ${count(session.output_tokens)} out`,
+            tools.length ? "tool calls: " + tools.join(", ") : "no tool calls",
+            session.errors ? `${session.errors} failed` : "", `${when(session.first_ns)} – ${when(session.last_ns)}`]
+            .filter(Boolean).join(" · ")),
+        legend()),
+      this.list);
+    const frag = document.createDocumentFragment();
+    this.steps.forEach((step, i) => frag.append(this.article(step, i)));
+    this.list.append(frag);
+    this.list.querySelectorAll("[data-step]").forEach((el) => this.observer.observe(el));
+    const target = focus && this.list.querySelector(`[data-step="${CSS.escape(focus)}"]`);
+    (target || this.list.lastElementChild)?.scrollIntoView({block: target ? "start" : "end"});
+    if (target) target.focus({preventScroll: true});
+    document.body.dataset.rendered = String(Math.round(performance.now() - started));
+  }
+
+  // Where each tool call was made and where its result came back, across the steps.
+  index() {
+    this.calls.clear();
+    this.results.clear();
+    this.steps.forEach((step, i) => {
+      for (const m of step.new_messages || []) { // calls in the history the client sent (made before tracing, or edited)
+        for (const part of m.parts || []) {
+          if (part.type === "tool_call" && part.id && !this.calls.has(part.id)) {
+            this.calls.set(part.id, {step: i - 1, call: {name: part.name, arguments: JSON.stringify(part.arguments)}, sent: true});
+          }
+        }
+      }
+      for (const call of step.tool_calls || []) if (call.id) this.calls.set(call.id, {step: i, call});
+      for (const m of step.new_messages || []) {
+        for (const part of m.parts || []) {
+          if (part.type === "tool_call_response" && part.id) {
+            this.results.set(part.id, {step: i, text: typeof part.response === "string" ? part.response : JSON.stringify(part.response)});
+          }
+        }
+      }
+    });
+  }
+
+  // Steps stored while the live feed was not connected: the ones not shown yet.
+  async refresh() {
+    const key = this.key;
+    if (!key || !this.list) return;
+    const session = await get(`/v1/sessions/${encodeURIComponent(key)}`).catch(() => null);
+    if (session && this.key === key) for (const step of session.steps) this.add({...step, session: key});
+  }
+
+  // A step stored while the page is open (the live feed).
+  add(step) {
+    if (step.session !== this.key || !this.list || this.steps.some((s) => s.trace_id === step.trace_id)) return;
+    if (step.fork_of) return;
+    this.steps.push(step);
+    this.index();
+    const el = this.article(step, this.steps.length - 1);
+    this.list.append(el);
+    this.observer.observe(el);
+  }
+
+  article(step, i) {
+    const previous = i > 0 ? this.steps[i - 1] : null;
+    const el = h("li", {class: "step" + (step.status === "error" ? " failed" : ""), tabindex: "-1", dataset: {step: step.trace_id},
+      "aria-label": `Step ${i + 1}`});
+    const chips = [
+      step.endpoint, step.finish_reason ? `finish: ${step.finish_reason}` : "",
+      `${count(step.input_tokens)} in` + (step.cached_tokens ? ` (${count(step.cached_tokens)} cached)` : ""),
+      `${count(step.output_tokens)} out`,
+      step.ttft_ms !== undefined ? `first token ${ms(step.ttft_ms)}` : "",
+      step.queue_ms !== undefined ? `queue ${ms(step.queue_ms)}` : "",
+      step.prefill_ms !== undefined ? `prefill ${ms(step.prefill_ms)}` : "",
+      step.tokens_per_second ? `${step.tokens_per_second.toFixed(1)} tok/s` : "",
+      step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` : "",
+      step.backend || "",
+    ].filter(Boolean);
+    el.append(h("header", {},
+      h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
+      h("time", {}, when(step.start_ns)),
+      h("ul", {class: "chips"}, chips.map((c) => h("li", {}, c)))));
+    if (step.error || (step.http_status && step.http_status >= 400)) {
+      el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));
+    }
+    el.append(this.newMessages(step));
+    const output = (step.output || [])[0];
+    const generated = h("div", {class: "generated", dataset: {tokens: step.output_tokens ?? 0}},
+      h("h4", {}, "Generated", h("span", {class: "note"}, ` ${count(step.output_tokens)} tokens`)));
+    if (output) {
+      const reasoning = partsText(output.parts, "reasoning"), text = partsText(output.parts, "text");
+      if (reasoning) generated.append(h("div", {class: "placeholder thinking"}, longText(reasoning)));
+      if (text) generated.append(h("div", {class: "placeholder"}, longText(text)));
+    }
+    el.append(generated);
+    if ((step.tool_calls || []).length) el.append(this.toolCalls(step));
+    el.append(h("div", {class: "actions"},
+      h("button", {type: "button", onclick: (e) => this.showPrompt(e.target, step, previous)}, "Exact prompt"),
+      (step.forks || []).length ? h("span", {class: "note"}, `${step.forks.length} fork${step.forks.length > 1 ? "s" : ""}: `,
+        step.forks.map((id) => h("a", {href: `/traces/${id}`, class: "fork-link", onclick: (e) => this.follow(e, `/traces/${id}`)}, id.slice(0, 8)))) : ""));
+    return el;
+  }
+
+  newMessages(step) {
+    const box = h("div", {class: "new"});
+    const messages = step.new_messages;
+    if (!messages) {
+      box.append(h("p", {class: "note"}, step.new_from === undefined ? "Messages not recorded (--no-trace-content)." : ""));
+      return box;
+    }
+    box.append(h("h4", {}, "New in the prompt", h("span", {class: "note"}, step.new_from ? ` from message ${step.new_from + 1}` : "")));
+    for (const m of messages) {
+      if (m.role === "tool") {
+        for (const part of m.parts || []) {
+          const made = this.calls.get(part.id);
+          const response = typeof part.response === "string" ? part.response : JSON.stringify(part.response);
+          box.append(h("div", {class: "msg tool-result"},
+            h("span", {class: "role"}, "tool result"),
+            made ? h("span", {class: "answers"}, "for ", h("code", {}, made.call.name),
+              made.sent ? " (in the history sent) " : ` (step ${made.step + 1}) `,
+              h("code", {class: "args"}, made.call.arguments ?? "")) : h("span", {class: "answers"}, "for ", h("code", {}, part.id || "an earlier call")),
+            longText(response)));
+        }
+      } else if (m.role === "assistant") {
+        const text = m.parts.map((p) => p.type === "tool_call" ? `${p.name}(${JSON.stringify(p.arguments)})` : p.content ?? "").join("\n");
+        box.append(h("details", {class: "msg assistant"}, h("summary", {}, h("span", {class: "role"}, "assistant"),
+          " the previous answer, as the client sent it back"), longText(text)));
+      } else {
+        const text = partsText(m.parts, "text");
+        const el = h("div", {class: `msg ${m.role}`}, h("span", {class: "role"}, m.role), longText(text));
+        if (m.role === "system" && text.length > 400) {
+          box.append(h("details", {class: "msg system"}, h("summary", {}, h("span", {class: "role"}, "system"), ` ${count(text.length)} characters`), longText(text)));
+        } else box.append(el);
+      }
+    }
+    return box;
+  }
+
+  toolCalls(step) {
+    return h("div", {class: "calls"}, h("h4", {}, "Tool calls"), step.tool_calls.map((call) => {
+      const result = call.id && this.results.get(call.id);
+      return h("div", {class: `call outcome-${call.outcome}`},
+        h("div", {class: "call-head"}, h("code", {class: "name"}, call.name || "(unparsed)"),
+          h("span", {class: `outcome ${call.outcome}`}, OUTCOMES[call.outcome] || call.outcome),
+          call.id ? h("span", {class: "note"}, call.id) : ""),
+        call.arguments !== undefined ? h("pre", {class: "args"}, pretty(call.arguments)) : "",
+        call.raw !== undefined ? h("details", {}, h("summary", {}, "raw text"), h("pre", {class: "raw"}, call.raw)) : "",
+        result ? h("details", {class: "result"}, h("summary", {}, `result, in step ${result.step + 1}`), longText(result.text)) : "");
+    }));
+  }
+
+  async loadTokens(article) {
+    if (!article || article.dataset.loaded) return;
+    article.dataset.loaded = "loading";
+    const traceId = article.dataset.step;
+    let found;
+    try {
+      found = await get(`/v1/traces/${encodeURIComponent(traceId)}/tokens`);
+    } catch (err) {
+      article.dataset.loaded = "";
+      return;
+    }
+    const generated = article.querySelector(".generated");
+    if (!found.tokens.length) { article.dataset.loaded = "empty"; return; }
+    const stream = tokenStream(found.tokens, {onPick: (i) => this.fork(article, traceId, found.tokens, i)});
+    generated.querySelectorAll(".placeholder").forEach((el) => el.remove());
+    generated.append(stream);
+    article.tokens = found.tokens;
+    article.dataset.loaded = "yes";
+  }
+
+  fork(article, traceId, tokens, i) {
+    article.querySelector(".fork")?.remove();
+    const panel = forkPanel(traceId, tokens, i, {onClose: () => article.querySelector(".tokens")?.focus()});
+    article.querySelector(".generated").after(panel);
+    panel.querySelector("button.alt")?.focus();
+  }
+
+  async showPrompt(button, step, previous) {
+    const article = button.closest("[data-step]");
+    const open = article.querySelector(".prompt-view");
+    if (open) { open.remove(); button.textContent = "Exact prompt"; return; }
+    button.textContent = "Loading…";
+    try {
+      const view = await promptView(step.trace_id, previous?.trace_id);
+      article.querySelector(".actions").after(view);
+      button.textContent = "Hide the prompt";
+    } catch (err) {
+      button.textContent = "Exact prompt";
+      article.querySelector(".actions").after(h("p", {class: "error"}, err.message));
+    }
+  }
+
+  follow(e, path) {
+    if (e.button || e.metaKey || e.ctrlKey || e.shiftKey) return;
+    e.preventDefault();
+    this.onNavigate(path);
+  }
+
+  // ↑ ↓ between steps; Enter into a step's tokens; Esc back out (tokens.js).
+  keys(e) {
+    const step = e.target.closest?.("[data-step]");
+    if (!step || e.target.closest(".tokens, input, button, summary, a, .fork")) return;
+    if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+      const next = e.key === "ArrowDown" ? step.nextElementSibling : step.previousElementSibling;
+      if (next) { e.preventDefault(); next.focus(); next.scrollIntoView({block: "nearest"}); }
+    } else if (e.key === "Enter") {
+      e.preventDefault();
+      this.loadTokens(step).then(() => step.querySelector(".tokens")?.focus());
+    }
+  }
+}

@@ -1,0 +1,177 @@
+// Generated tokens as a heat map: each token's text on a background that says how likely the model
+// found it, on a colour-blind-safe sequential scale (pale yellow to dark brown: lightness carries the
+// meaning, so it reads in grey too). Hover or keyboard focus shows the token's numbers and its five
+// alternatives; a click or Enter forks from it. Tokens inside a tool call's arguments that the model
+// was unsure of are flagged: that is where agents' calls go wrong.
+
+import {h, percent, visible} from "./text.js";
+
+export const BINS = [ // lower bound of p, class, label
+  [0.9, "p0", "≥ 90%"], [0.7, "p1", "70–90%"], [0.4, "p2", "40–70%"],
+  [0.15, "p3", "15–40%"], [0.05, "p4", "5–15%"], [0, "p5", "< 5%"],
+];
+export const FLAG_P = 0.5; // a tool-call token less likely than this is flagged…
+export const FLAG_MARGIN = 0.2; // …and so is one that led its runner-up by less than this
+
+const CHANNELS = {thought: "thinking", content: "answer", tool_call: "tool call"};
+
+export function bin(p) {
+  for (const [low, cls] of BINS) if (p >= low) return cls;
+  return "p5";
+}
+
+// The alternatives' probabilities, whichever way the token came (stored: top_p; a fork's answer: top_logprobs).
+export function topP(token) {
+  if (token.top_p) return token.top_p;
+  return (token.top_logprobs || []).map(Math.exp);
+}
+
+export function margin(token) {
+  const ps = topP(token);
+  const others = ps.filter((_, i) => token.top_ids?.[i] !== token.id);
+  return token.p - (others.length ? Math.max(...others) : 0);
+}
+
+export function flagged(token) {
+  return token.channel === "tool_call" && !token.special && (token.p < FLAG_P || margin(token) < FLAG_MARGIN);
+}
+
+export function legend() {
+  return h("div", {class: "legend", "aria-label": "How likely the model found each token"},
+    h("span", {class: "legend-title"}, "p(token)"),
+    BINS.map(([, cls, label]) => h("span", {class: `tok ${cls}`}, label)),
+    h("span", {class: "tok flag"}, "unsure tool-call argument"),
+    h("span", {class: "tok special"}, "special token"));
+}
+
+function tokenText(token) {
+  // A special token (a stop token adds no text) shows as what it is; a byte that only begins a
+  // character shows empty, and the token that completes it carries the character.
+  if (token.special) return token.piece || token.text || "";
+  return token.text ?? "";
+}
+
+function tokenNode(token, i) {
+  const classes = ["tok", bin(token.p)];
+  if (token.special) classes.push("special");
+  if (flagged(token)) classes.push("flag");
+  if (token.drafted) classes.push(token.accepted ? "drafted-accepted" : "drafted");
+  const el = h("span", {class: classes.join(" "), dataset: {i}});
+  const text = tokenText(token);
+  if (token.text === undefined && token.piece === undefined) {
+    el.classList.add("notext"); // recorded with --no-trace-content: numbers, no words
+    el.append("▪");
+  } else if (token.special) {
+    el.append(visible(text));
+  } else {
+    const parts = text.split("\n");
+    parts.forEach((part, k) => {
+      if (k) el.append(h("span", {class: "nl", "aria-hidden": "true"}, "↵"), "\n");
+      if (part) el.append(visible(part));
+    });
+    if (!text) el.classList.add("empty-tok");
+  }
+  return el;
+}
+
+// A focusable stream of tokens. `onPick(index)` runs on click or Enter; `first` is the index the
+// first token has in the whole answer (a fork's continuation starts after the fork point).
+export function tokenStream(tokens, {onPick, first = 0, label = "Generated tokens"} = {}) {
+  const box = h("div", {class: "tokens", tabindex: "0", role: "group",
+    "aria-label": `${label}: ${tokens.length} tokens; arrow keys move, Enter forks from a token`});
+  let channel = null;
+  const frag = document.createDocumentFragment();
+  tokens.forEach((token, i) => {
+    if (token.channel && token.channel !== channel) {
+      channel = token.channel;
+      frag.append(h("span", {class: `chan chan-${channel}`, "aria-hidden": "true"}, CHANNELS[channel] || channel));
+    }
+    frag.append(tokenNode(token, i));
+  });
+  box.append(frag);
+  let current = -1;
+  const nodes = () => box.querySelectorAll(".tok[data-i]");
+  function focusToken(i) {
+    const all = nodes();
+    if (!all.length) return;
+    i = Math.max(0, Math.min(all.length - 1, i));
+    all[current]?.classList.remove("current");
+    current = i;
+    all[i].classList.add("current");
+    all[i].scrollIntoView({block: "nearest"});
+    showTip(tokens[i], all[i], first + i);
+  }
+  box.addEventListener("mouseover", (e) => {
+    const el = e.target.closest(".tok[data-i]");
+    if (el && box.contains(el)) showTip(tokens[+el.dataset.i], el, first + +el.dataset.i);
+  });
+  box.addEventListener("mouseleave", () => { if (document.activeElement !== box) hideTip(); });
+  box.addEventListener("click", (e) => {
+    const el = e.target.closest(".tok[data-i]");
+    if (el && onPick) { focusToken(+el.dataset.i); onPick(+el.dataset.i); }
+  });
+  box.addEventListener("focus", () => { if (current < 0) focusToken(0); else focusToken(current); });
+  box.addEventListener("blur", hideTip);
+  box.addEventListener("keydown", (e) => {
+    const moves = {ArrowRight: 1, ArrowLeft: -1, Home: -Infinity, End: Infinity};
+    if (e.key in moves) {
+      e.preventDefault();
+      e.stopPropagation();
+      const step = moves[e.key];
+      focusToken(Number.isFinite(step) ? current + step : step > 0 ? tokens.length - 1 : 0);
+    } else if (e.key === "Enter" && onPick && current >= 0) {
+      e.preventDefault();
+      e.stopPropagation();
+      onPick(current);
+    } else if (e.key === "Escape") {
+      hideTip();
+      box.closest("[data-step]")?.focus();
+      e.stopPropagation();
+    }
+  });
+  box.focusToken = focusToken;
+  return box;
+}
+
+// The one tooltip: what the model thought of a token.
+export function showTip(token, anchor, index) {
+  const tip = document.getElementById("tip");
+  const ps = topP(token);
+  const alternatives = (token.top_ids || []).map((id, k) => {
+    const p = ps[k] ?? 0;
+    const text = token.top_texts?.[k] ?? token.top_pieces?.[k];
+    const bar = h("span", {class: "bar"});
+    bar.style.width = Math.max(1, Math.round(p * 100)) + "%";
+    return h("li", {class: id === token.id ? "chosen" : ""},
+      h("span", {class: "alt-text"}, text === undefined ? "▪" : h("code", {}, text === "" ? "∅" : text)),
+      h("span", {class: "alt-p"}, percent(p)), h("span", {class: "alt-bar"}, bar),
+      h("span", {class: "alt-id"}, `#${id}`));
+  });
+  const rows = [
+    ["token", `${index} · id ${token.id ?? "–"}`],
+    ["piece", token.piece !== undefined ? h("code", {}, token.piece) : "–"],
+    ["p", percent(token.p)],
+    ["logprob", token.logprob?.toFixed(4)],
+    ["rank", token.rank ?? "not in the top five"],
+    ["channel", CHANNELS[token.channel] || token.channel || "–"],
+  ];
+  if (token.special) rows.push(["special", "yes"]);
+  if (token.drafted) rows.push(["drafted", token.accepted ? "yes, accepted" : "yes, rejected"]);
+  if (flagged(token)) rows.push(["flag", `unsure: p ${percent(token.p)}, lead over the runner-up ${percent(margin(token))}`]);
+  tip.replaceChildren(
+    h("dl", {}, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
+    alternatives.length ? h("ol", {class: "alts", "aria-label": "The five most likely tokens"}, alternatives) : "",
+    h("p", {class: "hint"}, "Click or Enter: fork from this token"));
+  tip.hidden = false;
+  const r = anchor.getBoundingClientRect();
+  const width = tip.offsetWidth, height = tip.offsetHeight;
+  let left = Math.min(window.innerWidth - width - 8, Math.max(8, r.left));
+  let top = r.bottom + 6;
+  if (top + height > window.innerHeight - 8) top = Math.max(8, r.top - height - 6);
+  tip.style.left = left + "px";
+  tip.style.top = top + "px";
+}
+
+export function hideTip() {
+  document.getElementById("tip").hidden = true;
+}

@@ -1,0 +1,303 @@
+"""The trace viewer in a real headless Chromium: a real codex session opened from the sessions list,
+tokens and their alternatives, a fork from the page checked against the model itself, escaping of
+everything a trace holds, the API key, a step appearing live, and a trace recorded without content."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import clients
+from browser import MissingChromium, Page, chromium
+from test_clients import call, folders, outcome
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-viewer-test"
+MODEL = "qwen3.5-tiny"
+HOSTILE = ("<img src=x onerror=window.__pwned=1> <script>window.__pwned=2</script> "
+           "<a href=\"javascript:window.__pwned=3\">link</a> javascript:alert(1) "
+           "\u202egnp.exe\u202c zero\u200bwidth \u2066isolate\u2069")
+HOSTILE_OUTPUT = ("Thinking about <b>bold</b>.\n</think>\n\n<script>window.__pwned=4</script>\u202eevil\u202c "
+                  "<img src=y onerror=window.__pwned=5>" + "<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        with chromium() as b:
+            yield b
+    except MissingChromium:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("Chromium is not installed (tests/run.sh installs it)")
+
+
+@pytest.fixture
+def page(browser):
+    p = Page(browser)
+    yield p
+    assert p.errors == [], f"JavaScript errors in the page: {p.errors}"
+    p.close()
+
+
+def api(server, path: str, body: object = None, key: str | None = KEY) -> tuple[int, object]:
+    request = urllib.request.Request(server.url + path, data=json.dumps(body).encode() if body is not None else None,
+                                     method="POST" if body is not None else "GET",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def stored(server, path: str, timeout: float = 15) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = api(server, path)
+        if status == 200:
+            return body
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.1)
+
+
+def enter_key(page, key: str = KEY) -> None:
+    page.wait_for_selector("#key-dialog[open]", timeout=10_000)
+    page.fill("#key-input", key)
+    page.click("#key-form button[type=submit]")
+
+
+# -- a real codex session, replayed ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def codex_session(serve, qwen3_5_dir, tmp_path_factory):
+    """codex ran `echo looptrace-ok` through its exec_command tool and answered; the replay server then
+    also holds one answer full of markup, for the escaping test."""
+    try:
+        installed = clients.install()
+    except clients.MissingNpm as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    tmp = tmp_path_factory.mktemp("codex-viewer")
+    steps = ["I will run it.\n</think>\n\n" + call("exec_command", cmd="echo looptrace-ok") + "<|im_end|>",
+             "It worked.\n</think>\n\nThe command printed looptrace-ok.<|im_end|>", HOSTILE_OUTPUT]
+    replay = tmp / "steps.jsonl"
+    replay.write_text("".join(json.dumps({"text": s}) + "\n" for s in steps))
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", MODEL,
+                   api_key=KEY)
+    home, work = folders(tmp)
+    clients.codex_home(home, server.base_url, MODEL)
+    done = clients.run_codex(installed, home, work, KEY, "Run echo looptrace-ok")
+    assert done.returncode == 0, outcome(done)
+    listing = stored(server, "/v1/sessions")
+    (session,) = [s for s in listing["data"] if s["client"] == "codex_exec"]
+    while session["steps"] < 2:
+        time.sleep(0.1)
+        (session,) = [s for s in stored(server, "/v1/sessions")["data"] if s["client"] == "codex_exec"]
+    return server, session
+
+
+def test_a_codex_session_opens_from_the_list_as_its_loop(codex_session, page):
+    server, session = codex_session
+    p = page.page
+    p.goto(server.url + "/")
+    enter_key(p)  # the server has --api-key: the page asks before showing anything
+    row = p.locator(f'a.session[data-key="{session["key"]}"]')
+    row.wait_for()
+    assert "codex_exec" in row.inner_text() and "2 steps" in row.inner_text()
+    row.click()
+    p.wait_for_url(f"**/sessions/{session['key']}")
+    steps = p.locator("li.step")
+    steps.first.wait_for()
+    assert steps.count() == 2
+    first, second = steps.nth(0), steps.nth(1)
+    # Step 1: the model's call, its arguments, its outcome.
+    calls = first.locator(".calls .call")
+    assert calls.count() == 1
+    assert calls.locator(".name").inner_text() == "exec_command"
+    assert calls.locator(".outcome").inner_text() == "valid"
+    assert json.loads(calls.locator("pre.args").inner_text()) == {"cmd": "echo looptrace-ok"}
+    assert "result, in step 2" in calls.inner_text()
+    # Step 2: the tool's result, beside the call it answers.
+    result = second.locator(".msg.tool-result")
+    assert result.count() == 1
+    assert "for exec_command (step 1)" in result.inner_text() and "looptrace-ok" in result.inner_text()
+    assert "The command printed looptrace-ok." in second.inner_text()
+    # Every generated token is on the page: as many as the trace holds.
+    for i, trace_id in enumerate(s["trace_id"] for s in stored(server, f"/v1/sessions/{session['key']}")["steps"]):
+        step = steps.nth(i)
+        step.scroll_into_view_if_needed()
+        step.locator(".tokens").wait_for()
+        expected = stored(server, f"/v1/traces/{trace_id}/tokens")["tokens"]
+        assert step.locator(".tokens .tok[data-i]").count() == len(expected) > 0
+    assert KEY not in p.url and not any(KEY in url for url in page.requests)
+
+
+def test_nothing_in_a_trace_becomes_markup(codex_session, page):
+    server, _ = codex_session
+    tools = [{"type": "function", "function": {"name": "<img src=q onerror=window.__pwned=6>", "description": HOSTILE,
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "system", "content": HOSTILE}, {"role": "user", "content": HOSTILE},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "type": "function", "function": {
+                    "name": "<svg onload=window.__pwned=7>", "arguments": json.dumps({"<script>k</script>": HOSTILE})}}]},
+                {"role": "tool", "tool_call_id": "call_x", "content": HOSTILE},
+                {"role": "user", "content": "go on " + HOSTILE}]
+    status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": tools})
+    assert status == 200, answer
+    listing = stored(server, "/v1/sessions")
+    bare = next(s for s in listing["data"] if s["conversation"] is None)
+    p = page.page
+    response = p.goto(server.url + f"/sessions/{bare['key']}")
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    enter_key(p)
+    step = p.locator("li.step").first
+    step.wait_for()
+    step.locator(".tokens").wait_for()
+    step.get_by_role("button", name="Exact prompt").click()
+    p.locator(".prompt-view .prompt").wait_for()
+    text = p.locator("#detail").inner_text()
+    assert "<img src=x onerror=window.__pwned=1>" in text and "<script>window.__pwned=2</script>" in text
+    assert "<script>window.__pwned=4</script>" in text  # the model's own tokens
+    assert "⟨U+202E⟩" in text and "⟨U+200B⟩" in text and "⟨U+2066⟩" in text  # hidden characters made visible
+    assert p.evaluate("window.__pwned") is None
+    assert p.locator("#detail img, #detail svg, #detail script, #detail iframe").count() == 0
+    assert p.evaluate("[...document.querySelectorAll('a')].filter(a => /^\\s*javascript:/i.test(a.getAttribute('href'))).length") == 0
+    assert p.locator("#detail b").count() == 0
+
+
+def test_the_key_is_needed_and_never_put_in_a_url(codex_session, page):
+    server, session = codex_session
+    assert api(server, "/v1/sessions", key=None)[0] == 401
+    assert api(server, f"/v1/sessions/{session['key']}", key="wrong")[0] == 401
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:  # the page itself holds no data
+        assert response.status == 200
+    p = page.page
+    p.goto(server.url + f"/sessions/{session['key']}")
+    enter_key(p, "wrong")
+    p.wait_for_selector("#key-error:not([hidden])")
+    assert "refused" in p.inner_text("#key-error")
+    p.fill("#key-input", KEY)
+    p.click("#key-form button[type=submit]")
+    p.locator("li.step").first.wait_for()
+    assert p.evaluate("sessionStorage.getItem('looptrace-api-key')") == KEY
+    assert not any(KEY in url or "wrong" in url for url in page.requests)
+
+
+# -- the local backend: probabilities, alternatives, forks, live steps -------------------------------
+
+@pytest.fixture(scope="module")
+def local(serve, qwen3_5_dir):
+    server = serve(str(qwen3_5_dir), "--served-model-name", "tiny-qwen", api_key=KEY)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    return server, model
+
+
+def ask(server, conversation: str, text: str, max_tokens: int = 24) -> dict:
+    request = urllib.request.Request(server.url + "/v1/chat/completions", method="POST", data=json.dumps({
+        "model": "tiny-qwen", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+        "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}", "session_id": conversation})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def open_session(page, server, conversation: str):
+    p = page.page
+    p.goto(server.url + f"/sessions/{conversation}")
+    enter_key(p)
+    p.locator("li.step .tokens").first.wait_for()
+    return p
+
+
+def test_hovering_a_token_shows_its_five_alternatives(local, page):
+    server, _ = local
+    ask(server, "hover", "Name a colour.")
+    trace_id = stored(server, "/v1/sessions/hover")["steps"][0]["trace_id"]
+    tokens = stored(server, f"/v1/traces/{trace_id}/tokens")["tokens"]
+    p = open_session(page, server, "hover")
+    token = p.locator("li.step .tokens .tok[data-i='2']")
+    token.hover()
+    tip = p.locator("#tip")
+    tip.wait_for(state="visible")
+    alternatives = tip.locator("ol.alts li")
+    assert alternatives.count() == 5
+    ids = [int(alternatives.nth(k).locator(".alt-id").inner_text().lstrip("#")) for k in range(5)]
+    assert ids == tokens[2]["top_ids"]
+    assert f"id {tokens[2]['id']}" in tip.inner_text()
+    # And from the keyboard: focus the tokens, move right, the tip follows.
+    p.locator("li.step .tokens").first.focus()
+    p.keyboard.press("ArrowRight")
+    assert f"id {tokens[1]['id']}" in tip.inner_text()
+
+
+def test_a_fork_from_the_page_continues_as_the_model_would(local, page):
+    server, model = local
+    ask(server, "fork", "Count to five.")
+    trace_id = stored(server, "/v1/sessions/fork")["steps"][0]["trace_id"]
+    tokens = stored(server, f"/v1/traces/{trace_id}/tokens")["tokens"]
+    trace = stored(server, f"/v1/traces/{trace_id}")
+    prompt = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]["looptrace.prompt.ids"]
+    p = open_session(page, server, "fork")
+    index = 4
+    p.locator(f"li.step .tokens .tok[data-i='{index}']").click()
+    panel = p.locator(".fork")
+    panel.wait_for()
+    chosen = tokens[index]["top_ids"][1]  # the runner-up
+    panel.locator(f"button.alt[data-token-id='{chosen}']").click()
+    result = panel.locator(".fork-result .fork-cols")
+    result.wait_for(timeout=60_000)
+    fork_trace = panel.locator(".fork-result").get_attribute("data-fork-trace")
+    forked = stored(server, f"/v1/traces/{fork_trace}/tokens")["tokens"]
+    # The page shows the replacement, then the continuation, beside the original.
+    shown = result.locator(".fork-col").nth(1).locator(".tokens")
+    assert shown.locator(".tok.forced").count() == 1
+    assert shown.locator(".tok[data-i]").count() == len(forked)
+    # What a direct, greedy run from the same prefix gives.
+    prefix = prompt + [t["id"] for t in tokens[:index]] + [chosen]
+    stop = [248046, 248044]  # <|im_end|>, <|endoftext|>
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prefix]), attention_mask=torch.ones(1, len(prefix), dtype=torch.long),
+                             max_new_tokens=len(forked), do_sample=False, eos_token_id=stop, pad_token_id=0)
+    assert [t["id"] for t in forked] == out[0, len(prefix):].tolist()
+    assert len(forked) >= 4
+
+
+def test_a_new_step_appears_without_a_reload(local, page):
+    server, _ = local
+    ask(server, "live", "First step.")
+    p = open_session(page, server, "live")
+    assert p.locator("li.step").count() == 1
+    p.wait_for_selector("#live[data-state=on]")
+    p.evaluate("window.__sameDocument = true")
+    ask(server, "live", "Second step.")
+    answered = time.monotonic()
+    p.locator("li.step").nth(1).wait_for(timeout=10_000)
+    appeared = time.monotonic() - answered
+    assert p.evaluate("window.__sameDocument") is True  # the page was not reloaded
+    assert p.locator("li.step").count() == 2
+    print(f"the new step appeared {appeared:.2f} s after the answer")
+
+
+def test_without_content_the_page_shows_numbers_not_words(serve, qwen3_5_dir, page):
+    server = serve(str(qwen3_5_dir), "--served-model-name", "tiny-qwen", "--no-trace-content", api_key=KEY)
+    ask(server, "bare", "A secret question.")
+    p = open_session(page, server, "bare")
+    step = p.locator("li.step").first
+    assert "A secret question." not in p.inner_text("#detail")
+    assert "not recorded" in step.inner_text()
+    tokens = step.locator(".tokens .tok[data-i]")
+    assert tokens.count() == 24 and tokens.first.inner_text() == "▪"
+    tokens.first.hover()
+    tip = p.locator("#tip")
+    tip.wait_for(state="visible")
+    assert "%" in tip.inner_text()  # probabilities stay
