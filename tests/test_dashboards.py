@@ -21,6 +21,8 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -159,7 +161,10 @@ def test_datasources_link_exemplars_and_traces_to_each_other(datasources):
     by_type = {s["type"]: s for s in datasources}
     prometheus, tempo = by_type["prometheus"], by_type["tempo"]
     destinations = prometheus["jsonData"]["exemplarTraceIdDestinations"]
-    assert [(d["name"], d["datasourceUid"]) for d in destinations] == [(EXEMPLAR_LABEL, tempo["uid"])]
+    # An exemplar opens its trace in Tempo, or in looptrace's viewer.
+    assert [(d["name"], d.get("datasourceUid")) for d in destinations] == [(EXEMPLAR_LABEL, tempo["uid"]),
+                                                                           (EXEMPLAR_LABEL, None)]
+    assert destinations[1]["url"].startswith("${LOOPTRACE_VIEWER_URL}/")
     assert tempo["jsonData"]["search"]["hide"] is False
     links = tempo["jsonData"]["tracesToMetrics"]
     assert links["datasourceUid"] == prometheus["uid"] and links["queries"]
@@ -354,3 +359,86 @@ def test_trace_searches_filter_on_attributes_the_spans_carry(scraped, dashboards
             assert attribute in root["attributes"], f"{search}: the server span has no {attribute}"
         for attribute, value in re.findall(r'span\.([A-Za-z0-9_.]+) = "([^"]*)"', substitute(search)):
             assert root["attributes"][attribute] == value, search
+
+
+# ---------------------------------------------------------------------------------------------
+# Links into looptrace's trace viewer
+# ---------------------------------------------------------------------------------------------
+
+
+def viewer_links(dashboards: list[dict], datasources: list[dict]) -> list[tuple[str, str, str]]:
+    """(where, URL template, what its value is: "trace" or "conversation") for every link into the
+    viewer: the dashboard's links and data links, the exemplar destination, Tempo's correlation."""
+    found = []
+    for dashboard in dashboards:
+        for link in dashboard.get("links", []):
+            found.append(("dashboard link", link["url"], "none"))
+        for panel, _ in walk_panels(dashboard["panels"]):
+            for link in panel.get("links", []):
+                found.append((panel["title"], link["url"], "conversation"))
+            for override in panel.get("fieldConfig", {}).get("overrides", []):
+                field = override["matcher"]["options"]
+                for prop in override["properties"]:
+                    if prop["id"] == "links":
+                        kind = "trace" if field == "traceID" else "conversation"
+                        found += [(f"{panel['title']}: {field}", link["url"], kind) for link in prop["value"]]
+    by_type = {s["type"]: s for s in datasources}
+    for destination in by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]:
+        if "url" in destination:
+            found.append(("exemplar", destination["url"].replace("$$", "$"), "trace"))
+    for correlation in by_type["tempo"].get("correlations", []):
+        assert correlation["type"] == "external" and correlation["config"]["field"] == "traceID"
+        found.append(("Tempo span view", correlation["config"]["target"]["url"].replace("$$", "$"), "trace"))
+    return found
+
+
+def resolve(template: str, base: str, trace_id: str, conversation: str, kind: str) -> str:
+    value = {"trace": trace_id, "conversation": conversation}.get(kind, "")
+    url = template.replace("${viewer}", base).replace("${LOOPTRACE_VIEWER_URL}", base)
+    for name in ("${__value.raw:percentencode}", "${conversation:percentencode}"):
+        url = url.replace(name, urllib.parse.quote(value, safe=""))
+    url = url.replace("${__value.raw}", value).replace("${traceID}", value)
+    assert "$" not in url, f"a variable left unsubstituted in {template!r}"
+    return url
+
+
+def test_every_viewer_link_is_there(dashboards, datasources):
+    where = {w for w, _, _ in viewer_links(dashboards, datasources)}
+    assert {"dashboard link", "exemplar", "Tempo span view", "Recent traces of $model: traceID",
+            "Recent traces of $model: gen_ai.conversation.id", "Traces of conversation $conversation"} <= where
+
+
+@pytest.mark.integration
+def test_every_link_into_the_viewer_opens_that_trace_or_session(scraped, dashboards, datasources):
+    """Each link, its variables set as Grafana would, is a page looptrace serves, and in a real browser
+    it opens what the link promises: the trace's step, or the session."""
+    from browser import Page, chromium
+
+    server, _ = scraped
+    deadline = time.monotonic() + 15
+    while True:
+        status, listing = server.get(f"/v1/traces?conversation={CONVERSATION}")
+        if listing.get("data") or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    trace_id = listing["data"][0]["trace_id"]
+    links = viewer_links(dashboards, datasources)
+    with chromium() as browser:
+        for where, template, kind in links:
+            url = resolve(template, server.url, trace_id, CONVERSATION, kind)
+            with urllib.request.urlopen(url, timeout=30) as response:
+                page_html = response.read().decode()
+                assert response.status == 200 and "<title>looptrace</title>" in page_html, (where, url)
+            page = Page(browser)
+            try:
+                page.page.goto(url)
+                if kind == "trace":
+                    page.page.locator(f'li.step[data-step="{trace_id}"]').wait_for(timeout=15_000)
+                elif kind == "conversation":
+                    page.page.locator("li.step").first.wait_for(timeout=15_000)
+                    assert CONVERSATION in page.page.inner_text(".session-head"), where
+                else:
+                    page.page.locator("a.session").first.wait_for(timeout=15_000)
+                assert page.errors == [], (where, page.errors)
+            finally:
+                page.close()
