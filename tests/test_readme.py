@@ -42,6 +42,18 @@ def test_every_metric_is_documented():
 
 
 def test_every_span_is_documented():
-    for span in ("chat {model}", "responses {model}", "render", "prefill", "decode", "execute_tool {name}"):
+    for span in ("chat {model}", "responses {model}", "fork {model}", "render", "prefill", "decode",
+                 "execute_tool {name}"):
         assert f"`{span}`" in README
     assert re.search(r"`looptrace\.tokens` events", README)
+
+
+def test_every_route_is_documented():
+    from looptrace.proxy.api.app import create_app
+    from looptrace.proxy.settings import Settings
+
+    app = create_app(Settings(trace_db="off"))
+    paths = {re.sub(r"\{(\w+):[^}]*\}", r"{\1}", resource.canonical) for resource in app.router.resources()}
+    paths.discard("/static")  # the viewer's own files
+    missing = {path for path in paths if path not in README}
+    assert len(paths) > 15 and not missing, missing

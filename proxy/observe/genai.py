@@ -55,13 +55,13 @@ def message(source: dict) -> dict:
     return out
 
 
-def split_system(messages: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The leading system messages as system instructions (parts), and the rest as input messages."""
+def system_instructions(messages: list[dict]) -> tuple[list[dict], int]:
+    """The leading system messages as system instructions (text parts), and how many they were: the
+    input messages are the ones after them."""
     lead = 0
     while lead < len(messages) and messages[lead].get("role") == "system":
         lead += 1
-    instructions = [{"type": "text", "content": _text(m.get("content"))} for m in messages[:lead]]
-    return instructions, [message(m) for m in messages[lead:]]
+    return [{"type": "text", "content": _text(m.get("content"))} for m in messages[:lead]], lead
 
 
 def output_message(reasoning: str, text: str, tool_calls: list[dict], finish_reason: str | None) -> dict:

@@ -136,17 +136,17 @@ class RequestTrace(Observer):
 
     def _record_messages(self, generation: Generation) -> None:
         """The conversation in the GenAI conventions' shape (genai.py), and which messages are new
-        since the conversation's last request: what a person reads as this step of the loop."""
+        since the conversation's last request: what a person reads as this step of the loop. Each
+        message is encoded once; its JSON is also its digest for finding what is new."""
         request = generation.request
-        messages = request.messages
-        instructions, inputs = genai.split_system(messages)
-        new_from = 0
-        if self.conversation:
-            new_from = self.conversations.new_messages_from(self.conversation, [hash(dumps(m)) for m in messages])
+        messages = [dumps(genai.message(m)) for m in request.messages]
+        instructions, lead = genai.system_instructions(request.messages)
+        new_from = self.conversations.new_messages_from(self.conversation, [hash(m) for m in messages]) \
+            if self.conversation else 0
         attributes = {
-            "gen_ai.input.messages": dumps(inputs),
+            "gen_ai.input.messages": "[" + ",".join(messages[lead:]) + "]",
             "looptrace.input.new_from": new_from,
-            "looptrace.input.new_messages": dumps([genai.message(m) for m in messages[new_from:]]),
+            "looptrace.input.new_messages": "[" + ",".join(messages[new_from:]) + "]",
         }
         if instructions:
             attributes["gen_ai.system_instructions"] = dumps(instructions)

@@ -44,7 +44,6 @@ export class SessionView {
   }
 
   async open(key, {focus} = {}) {
-    const started = performance.now();
     this.key = key;
     this.root.replaceChildren(h("p", {class: "note"}, "Loading…"));
     let session;
@@ -79,7 +78,7 @@ export class SessionView {
     const target = focus && this.list.querySelector(`[data-step="${CSS.escape(focus)}"]`);
     (target || this.list.lastElementChild)?.scrollIntoView({block: target ? "start" : "end"});
     if (target) target.focus({preventScroll: true});
-    document.body.dataset.rendered = String(Math.round(performance.now() - started));
+    performance.mark("looptrace:session"); // for bench/viewer.py: when a session's steps are drawn
   }
 
   // Where each tool call was made and where its result came back, across the steps.
@@ -230,6 +229,7 @@ export class SessionView {
     generated.append(stream);
     article.tokens = found.tokens;
     article.dataset.loaded = "yes";
+    performance.mark("looptrace:tokens"); // for bench/viewer.py: when a step's heat map is drawn
   }
 
   fork(article, traceId, tokens, i) {

@@ -14,7 +14,10 @@ export class SessionList {
     this.fields = {q: form.querySelector("#q"), model: form.querySelector("#model"),
       client: form.querySelector("#client"), since: form.querySelector("#since")};
     form.addEventListener("submit", (e) => { e.preventDefault(); this.load(); });
-    this.fields.q.addEventListener("input", () => this.soon(250));
+    this.fields.q.addEventListener("input", () => {
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.load(), 250);
+    });
     for (const name of ["model", "client", "since"]) this.fields[name].addEventListener("change", () => this.load());
     more.addEventListener("click", () => this.load({more: true}));
     list.addEventListener("keydown", (e) => this.keys(e));
@@ -26,12 +29,13 @@ export class SessionList {
       since: since ? String(Date.now() / 1000 - +since) : ""};
   }
 
+  // New steps were stored: refresh the first page in place, keeping the older pages already shown.
   soon(delay = 300) {
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.load({keep: true}), delay);
+    this.timer = setTimeout(() => this.load({refresh: true}), delay);
   }
 
-  async load({more = false, keep = false} = {}) {
+  async load({more = false, refresh = false} = {}) {
     const params = {...this.params(), limit: 50};
     if (more) params.before = this.next;
     let page;
@@ -43,16 +47,23 @@ export class SessionList {
       return;
     }
     this.facets(page);
-    const frag = document.createDocumentFragment();
-    page.data.forEach((s) => frag.append(this.row(s)));
-    if (more) this.list.append(frag);
-    else {
-      const focused = document.activeElement && this.list.contains(document.activeElement) ? document.activeElement.dataset.key : null;
-      this.list.replaceChildren(frag);
-      if (keep && focused) this.list.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
+    const focused = document.activeElement?.closest?.("a.session")?.dataset.key;
+    const existing = (key) => this.list.querySelector(`a.session[data-key="${CSS.escape(key)}"]`)?.parentElement;
+    if (refresh && this.list.children.length) {
+      for (const s of [...page.data].reverse()) { // newest last, so it ends up on top
+        existing(s.key)?.remove();
+        this.list.prepend(this.row(s));
+      }
+    } else {
+      const frag = document.createDocumentFragment();
+      for (const s of page.data) if (!more || !existing(s.key)) frag.append(this.row(s));
+      if (more) this.list.append(frag);
+      else this.list.replaceChildren(frag);
+      this.next = page.next;
+      this.more.hidden = !page.next;
     }
-    this.next = page.next;
-    this.more.hidden = !page.next;
+    if (focused) existing(focused)?.querySelector("a").focus();
+    performance.mark("looptrace:sessions"); // for bench/viewer.py: when a page of sessions is drawn
     const shown = this.list.children.length;
     this.note.textContent = shown ? "" : (params.q || params.model || params.client || params.since)
       ? "No session matches." : "Nothing recorded yet: point an agent at this server.";
