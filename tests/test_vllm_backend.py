@@ -545,3 +545,28 @@ def test_openai_sdk_chat_through_vllm_with_smollm2(smollm2_pair, smollm2_gguf_pa
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(sent[0]["body"]["token_ids"]), len(ids))
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (
         whole.usage.prompt_tokens, whole.usage.completion_tokens)
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_a_fork_runs_on_the_vllm_server_like_local_decoding(servers, fresh, local, route):
+    """POST /v1/traces/{id}/fork through `--backend vllm`: the stored prompt, the kept tokens and the
+    replacement go to the server as token ids, and its greedy continuation is what local decoding gives."""
+    tokenizer, local_backend = local
+    server = servers[route]
+    model = server.get("/health")[1]["model"]
+    before = server.newest_trace_id()
+    status, _ = server.post("/v1/chat/completions", chat_body(model, stream=False, max_tokens=12))
+    assert status == 200
+    trace = server.trace_after(before)
+    prompt = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]["looptrace.prompt.ids"]
+    generated = server.get(f"/v1/traces/{trace['trace_id']}/tokens")[1]["tokens"]
+    alternative = next(i for i in generated[2]["top_ids"] if i != generated[2]["id"])
+    status, fork = server.post(f"/v1/traces/{trace['trace_id']}/fork", {"index": 2, "token_id": alternative})
+    assert status == 200, fork
+    prefix = fork["looptrace"]["prefix_ids"]
+    assert prefix == [t["id"] for t in generated[:2]] + [alternative]
+    sent = generations(fresh, ROUTES[route])[-1]
+    assert (sent["body"]["token_ids"] if route == "generate" else sent["body"]["prompt"]) == prompt + prefix
+    stop = frozenset(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    expected = tokens(collect(local_backend, DecodeRequest(prompt + prefix, 12 - 3, GREEDY, stop)))
+    assert [t["id"] for t in fork["looptrace"]["tokens"]] == [t["id"] for t in expected]
