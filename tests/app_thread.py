@@ -92,12 +92,14 @@ class AppThread:
             return err.code, json.loads(err.read() or b"null")
 
     def stored(self, path: str, timeout: float = 10.0) -> object:
-        """GET `path` until it answers 200: the store writes a request's spans a moment after its answer."""
+        """GET `path` until it answers 200, and for a trace until it is whole (`complete`: its server
+        span, the last to end, is written): the store writes spans a moment after the answer, in batches."""
         deadline = time.monotonic() + timeout
         while True:
             status, body = self.call("GET", path)
-            if status == 200 or time.monotonic() > deadline:
-                assert status == 200, body
+            whole = status == 200 and (not isinstance(body, dict) or body.get("complete", True))
+            if whole or time.monotonic() > deadline:
+                assert whole, body
                 return body
             time.sleep(0.05)
 

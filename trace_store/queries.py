@@ -71,8 +71,9 @@ class TraceQueries:
             if tokens:
                 span["tokens"] = tokens
             spans.append(span)
-        found = {"trace_id": trace_id, "spans": spans}
-        if step is not None:  # not yet, while the server span is still on its way
+        # The server span ends last: until it is written, the trace is still arriving.
+        found = {"trace_id": trace_id, "complete": step is not None, "spans": spans}
+        if step is not None:
             found["session"] = step["session"]
             if step["step"]:
                 found["step"] = loads(step["step"])
