@@ -49,6 +49,7 @@ class DoneEvent(TypedDict):
     seconds: float  # from the first token to the last
     tokens_per_second: float
     cached_tokens: int  # prompt tokens served from a prefix cache
+    cache_write_tokens: int  # prompt tokens whose state this request added to a prefix cache
     drafts: int  # speculative decoding: proposals, tokens proposed, tokens accepted
     drafted: int
     accepted: int
@@ -68,10 +69,10 @@ def token_event(index: int, token_id: int, piece: str, text: str, special: bool,
             "top_logprobs": top_logprobs}
 
 
-def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int,
+def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int, cache_write_tokens: int = 0,
                drafts: int = 0, drafted: int = 0, accepted: int = 0) -> DoneEvent:
     # The first token comes out of prefill, so the decode rate counts the ones after it.
     rate = (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
     return {"type": "done", "finish_reason": finish_reason, "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": rate, "cached_tokens": cached_tokens, "drafts": drafts, "drafted": drafted,
-            "accepted": accepted}
+            "tokens_per_second": rate, "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
+            "drafts": drafts, "drafted": drafted, "accepted": accepted}

@@ -154,11 +154,11 @@ class LocalBackend:
         started = time.perf_counter()
         graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) if self.graphs else None
         if graphed is not None:
-            cached = 0
+            cached = written = 0
             logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
             step = graphed.decode_one_token
         else:
-            cached, logits, cache = self._prefill(request.prompt_ids, request.keep_at)
+            cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at)
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         choice = next_token(logits, sampling, generator, penalties)
@@ -187,17 +187,19 @@ class LocalBackend:
                 penalties.add(token_id)
             logits = step(token_id)
             choice = next_token(logits, sampling, generator, penalties)
-        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached))
+        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
+                        cache_write_tokens=written))
 
-    def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, torch.Tensor, object]:
+    def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, int, torch.Tensor, object]:
         """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
 
-        Returns the number of prompt tokens that came from the cache, the logits and the cache.
+        Returns the number of prompt tokens that came from the cache, the number whose state this
+        request added to it, the logits and the cache.
         """
         kept_cache = self.prefix_cache
         if kept_cache is None:
             logits, cache = prefill(self.model, torch.tensor([prompt_ids], device=self.device))
-            return 0, logits, cache
+            return 0, 0, logits, cache
         cached, kept = kept_cache.take(prompt_ids)
         cache, logits = (kept.cache, kept.logits) if kept is not None else (None, None)
         # Up to the point worth keeping first, so its state is copied before the rest goes in (a kept
@@ -205,8 +207,8 @@ class LocalBackend:
         point = max(cached, min(keep_at or len(prompt_ids), len(prompt_ids)))
         if cached < point:
             logits, cache = prefill(self.model, torch.tensor([prompt_ids[cached:point]], device=self.device), cache)
-        kept_cache.keep(prompt_ids[:point], cache, logits)
+        written = point - cached if kept_cache.keep(prompt_ids[:point], cache, logits) else 0
         if point < len(prompt_ids):
             logits, cache = prefill(self.model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
-        return cached, logits, cache
+        return cached, written, logits, cache
 

@@ -44,10 +44,11 @@ class PrefixCache:
         self._tokens -= len(best)
         return len(best), self._kept.pop(best)
 
-    def keep(self, prompt_ids: list[int], cache: object, logits: torch.Tensor) -> None:
-        """Keeps a copy of the state after `prompt_ids`, before decoding changes it."""
+    def keep(self, prompt_ids: list[int], cache: object, logits: torch.Tensor) -> bool:
+        """Keeps a copy of the state after `prompt_ids`, before decoding changes it; False when the
+        prompt alone is longer than the whole bound."""
         if len(prompt_ids) > self.max_tokens:
-            return
+            return False
         key = tuple(prompt_ids)
         if key in self._kept:
             self._tokens -= len(key)
@@ -57,6 +58,7 @@ class PrefixCache:
             self._tokens -= len(oldest)
         self._kept[key] = Kept(copy.deepcopy(cache), logits.clone())
         self._tokens += len(key)
+        return True
 
     @property
     def tokens(self) -> int:

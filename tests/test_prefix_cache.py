@@ -124,3 +124,25 @@ def test_the_state_is_kept_where_the_next_request_will_branch(backends):
     prefill, continued = run(caching, following)
     assert prefill["cached_tokens"] == len(prompt) - tail
     assert [t["id"] for t in continued] == [t["id"] for t in run(plain, following)[1]]
+
+
+def test_what_a_request_adds_to_the_cache_is_reported(backends):
+    # The Responses API's usage.input_tokens_details.cache_write_tokens, and the span's
+    # gen_ai.usage.cache_creation.input_tokens: the prompt tokens whose state this request kept.
+    tokenizer, caching, plain = backends
+
+    def written(backend, prompt: list[int]) -> int:
+        async def collect():
+            request = DecodeRequest(prompt, 2, SamplingParams(temperature=0), frozenset())
+            return [event async for event in backend.generate(request)]
+        return asyncio.run(collect())[-1]["cache_write_tokens"]
+
+    caching.prefix_cache = PrefixCache(max_tokens=4096)
+    first = chat_prompt_ids(tokenizer)
+    assert written(caching, first) == len(first)
+    second = first + tokenizer(" and then some more", add_special_tokens=False)["input_ids"]
+    assert written(caching, second) == len(second) - len(first)  # the first prompt's state was read, not written
+    assert written(caching, second) == 0  # kept already
+    assert written(plain, second) == 0  # no prefix cache
+    caching.prefix_cache = PrefixCache(max_tokens=len(first) - 1)
+    assert written(caching, first) == 0  # longer than the whole bound: not kept

@@ -8,6 +8,7 @@ recorded output it needs, and a few wrap the backend to make it slow or fail.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -171,7 +172,7 @@ def test_a_streamed_answer_with_reasoning(replay_app):
          "content": [{"type": "output_text", "text": "Hello to you too.", "annotations": [], "logprobs": []}]}]
     prompt = prompt_tokens(replay_app, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello"}])
     assert response["usage"] == {
-        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": count(replay_app, ANSWER), "output_tokens_details": {"reasoning_tokens": count(replay_app, "Greeting the user.\n")},
         "total_tokens": prompt + count(replay_app, ANSWER)}
 
@@ -355,8 +356,16 @@ def test_a_failure_after_streaming_started_is_response_failed(replay_app):
     response = check_stream(events)
     assert events[-1]["type"] == "response.failed"
     assert response["status"] == "failed"
-    assert response["error"] == {"code": "upstream_error", "message": "the upstream server went away"}
+    # The Responses API's own code for it (typed clients accept no other); the specific one is traced.
+    assert response["error"] == {"code": "server_error", "message": "the upstream server went away"}
     assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Some", " text", " here"]
+    deadline = time.monotonic() + 10
+    while (newest := replay_app.call("GET", "/v1/traces?limit=1")[1]["data"])[0]["status"] != "error":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    trace = replay_app.stored(f"/v1/traces/{newest[0]['trace_id']}")
+    root = next(s for s in trace["spans"] if s["parent_span_id"] is None)
+    assert root["attributes"]["error.type"] == "upstream_error"
 
 
 def test_silence_gets_in_progress_keepalives(replay_app, monkeypatch):
@@ -379,7 +388,7 @@ def test_a_failure_while_a_slow_prefill_is_streaming_keepalives_is_response_fail
     assert status == 200 and kind.startswith("text/event-stream")
     events = sse(data)
     response = check_stream(events)
-    assert events[-1]["type"] == "response.failed" and response["error"]["code"] == "upstream_error"
+    assert events[-1]["type"] == "response.failed" and response["error"]["code"] == "server_error"
 
 
 # -- clients' own parsers --

@@ -83,13 +83,13 @@ async def _stream(request: web.Request, generation: Generation, builder: Respons
             end = builder.finish(generation)
         except BackendError as err:
             trace.stream_failed(err.code)
-            end = builder.failed(err.code, err.message, generation)
+            end = builder.failed(err.status, err.message, generation)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
             log.exception("responses stream failed")
             trace.stream_failed("internal_error")
-            end = builder.failed("internal_error", f"internal error: {type(exc).__name__}: {exc}", generation)
+            end = builder.failed(500, f"internal error: {type(exc).__name__}: {exc}", generation)
         finally:
             pacer.cancel()
         await response.write(end)

@@ -27,7 +27,9 @@ REASONING, MESSAGE = "reasoning", "message"
 def usage(generation: Generation) -> dict:
     return {
         "input_tokens": generation.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": generation.cached_tokens},
+        # cache_write_tokens: what the local backend's prefix cache kept of this prompt (0 elsewhere).
+        "input_tokens_details": {"cached_tokens": generation.cached_tokens,
+                                 "cache_write_tokens": generation.cache_write_tokens},
         "output_tokens": generation.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": generation.reasoning_tokens},
         "total_tokens": generation.prompt_tokens + generation.completion_tokens,
@@ -186,9 +188,13 @@ class ResponseBuilder:
         self.final = body
         return closed + self._event(f"response.{self.status}", {"response": body})
 
-    def failed(self, code: str, message: str, generation: Generation | None = None) -> bytes:
-        """Too late for an HTTP status: the error ends the stream, where codex shows its message."""
+    def failed(self, status: int, message: str, generation: Generation | None = None) -> bytes:
+        """Too late for an HTTP status: the error ends the stream, where codex shows its message.
+
+        Its code is one of the few the Responses API defines (typed clients refuse others): what the
+        HTTP status would have said. The specific one (upstream_error, …) is on the trace's span."""
         self.status = "failed"
+        code = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status < 500 else "server_error"
         body = self.response(error={"code": code, "message": message},
                              usage=usage(generation) if generation is not None else None)
         self.final = body

@@ -268,6 +268,10 @@ class Generation:
         return len(self.prompt_ids)
 
     @property
+    def cache_write_tokens(self) -> int:
+        return self.done_event["cache_write_tokens"] if self.done_event is not None else 0
+
+    @property
     def cached_tokens(self) -> int:
         # `done` has the final word: a vLLM server says it only at the end.
         if self.done_event is not None:

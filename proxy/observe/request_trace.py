@@ -284,6 +284,7 @@ class RequestTrace(Observer):
             "gen_ai.usage.reasoning.output_tokens": generation.reasoning_tokens,
             "looptrace.usage.cached_tokens": generation.cached_tokens,
             "gen_ai.usage.cache_read.input_tokens": generation.cached_tokens,
+            "gen_ai.usage.cache_creation.input_tokens": generation.cache_write_tokens,
         })
         if self.content:
             answer = genai.output_message("".join(generation.reasoning), "".join(generation.text),
