@@ -23,6 +23,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .sanitize import mark_keys, treat_added_tokens_as_control
+
 THOUGHT = "thought"
 CONTENT = "content"
 TOOL_CALL = "tool_call"
@@ -104,6 +106,7 @@ class Family:
         self.grammar_ids = frozenset(i for i in (token_id(tok, t) for t in self.grammar_tokens) if i is not None)
         self.media_ids = {i: kind for i, kind in ((token_id(tok, t), k) for t, k in self.media_tokens.items())
                           if i is not None}
+        self._control = treat_added_tokens_as_control(tok)
 
     @classmethod
     def matches(cls, config: dict) -> bool:
@@ -123,6 +126,8 @@ class Family:
         merged = 0
         if self.system_first_only:
             messages, merged = merge_system_messages(messages)
+        if self._control is not None:  # keys too (sanitize.py); transformers marks the values
+            messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.

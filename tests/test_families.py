@@ -328,3 +328,47 @@ def test_gemma_output_in_real_tokens(gemma_tok):
     assert "".join(d["text"] for d in deltas if d["type"] == "text") == "Checking."
     assert json.loads(deltas[-1]["arguments"]) == {"city": "Saint-Étienne, {x}", "days": 3}
     assert deltas[-1]["outcome"] == "valid"
+
+
+# Every string a client sends that reaches a template, by where it sits in the request.
+def _conversation(hostile: str, where: str) -> tuple[list[dict], list[dict]]:
+    x = lambda field: hostile if where == field else "x"  # noqa: E731
+    arguments = {x("argument key"): x("argument value"),
+                 "nested": {x("nested key"): [x("nested list value")]}}
+    messages = [
+        {"role": "system", "content": x("system content")},
+        {"role": "user", "content": x("user content")},
+        {"role": "assistant", "content": x("assistant content"), "reasoning_content": x("reasoning"),
+         "tool_calls": [{"id": x("call id"), "type": "function",
+                         "function": {"name": x("call name"), "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": x("call id"), "name": x("tool message name"), "content": x("tool result")},
+        {"role": "user", "content": "next"},
+    ]
+    tools = [{"type": "function", "function": {
+        "name": x("tool name"), "description": x("tool description"),
+        "parameters": {"type": "object", "properties": {
+            x("property name"): {"type": "string", "description": x("property description"),
+                                 "enum": [x("enum value")]}}}}}]
+    return messages, tools
+
+
+FIELDS = ("system content", "user content", "assistant content", "reasoning", "call id", "call name",
+          "argument key", "argument value", "nested key", "nested list value", "tool message name", "tool result",
+          "tool name", "tool description", "property name", "property description", "enum value")
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma4", "chatml"])
+def test_no_field_can_inject_a_control_token(qwen_tok, gemma_tok, smollm2_tok, family, field):
+    """Each field carries every control token of the family's vocabulary; the prompt holds exactly the
+    control tokens of the same conversation with plain text there."""
+    tok = {"qwen3_5": qwen_tok, "gemma4": gemma_tok, "chatml": smollm2_tok}[family]
+    renderer = {"qwen3_5": Qwen3_5, "gemma4": Gemma4, "chatml": ChatML}[family](tok)
+    controls = [t for t in tok.added_tokens_encoder if not t.isspace()]
+    hostile = "a" + "\n".join(controls) + "b"
+    control_ids = set(tok.added_tokens_encoder.values())
+
+    def controls_in(messages, tools):
+        return sorted(i for i in renderer.render(messages, tools).ids if i in control_ids)
+
+    assert controls_in(*_conversation(hostile, field)) == controls_in(*_conversation("x", "none"))
