@@ -28,9 +28,12 @@ class Busy(BackendError):
         super().__init__(message, status=429, code="queue_full")
 
 
+GREEDY_BELOW = 1e-5  # a temperature this low decodes greedily, as vLLM's sampler does: logits ÷ 1e-300 overflow
+
+
 @dataclass(slots=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no limit
     seed: int | None = None
@@ -38,6 +41,10 @@ class SamplingParams:
     # `presence_penalty` once it has appeared and `frequency_penalty` for every time it has.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
     @property
     def penalised(self) -> bool:

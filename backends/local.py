@@ -85,7 +85,9 @@ class LocalBackend:
         return future.result()
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        if self.waiting >= self.max_queue:
+        # --max-queue 0: no waiting room, one request at a time. (The check and the put below run in one
+        # turn of the event loop, so two requests cannot both find the model idle.)
+        if self.waiting >= self.max_queue and (self.running or self.waiting):
             raise Busy(f"{self.waiting} requests are already waiting for the model; try again later")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()

@@ -27,7 +27,7 @@ class Choice(NamedTuple):
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """The next token id (a 0-d tensor) from one row of float32 logits."""
-    if params.temperature <= 0:
+    if params.greedy:
         # argmax returns the first maximum: equally likely tokens go lowest id first, as generate() does.
         return logits.argmax()
     scores = logits / params.temperature
@@ -74,7 +74,7 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     top = torch.topk(logits, min(TOP_N, logits.numel()))
     norm = torch.logsumexp(logits, dim=-1)
     n = top.indices.numel()
-    if params.temperature <= 0 and penalties is None:
+    if params.greedy and penalties is None:
         numbers = torch.cat((top.indices.double(), (top.values - norm).double())).tolist()
         ids, logprobs = [int(i) for i in numbers[:n]], numbers[n:]
         # topk leaves the order of equal values open; greedy takes the lowest id, as generate() does.
@@ -95,7 +95,7 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 def generator_for(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    if params.temperature <= 0:
+    if params.greedy:
         return None
     generator = torch.Generator(device=device)
     if params.seed is not None:

@@ -144,7 +144,7 @@ class VLLMBackend:
                                f"(--vllm-timeout)", status=504, code="upstream_timeout") from exc
         except aiohttp.ClientError as exc:  # the connection broke mid-stream
             raise _cut(up.url, count, describe(exc)) from exc
-        except (ValueError, KeyError, TypeError, IndexError) as exc:  # a chunk we cannot read
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # a chunk we cannot read
             raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read: "
                                f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
         finally:

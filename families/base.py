@@ -138,6 +138,8 @@ class Family:
             raise RenderError(exc.message or str(exc)) from exc
         except ValueError as exc:  # an empty conversation, say
             raise RenderError(str(exc)) from exc
+        except RecursionError as exc:  # the API bounds nesting; a template may recurse deeper still
+            raise RenderError("the conversation is nested too deeply for the chat template") from exc
         ids = encoded["input_ids"]
         ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
         # Decoded from the ids, so the stored prompt is exactly what the model read.

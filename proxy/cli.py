@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, help="context length to allow (default: the checkpoint's)")
     serve.add_argument("--enforce-eager", action="store_true",
                        help="on a GPU, decode with plain calls instead of replaying a captured CUDA graph")
-    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the model before a 429")
+    serve.add_argument("--max-queue", type=int, default=64,
+                       help="requests that may wait for the model before a 429 (0: none wait; one runs at a time)")
     serve.add_argument("--prefix-cache-tokens", type=int, default=65536, metavar="N",
                        help="local backend: keep the model's state after recent prompts, up to N tokens in all, so a "
                        "conversation's next turn prefills only what is new (0: off; default 65536)")

@@ -341,6 +341,10 @@ FAILURES = {
         f"the vLLM server at {url} ended the generation with finish_reason 'abort' after 3 tokens")),
     "error frame": ({"arm": {"kind": "error_frame", "after": 3}}, 3, 502, lambda url, n: (
         f"the vLLM server at {url} failed after 3 tokens: Internal server error")),
+    # A Chat Completions stream used to die without a word here (an AttributeError nobody caught).
+    "malformed chunk": ({"arm": {"kind": "malformed", "after": 3}}, 3, 502, lambda url, n: (
+        f"the vLLM server at {url} sent a chunk looptrace cannot read: AttributeError: 'str' object has no "
+        f"attribute 'get'")),
 }
 
 

@@ -20,6 +20,7 @@ Switches for tests, under /double/ (no part of vLLM):
       stall         sends nothing more after N tokens
       finish        ends with finish_reason {"reason": R} after N tokens
       error_frame   sends vLLM's in-stream error after N tokens
+      malformed     sends a chunk whose `choices` is a string after N tokens
       delay         waits {"seconds": T} before each token
   POST /double/config {"scale_out": "on"|"off"|"absent", "max_model_len": enforced limit,
                        "root": reported root, "spec_tokens": K (fake speculative decoding)}
@@ -369,7 +370,8 @@ class Double:
         created = int(time.time())
         eos = self.tokenizer.eos_token_id
         stops, max_tokens = params["stop_token_ids"], params["max_tokens"]
-        fail_after = armed.get("after", 0) if armed.get("kind") in ("cut", "stall", "finish", "error_frame") else None
+        failing = ("cut", "stall", "finish", "error_frame", "malformed")
+        fail_after = armed.get("after", 0) if armed.get("kind") in failing else None
         delay = armed.get("seconds", 0.0) if armed.get("kind") == "delay" else 0.0
         stream = DecodeStream(skip_special_tokens=False)
         backend = self.tokenizer.backend_tokenizer
@@ -525,6 +527,8 @@ class Double:
             return "stalled"
         if kind == "error_frame":
             await response.write(_frame(error_body("Internal server error", "InternalServerError", 500)))
+        elif kind == "malformed":  # a chunk of the wrong shape (no vLLM sends it; a broken proxy might)
+            await response.write(_frame({"id": request_id, "object": "text_completion", "choices": "nope"}))
         else:  # finish
             reason = armed.get("reason", "abort")
             if generate_route:

@@ -53,8 +53,10 @@ class TraceQueries:
 
     def get_trace(self, trace_id: str) -> dict | None:
         with self._reader() as db:
-            rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
+            # The trace's row first: it is written with the server span, after every other span, so once
+            # it is seen the spans read next are all there (a batch commits spans and row together).
             step = db.execute("SELECT session, step FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
         if not rows:
             return None
         spans = []

@@ -20,6 +20,7 @@ from .response_store import ResponseStore
 from .responses import create_response, delete_response, get_response
 from .sessions import get_session, list_sessions, live
 from .traces import get_prompt, get_tokens, get_trace, list_traces
+
 _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import aclosing
 
 from aiohttp import web
@@ -14,12 +15,13 @@ from ..observe.request_trace import RequestTrace
 from . import streaming
 from .chat_request import parse_chat
 from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
-from .errors import api_error
+from .errors import APIError, api_error
 from .generate import prepared, traced
 from .keys import RUNTIME
 from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
 from .validation import json_body
 
+log = logging.getLogger("looptrace")
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
@@ -72,4 +74,11 @@ async def _stream(request: web.Request, generation: Generation, stream: ChatStre
             # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
             trace.stream_failed(err.code)
             await response.write(error_frame(api_error(err).body()))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+            log.exception("chat stream failed")
+            trace.stream_failed("internal_error")
+            await response.write(error_frame(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                      type="server_error", code="internal_error").body()))
         return response

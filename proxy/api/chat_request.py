@@ -13,6 +13,7 @@ from .parsing import (
     call_arguments,
     media_note,
     parse_tool_choice,
+    seed,
     temperature_and_top_p,
 )
 from .validation import field, in_range, is_a
@@ -68,7 +69,7 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
-        seed=field(body, "seed", int, "seed"),
+        seed=seed(body),
         **penalties,
         stop=_stop(body.get("stop")),
         top_logprobs=(top_logprobs or 0) if logprobs else None,

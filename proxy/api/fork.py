@@ -24,7 +24,7 @@ from .chat_response import ChatCollector
 from .errors import APIError, invalid
 from .generate import traced
 from .keys import RUNTIME
-from .parsing import temperature_and_top_p
+from .parsing import seed, temperature_and_top_p
 from .prompt_view import TokenTexts
 from .traces import stored_trace
 from .validation import field, in_range, json_body
@@ -66,7 +66,7 @@ async def fork_trace(request: web.Request) -> web.Response:
         generation = Generation(runtime, GenerationRequest(
             messages=[], tools=original.tools, max_tokens=min(max_tokens, room), stored=stored,
             temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k,
-            seed=field(body, "seed", int, "seed")), observer=trace)
+            seed=seed(body)), observer=trace)
         await generation.prepare()
         collector = ChatCollector(runtime.model_name, None)
         tokens: list[dict] = []

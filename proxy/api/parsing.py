@@ -39,6 +39,15 @@ def temperature_and_top_p(body: dict) -> tuple[float | None, float | None]:
     return temperature, top_p
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch generator (and vLLM) can be seeded with
+
+
+def seed(body: dict) -> int | None:
+    value = field(body, "seed", int, "seed")
+    in_range(value, "seed", *SEED_RANGE)
+    return value
+
+
 def call_arguments(arguments: object, param: str) -> dict:
     """A past call's arguments (a JSON string or an object) as the dict templates iterate over."""
     if isinstance(arguments, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sqlite3
 from datetime import datetime
 
 from aiohttp import web
@@ -75,11 +76,16 @@ async def stored_trace(request: web.Request, trace_id: str, param: str = "trace_
 
 
 async def read(query, empty, *args, **kwargs):
-    """A store query off the event loop; a store with nothing written yet reads as `empty`."""
+    """A store query off the event loop; a store with nothing written yet reads as `empty`, and one that
+    cannot be read (not a database, a directory, locked) is a 503 that says why."""
     try:
         return await asyncio.to_thread(query, *args, **kwargs)
     except FileNotFoundError:
         return empty
+    except (sqlite3.Error, OSError) as exc:
+        store = getattr(query, "__self__", None)
+        raise APIError(503, f"The trace store at {getattr(store, 'path', '?')} cannot be read: {exc}",
+                       type="server_error", code="trace_store_unreadable") from exc
 
 
 def store_of(request: web.Request) -> SQLiteTraceStore:

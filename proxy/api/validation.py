@@ -7,6 +7,7 @@ pass through silently, and the error must carry OpenAI's `param`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -23,17 +24,42 @@ _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+MAX_DEPTH = 64  # arrays and objects within each other: far past any real schema, short of any recursion limit
+
+
 async def json_body(request: web.Request) -> dict:
     try:
         text = await request.text()
         body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        body = None
+    if body is None or nesting(body) > MAX_DEPTH:
+        # Templates, the trace and the parsers all walk what a client nests: bound it once, here.
+        raise invalid(f"The request body is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
+                      code="invalid_json")
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
     if _ESCAPED_SURROGATE.search(text):
         body = _replace_lone_surrogates(body)
     return body
+
+
+def nesting(value: Any) -> int:
+    """How deep arrays and objects sit within each other (a walk with a stack, not recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _replace_lone_surrogates(value: Any) -> Any:
@@ -63,7 +89,15 @@ def field(obj: dict, key: str, kind: type, param: str, *, required: bool = False
             f"Invalid type for '{param}': expected {TYPE_NAMES[kind]}, but got {describe(value)}.",
             param=param, code="invalid_type",
         )
-    return float(value) if kind is float else value
+    if kind is float:
+        # JSON parsers take NaN and Infinity, and integers past a float's range; none is a setting.
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise invalid(f"Invalid value for '{param}': expected a finite number.", param=param)
+    return value
 
 
 def is_a(value: Any, kind: type) -> bool:

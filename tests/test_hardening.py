@@ -1,0 +1,163 @@
+"""Bad input is a 400 in OpenAI's shape, never a 5xx, and the server lives on; each case here was a
+500 (or a stream that died without a word) before its fix. Part of issue 13."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
+from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.local import LocalBackend
+from looptrace.proxy.api import streaming
+from looptrace.proxy.settings import Settings
+
+from app_thread import AppThread, Wrapped
+from server import sse_events
+from tiny_models import chat_prompt_ids
+
+MODEL = "tiny-qwen"
+ASK = [{"role": "user", "content": "Hi"}]
+
+
+def chat(app, **body):
+    return app.call("POST", "/v1/chat/completions", {"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+
+
+def raw(app, path: str, text: str) -> tuple[int, dict]:
+    """A body as written, for what json.dumps would not write (NaN, 1e400, deep nesting)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(app.url + path, data=text.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.parametrize(("path", "field"), [
+    ("/v1/chat/completions", "temperature"), ("/v1/chat/completions", "top_p"),
+    ("/v1/chat/completions", "presence_penalty"), ("/v1/chat/completions", "frequency_penalty"),
+    ("/v1/responses", "temperature"), ("/v1/responses", "top_p")])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_numbers_that_are_not_settings_are_refused(replay_app, path, field, value):
+    head = '"messages": [{"role": "user", "content": "Hi"}]' if path.endswith("completions") else '"input": "Hi"'
+    status, error = raw(replay_app, path, f'{{"model": "{MODEL}", {head}, "{field}": {value}}}')
+    assert status == 400, error
+    assert error["error"]["param"] == field and "finite" in error["error"]["message"]
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 10**30])
+def test_a_seed_past_64_bits_is_refused(replay_app, seed):
+    status, error = chat(replay_app, seed=seed)
+    assert status == 400 and error["error"]["param"] == "seed"
+
+
+def test_the_largest_seeds_are_taken(replay_app):
+    for seed in (2**64 - 1, -(2**63)):
+        replay_app.replay("Ok.<|im_end|>")
+        assert chat(replay_app, seed=seed)[0] == 200
+
+
+def test_nesting_is_bounded(replay_app):
+    deep = "[" * 100_000 + "]" * 100_000
+    status, error = raw(replay_app, "/v1/chat/completions", f'{{"model": "{MODEL}", "messages": {deep}}}')
+    assert status == 400 and error["error"]["code"] == "invalid_json" and "nested" in error["error"]["message"]
+    arguments: object = "v"
+    for _ in range(600):
+        arguments = {"k": arguments}
+    status, error = raw(replay_app, "/v1/chat/completions", json.dumps({"model": MODEL, "messages": ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "f", "arguments": arguments}}]}]}))
+    assert status == 400 and "nested" in error["error"]["message"]
+    replay_app.replay("Alive.<|im_end|>")
+    assert chat(replay_app)[0] == 200  # and the server lives on
+
+
+def test_a_chat_stream_that_breaks_ends_with_an_error_frame(replay_app, monkeypatch):
+    # Not a BackendError: anything at all. The stream is open, so the error must end it in the API's shape.
+    class Broken(Wrapped):
+        async def generate(self, request):
+            async for event in super().generate(request):
+                if event["type"] == "token" and event["index"] == 2:
+                    raise RuntimeError("a bug")
+                yield event
+
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Broken(replay_app.replay("One two three four.<|im_end|>"))
+    status, _, data = replay_app.post({"model": MODEL, "messages": ASK, "stream": True}, path="/v1/chat/completions")
+    assert status == 200
+    events = sse_events(data)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "internal_error" and "a bug" in events[-2]["error"]["message"]
+
+
+def test_a_store_that_cannot_be_read_is_a_503_and_serving_goes_on(qwen3_5_dir, tmp_path):
+    bad = tmp_path / "not-a-database.sqlite3"
+    bad.write_bytes(b"this is not SQLite" * 100)
+    replay = tmp_path / "steps.jsonl"
+    replay.write_text('{"text": "Ok.<|im_end|>"}\n')
+    app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(replay), served_model_name=MODEL,
+                             trace_db=str(bad))).start()
+    try:
+        for path in ("/v1/traces", "/v1/sessions", f"/v1/traces/{'0' * 32}"):
+            status, error = app.call("GET", path)
+            assert status == 503 and error["error"]["code"] == "trace_store_unreadable", (path, error)
+            assert str(bad) in error["error"]["message"]
+        assert chat(app)[0] == 200
+    finally:
+        app.stop()
+
+
+def test_a_tiny_temperature_decodes_greedily(qwen3_5_dir):
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    backend = LocalBackend(model, Vocabulary(tokenizer))
+    prompt = chat_prompt_ids(tokenizer)
+
+    def ids(temperature: float) -> list[int]:
+        async def run():
+            request = DecodeRequest(prompt, 8, SamplingParams(temperature=temperature, seed=1), frozenset())
+            return [e["id"] async for e in backend.generate(request) if e["type"] == "token"]
+        return asyncio.run(run())
+
+    try:
+        assert ids(1e-300) == ids(0.0)  # logits ÷ 1e-300 would overflow to NaN
+    finally:
+        asyncio.run(backend.close())
+
+
+def test_max_queue_zero_means_one_at_a_time_and_none_waiting(qwen3_5_dir):
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    backend = LocalBackend(model, Vocabulary(tokenizer), max_queue=0)
+    prompt = chat_prompt_ids(tokenizer)
+    greedy = lambda: DecodeRequest(prompt, 2, SamplingParams(temperature=0), frozenset())  # noqa: E731
+    held, gate = threading.Event(), threading.Event()
+
+    async def run():
+        # Idle: taken.
+        assert [e["type"] async for e in backend.generate(greedy())][-1] == "done"
+        # Busy: refused, whatever is waiting (nothing may).
+        backend._jobs.put((greedy(), lambda event: (held.set(), gate.wait())))
+        await asyncio.to_thread(held.wait)
+        with pytest.raises(Busy):
+            await anext(backend.generate(greedy()))
+        gate.set()
+        while backend.running:
+            await asyncio.sleep(0.01)
+        assert [e["type"] async for e in backend.generate(greedy())][-1] == "done"
+
+    try:
+        asyncio.run(run())
+    finally:
+        gate.set()
+        asyncio.run(backend.close())
