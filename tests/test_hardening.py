@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.request
 
 import pytest
 import torch
@@ -161,3 +162,34 @@ def test_max_queue_zero_means_one_at_a_time_and_none_waiting(qwen3_5_dir):
     finally:
         gate.set()
         asyncio.run(backend.close())
+
+
+def test_no_model_name_a_client_sends_becomes_a_metric_label(replay_app):
+    def exposition() -> str:
+        with urllib.request.urlopen(replay_app.url + "/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def unknown_404s() -> float:
+        line = '{endpoint="chat",model="unknown",status="404"} '
+        found = [row for row in exposition().splitlines() if row.startswith("looptrace_requests_total" + line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    before = unknown_404s()
+    for i in range(20):
+        assert chat(replay_app, model=f"made-up-{i}")[0] == 404
+    assert "made-up" not in exposition()
+    assert unknown_404s() - before == 20
+
+
+@pytest.mark.parametrize("stop", [["x"] * 17, ["y" * 257], "z" * 257])
+def test_stop_strings_are_bounded(replay_app, stop):
+    # 1,000 stop strings of 2 KB each once took seconds per request, on the event loop.
+    status, error = chat(replay_app, stop=stop)
+    assert status == 400 and error["error"]["param"] == "stop"
+
+
+def test_sixteen_long_stop_strings_still_work(replay_app):
+    replay_app.replay("\n</think>\n\nThe answer is 42. END and more.<|im_end|>")
+    stops = ["a" * 254 + f"{i:02d}" for i in range(15)] + [" END"]  # 16 of up to 256 characters
+    status, answer = chat(replay_app, stop=stops, max_tokens=50)
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "The answer is 42."

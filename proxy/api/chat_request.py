@@ -192,12 +192,17 @@ def _thinking(body: dict) -> bool | None:
     return effort != "none"
 
 
+MAX_STOPS, MAX_STOP_LENGTH = 16, 256  # more than OpenAI's 4; each is matched as every token arrives
+
+
 def _stop(stop: object) -> list[str]:
     if stop is None:
         return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, list) and all(is_a(s, str) for s in stop):
-        return stop
-    raise invalid("Invalid type for 'stop': expected a string or an array of strings.", param="stop",
-                  code="invalid_type")
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(is_a(s, str) for s in stops):
+        raise invalid("Invalid type for 'stop': expected a string or an array of strings.", param="stop",
+                      code="invalid_type")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_LENGTH for s in stops):
+        raise invalid(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_LENGTH} characters each.",
+                      param="stop")
+    return stops

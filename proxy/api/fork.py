@@ -62,6 +62,7 @@ async def fork_trace(request: web.Request) -> web.Response:
         if max_tokens is None:  # as long as the original answer could have run, from here
             max_tokens = max(1, (original.max_tokens or DEFAULT_MAX_TOKENS) - len(prefix))
         trace.requested(runtime.model_name, stream=False, conversation=None)
+        trace.checked()
         trace.forked(recorded, index, replacement)
         generation = Generation(runtime, GenerationRequest(
             messages=[], tools=original.tools, max_tokens=min(max_tokens, room), stored=stored,

@@ -39,6 +39,7 @@ async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: 
     await runtime.ready()
     if model != runtime.model_name:
         raise model_not_found(model, runtime.model_name)
+    trace.checked()
     generation = Generation(runtime, request, observer=trace)
     await generation.prepare()
     return generation

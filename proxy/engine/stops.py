@@ -9,6 +9,8 @@ class StopStrings:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self._hold = max((len(s) for s in self.stops), default=1) - 1
+        # Every proper start of a stop string, so a partly arrived one is one set lookup per length.
+        self._starts = frozenset(s[:k] for s in self.stops for k in range(1, len(s)))
         self._pending = ""
         self.hit = False
 
@@ -31,7 +33,6 @@ class StopStrings:
     def _partial_suffix(self, buffer: str) -> int:
         # The longest end of the buffer that is the start of some stop string.
         for size in range(min(self._hold, len(buffer)), 0, -1):
-            tail = buffer[-size:]
-            if any(s.startswith(tail) for s in self.stops):
+            if buffer[-size:] in self._starts:
                 return size
         return 0

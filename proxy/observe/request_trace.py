@@ -47,6 +47,7 @@ class RequestTrace(Observer):
         self.content = content
         self.endpoint = endpoint
         self.model = ""
+        self._label = "unknown"  # the `model` label of this request's metrics: the served model, once checked
         self.conversation: str | None = None
         self.status = 200
         self.error_type: str | None = None
@@ -84,6 +85,11 @@ class RequestTrace(Observer):
         self.span.set_attributes({"gen_ai.request.model": model, "gen_ai.request.stream": stream})
         if conversation:
             self.span.set_attribute("gen_ai.conversation.id", conversation)
+
+    def checked(self) -> None:
+        """The model asked for is the one served: from here on it labels this request's metrics.
+        Until then it is "unknown", so that no string a client sends becomes a label value."""
+        self._label = self.model
 
     def responded(self, response_id: str) -> None:
         self.span.set_attribute("gen_ai.response.id", response_id)
@@ -347,7 +353,7 @@ class RequestTrace(Observer):
         self.span.set_attribute("http.response.status_code", self.status)
         self.span.end()
         seconds = time.perf_counter() - self.started
-        model = self.model or "unknown"
+        model = self._label
         self.metrics.requests.labels(model, self.endpoint, str(self.status)).inc()
         self.metrics.duration.labels(model, self.endpoint).observe(seconds, self._exemplar)
 
