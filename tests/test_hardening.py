@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -193,3 +194,11 @@ def test_sixteen_long_stop_strings_still_work(replay_app):
     stops = ["a" * 254 + f"{i:02d}" for i in range(15)] + [" END"]  # 16 of up to 256 characters
     status, answer = chat(replay_app, stop=stops, max_tokens=50)
     assert status == 200 and answer["choices"][0]["message"]["content"] == "The answer is 42."
+
+
+@pytest.mark.parametrize("path", ["/v1/traces", "/v1/sessions"])
+@pytest.mark.parametrize("cursor", ["99999999999999999999999:x", "9223372036854775808:x", "12:", "x:y", "١٢:x"])
+def test_a_page_cursor_that_no_page_gave_is_a_400(replay_app, path, cursor):
+    # A stamp past 64 bits once reached SQLite, which cannot bind it: a 500.
+    status, error = replay_app.call("GET", f"{path}?before={urllib.parse.quote(cursor)}")
+    assert status == 400 and error["error"]["param"] == "before"

@@ -227,5 +227,5 @@ def test_a_store_from_before_sessions_opens_and_lists(tmp_path):
     assert sessions["old-conv"]["steps"] == 2 and sessions["old-conv"]["errors"] == 1
     assert sessions["trace:c"]["steps"] == 1
     assert [s["trace_id"] for s in store.session("old-conv")["steps"]] == ["a", "b"]
-    assert len(store.list_traces()) == 3
+    assert len(store.list_traces()["data"]) == 3
     store.shutdown()

@@ -333,10 +333,10 @@ def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
         root.end(end_time=start + 1_000_000)
         ids.append(format(root.get_span_context().trace_id, "032x"))
     store.enforce_retention()
-    assert [t["trace_id"] for t in store.list_traces()] == ids[:1:-1]  # newest first, the two old ones gone
+    assert [t["trace_id"] for t in store.list_traces()["data"]] == ids[:1:-1]  # newest first, the two old ones gone
     store.max_bytes = 450_000  # room for about two of the 200 kB traces
     store.enforce_retention()
-    kept = [t["trace_id"] for t in store.list_traces()]
+    kept = [t["trace_id"] for t in store.list_traces()["data"]]
     assert kept == ids[:-3:-1][: len(kept)] and 1 <= len(kept) <= 2  # the newest stay
     assert store.get_trace(ids[2]) is None
     assert (tmp_path / "t.sqlite3").stat().st_size <= 600_000  # the file shrank, not just the rows

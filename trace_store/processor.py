@@ -1,16 +1,18 @@
 """Handing finished spans to an exporter without ever making the caller wait.
 
 Like the SDK's BatchSpanProcessor (a bounded queue, a background thread, batches), written here
-because ours must count what it loses: a full queue or a failed export adds to a dropped counter
-instead of vanishing into a log line.
+because ours must account for what it loses: the queue is bounded by spans and by bytes, and a span
+that does not fit, or a batch the exporter fails, adds to a dropped counter and is remembered by
+trace id, so that a sink that can (the SQLite store) marks those traces incomplete instead of
+showing them as whole.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from typing import Callable
 
 from opentelemetry.context import Context
@@ -19,48 +21,110 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 log = logging.getLogger("looptrace.trace")
 
+MAX_LOST_TRACES = 100_000  # trace ids remembered as incomplete until the sink hears of them
+
+
+def span_bytes(span: ReadableSpan) -> int:
+    """About what a span holds: its strings' lengths, 8 bytes for anything else. An estimate that
+    costs a pass over the attributes, not an encoding: this runs on the serving thread."""
+    total = 200
+    for attrs in (span.attributes, *(event.attributes for event in span.events)):
+        if attrs:
+            for value in attrs.values():
+                if isinstance(value, str):
+                    total += len(value)
+                elif isinstance(value, (tuple, list)):
+                    # Token arrays: their strings are pieces of a few characters.
+                    total += 8 * len(value)
+                else:
+                    total += 8
+    return total
+
 
 class QueueingSpanProcessor(SpanProcessor):
+    """`on_lost`, when given, is called on the exporting thread, before each export, with
+    {trace_id: spans lost} for the traces that lost spans since the last call."""
+
     def __init__(self, exporter: SpanExporter, *, name: str, on_dropped: Callable[[str, int], None],
-                 max_queue: int = 8192, max_batch: int = 256, interval: float = 0.5) -> None:
+                 on_lost: Callable[[dict[int, int]], None] | None = None, max_queue: int = 16384,
+                 max_bytes: int = 256 << 20, max_batch: int = 1024) -> None:
         self.exporter = exporter
         self.name = name
         self._on_dropped = on_dropped
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._on_lost = on_lost
+        self.max_queue, self.max_bytes = max_queue, max_bytes
         self._max_batch = max_batch
-        self._interval = interval
-        self._stopping = threading.Event()
+        # A deque and a condition rather than queue.Queue: a span in is one append under the lock,
+        # and the exporting thread takes a whole batch at once.
+        self._spans: deque[tuple[ReadableSpan, int]] = deque()
+        self._held_bytes = 0
+        self._unfinished = 0  # queued or being exported
+        self._lost: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"looptrace-export-{name}", daemon=True)
         self._thread.start()
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._spans)
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        try:
-            self._queue.put_nowait(span)
-        except queue.Full:
-            self._on_dropped(self.name, 1)
+        size = span_bytes(span)
+        with self._lock:
+            if len(self._spans) < self.max_queue and self._held_bytes + size <= self.max_bytes:
+                self._spans.append((span, size))
+                self._held_bytes += size
+                self._unfinished += 1
+                if len(self._spans) == 1:
+                    self._wake.notify()
+                return
+            self._remember_lost((span.context.trace_id,))
+        self._on_dropped(self.name, 1)
+
+    def _remember_lost(self, trace_ids) -> None:
+        """Called with the lock held."""
+        for trace_id in trace_ids:
+            if trace_id in self._lost or len(self._lost) < MAX_LOST_TRACES:
+                self._lost[trace_id] = self._lost.get(trace_id, 0) + 1
+        self._wake.notify()
+
+    def _take(self) -> tuple[list[ReadableSpan], dict[int, int]]:
+        """Waits for a span, then takes what is queued (up to a batch) and what was lost since the
+        last call. No lingering for a fuller batch: a quiet server's spans are stored at once (the
+        trace viewer shows a step as soon as it is stored), and under load the batches fill by
+        themselves while the previous one is written."""
+        with self._lock:
+            while not self._spans and not self._lost and not self._stopping:
+                self._wake.wait()
+            batch = [self._spans.popleft() for _ in range(min(self._max_batch, len(self._spans)))]
+            self._held_bytes -= sum(size for _, size in batch)
+            lost, self._lost = self._lost, {}
+            self._unfinished += bool(lost)  # until the marks are stored too: force_flush waits for them
+        return [span for span, _ in batch], lost
 
     def _run(self) -> None:
-        while not self._stopping.is_set() or not self._queue.empty():
-            try:
-                first = self._queue.get(timeout=self._interval)
-            except queue.Empty:
-                continue
-            batch = [first]
-            while len(batch) < self._max_batch:
+        while True:
+            batch, lost = self._take()
+            if lost and self._on_lost is not None:
                 try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            self._export(batch)
-            for _ in batch:
-                self._queue.task_done()
+                    self._on_lost(lost)
+                except Exception:  # noqa: BLE001 - marking is best effort; the spans are counted already
+                    log.exception("trace sink %s could not note lost spans", self.name)
+            if batch or (lost and self._on_lost is not None):
+                self._export(batch)  # an empty batch still stores the marks just noted
+            elif self._stopping:
+                return
+            with self._lock:
+                self._unfinished -= len(batch) + bool(lost)
 
     def _export(self, batch: list[ReadableSpan]) -> None:
         try:
@@ -68,18 +132,24 @@ class QueueingSpanProcessor(SpanProcessor):
         except Exception as exc:  # noqa: BLE001 - a failing sink must never take the server down
             log.warning("trace export to %s failed: %s", self.name, exc)
             result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
+        if result is not SpanExportResult.SUCCESS and batch:
+            with self._lock:
+                self._remember_lost(span.context.trace_id for span in batch)
             self._on_dropped(self.name, len(batch))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
         while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:  # queued and exported alike
-                return True
+            with self._lock:
+                if self._unfinished == 0 and not self._lost:  # queued, exported and marked alike
+                    return True
+                self._wake.notify()
             time.sleep(0.01)
         return False
 
     def shutdown(self) -> None:
-        self._stopping.set()
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
         self._thread.join(timeout=10)
         self.exporter.shutdown()

@@ -31,25 +31,36 @@ class TraceQueries:
     # -- traces --
 
     def list_traces(self, *, conversation: str | None = None, model: str | None = None,
-                    since_ns: int | None = None, limit: int = 50) -> list[dict]:
+                    since_ns: int | None = None, before: tuple[int, str] | None = None, limit: int = 50) -> dict:
+        """Traces, newest first, `limit` at a time: `before` is the (start_ns, trace_id) of the previous
+        page's last row (keyset paging: any page costs what the first does)."""
         where, args = [], []
         for column, value in (("conversation", conversation), ("model", model)):
             if value is not None:
-                where.append(f"{column} = ?")
+                where.append(f"t.{column} = ?")
                 args.append(value)
         if since_ns is not None:
-            where.append("start_ns >= ?")
+            where.append("t.start_ns >= ?")
             args.append(since_ns)
-        sql = "SELECT * FROM traces" + (" WHERE " + " AND ".join(where) if where else "")
-        sql += " ORDER BY start_ns DESC LIMIT ?"
+        if before is not None:
+            where.append("(t.start_ns < ? OR (t.start_ns = ? AND t.trace_id < ?))")
+            args += [before[0], before[0], before[1]]
+        sql = ("SELECT t.*, l.spans AS lost FROM traces t LEFT JOIN lost_spans l USING (trace_id)"
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY t.start_ns DESC, t.trace_id DESC LIMIT ?")
         with self._reader() as db:
-            rows = db.execute(sql, (*args, limit)).fetchall()
-        return [{
+            rows = db.execute(sql, (*args, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        data = [{
             "trace_id": r["trace_id"], "start_time_unix_nano": r["start_ns"],
             "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6, "endpoint": r["endpoint"], "model": r["model"],
             "conversation": r["conversation"], "status": r["status"], "http_status": r["http_status"],
             "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
+            "complete": r["lost"] is None, **({"lost_spans": r["lost"]} if r["lost"] else {}),
         } for r in rows]
+        last = data[-1] if more else None
+        return {"data": data, "next": f"{last['start_time_unix_nano']}:{last['trace_id']}" if last else None}
 
     def get_trace(self, trace_id: str) -> dict | None:
         with self._reader() as db:
@@ -57,7 +68,8 @@ class TraceQueries:
             # it is seen the spans read next are all there (a batch commits spans and row together).
             step = db.execute("SELECT session, step FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
             rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
-        if not rows:
+            lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
+        if not rows and lost is None:
             return None
         spans = []
         for r in rows:
@@ -73,8 +85,11 @@ class TraceQueries:
             if tokens:
                 span["tokens"] = tokens
             spans.append(span)
-        # The server span ends last: until it is written, the trace is still arriving.
-        found = {"trace_id": trace_id, "complete": step is not None, "spans": spans}
+        # The server span ends last: until it is written, the trace is still arriving. A trace that
+        # lost spans on the way to the store is never complete.
+        found = {"trace_id": trace_id, "complete": step is not None and lost is None, "spans": spans}
+        if lost is not None:
+            found["lost_spans"] = lost[0]
         if step is not None:
             found["session"] = step["session"]
             if step["step"]:
@@ -87,11 +102,15 @@ class TraceQueries:
             root = db.execute("SELECT model, session, fork_of FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
             decode = db.execute("SELECT events FROM spans WHERE trace_id = ? AND name = 'decode'",
                                 (trace_id,)).fetchone()
-        if root is None and decode is None:
+            lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
+        if root is None and decode is None and lost is None:
             return None
-        return {"trace_id": trace_id, "model": root["model"] if root else None,
-                "session": root["session"] if root else None, "fork_of": root["fork_of"] if root else None,
-                "tokens": expand_events(loads(decode["events"])) if decode else []}
+        found = {"trace_id": trace_id, "model": root["model"] if root else None,
+                 "session": root["session"] if root else None, "fork_of": root["fork_of"] if root else None,
+                 "tokens": expand_events(loads(decode["events"])) if decode else []}
+        if lost is not None:
+            found["lost_spans"] = lost[0]
+        return found
 
     def generated_ids(self, trace_id: str) -> list[int]:
         """The token ids a traced request generated, for the replay backend."""
@@ -111,7 +130,7 @@ class TraceQueries:
         a session, oldest first; one step of generated token ids per trace."""
         if spec.startswith("conversation:"):
             conversation = spec.removeprefix("conversation:")
-            trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000))]
+            trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000)["data"])]
             if not trace_ids:
                 raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.path}")
         elif all(len(t) == 32 for t in spec.split(",")):
@@ -167,8 +186,8 @@ class TraceQueries:
             head = db.execute("SELECT * FROM sessions WHERE key = ?", (key,)).fetchone()
             if head is None:
                 return None
-            rows = db.execute("SELECT * FROM traces WHERE session = ? AND fork_of IS NULL ORDER BY start_ns",
-                              (key,)).fetchall()
+            rows = db.execute("SELECT t.*, l.spans AS lost FROM traces t LEFT JOIN lost_spans l USING (trace_id) "
+                              "WHERE t.session = ? AND t.fork_of IS NULL ORDER BY t.start_ns", (key,)).fetchall()
             forks: dict[str, list[str]] = {}
             for fork in db.execute(
                     "SELECT f.trace_id, f.fork_of FROM traces f JOIN traces t ON f.fork_of = t.trace_id "
@@ -177,6 +196,8 @@ class TraceQueries:
         steps = []
         for r in rows:
             step = loads(r["step"]) if r["step"] else _bare_step(r)
+            if r["lost"]:
+                step["lost_spans"] = r["lost"]  # the store never received all of this step's spans
             if r["trace_id"] in forks:
                 step["forks"] = forks[r["trace_id"]][:FORK_LIMIT]
             steps.append(step)

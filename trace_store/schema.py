@@ -7,13 +7,14 @@
                 as requests are stored, so that listing sessions never scans traces
     trace_text  what a person searches for (new messages, the model's output), full-text indexed
     tool_calls  call id → the span that made the call, so a result seen later can join it
+    lost_spans  traces that lost spans before they were stored (a full queue, a failed batch)
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-VERSION = 2  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+VERSION = 3  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
 
 # What the store reads on the spans it is given.
 ROOT_MARK = "looptrace.endpoint"  # set on a request's server span only
@@ -50,6 +51,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE VIRTUAL TABLE IF NOT EXISTS trace_text USING fts5(trace_id UNINDEXED, text, tokenize = 'unicode61 remove_diacritics 2');
 """
 
+VERSION_3 = """
+CREATE TABLE IF NOT EXISTS lost_spans (trace_id TEXT PRIMARY KEY, spans INTEGER NOT NULL, noted_ns INTEGER NOT NULL);
+"""
+
 INDEXES = """
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
@@ -66,6 +71,9 @@ def prepare(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new file: lets retention shrink it
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
+    # A checkpoint leaves the write-ahead log at its largest size unless told otherwise; past this, it
+    # is cut back, so that the store's size limit holds for the files on disk.
+    db.execute("PRAGMA journal_size_limit = 67108864")
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version >= VERSION:
         return
@@ -76,10 +84,11 @@ def prepare(db: sqlite3.Connection) -> None:
             if column not in have:
                 db.execute(f"ALTER TABLE traces ADD COLUMN {column} {kind}")
         db.executescript(VERSION_2)
+        db.executescript(VERSION_3)
         db.executescript(INDEXES)
-        # Traces stored by an older version: their sessions, from what their rows say.
-        db.execute("UPDATE traces SET session = coalesce(conversation, 'trace:' || trace_id) WHERE session IS NULL")
-        rebuild_sessions(db, None)
+        if version < 2:  # traces stored before sessions existed: their sessions, from what their rows say
+            db.execute("UPDATE traces SET session = coalesce(conversation, 'trace:' || trace_id) WHERE session IS NULL")
+            rebuild_sessions(db, None)
         db.execute(f"PRAGMA user_version = {VERSION}")
 
 

@@ -37,7 +37,7 @@ def build_provider(*, store: SQLiteTraceStore | None, otlp_endpoint: str | None,
     )
     processors = []
     if store is not None:
-        processors.append(QueueingSpanProcessor(store, name="sqlite", on_dropped=on_dropped))
+        processors.append(QueueingSpanProcessor(store, name="sqlite", on_dropped=on_dropped, on_lost=store.note_lost))
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter,

@@ -1,8 +1,10 @@
 """The embedded trace store: spans in one SQLite file, written in batches off the event loop.
 
 `export` runs on the exporting thread only (it owns the writing connection); reading is
-queries.py's, on connections of its own. Retention by age and by size runs between batches. Any
-SQLite failure fails the batch, which the processor counts as dropped.
+queries.py's, on connections of its own. Retention by age and by size runs between batches, a
+little at a time. Any SQLite failure fails the batch, which the processor counts as dropped.
+Traces that lost spans on the way (`note_lost`) are marked in `lost_spans`, so that nobody reads
+them as whole.
 
 With each request's server span, the store also keeps what the trace viewer reads without opening
 every span: the request's step summary (steps.py), its session's running totals, and its text,
@@ -21,24 +23,16 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from platformdirs import user_data_dir
 
-from looptrace.backends.jsontext import dumps, loads
-
+from .batch import Batch, hex_id, insert
 from .queries import TraceQueries
-from .schema import RESULT_EVENT, ROOT_MARK, prepare, rebuild_sessions
-from .steps import StepGatherer, searchable_text
+from .schema import prepare, rebuild_sessions
+from .steps import StepGatherer
 
 log = logging.getLogger("looptrace.trace")
 
-OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
-                   "unknown_tool": "tools_unknown_tool", "unparsed": "tools_unparsed"}
-
-
-def _hex(value: int, width: int) -> str:
-    return format(value, f"0{width}x")
-
-
-def _attributes(attrs) -> dict:
-    return dict(attrs) if attrs else {}
+MAX_PENDING_LOST = 100_000  # traces waiting to be marked incomplete while the store cannot write
+RETENTION_INTERVAL = 5.0  # seconds between looks at age and size: a busy store grows fast
+RETIRE_PER_BATCH = 2000  # traces retention deletes after a batch, at most (about 0.3 s here)
 
 
 def store_path(setting: str | None) -> Path | None:
@@ -60,7 +54,9 @@ class SQLiteTraceStore(TraceQueries, SpanExporter):
         self.on_written = on_written  # called on the writing thread with each batch's stored steps
         self._db: sqlite3.Connection | None = None
         self._last_retention = 0.0
+        self._retiring = False  # retention has more to delete: a little more after each batch
         self._steps = StepGatherer()
+        self._lost: dict[str, int] = {}  # trace id → spans lost, not yet marked in the file
 
     # -- writing (the exporting thread) --
 
@@ -86,123 +82,83 @@ class SQLiteTraceStore(TraceQueries, SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             db = self._writer()
-            stored: list[dict] = []
+            batch = Batch(self._steps)
+            for span in spans:
+                batch.add(span)
             with db:
-                for span in spans:
-                    step = self._write(db, span)
-                    if step is not None:
-                        stored.append(step)
-            if time.monotonic() - self._last_retention > 60:
+                batch.write(db)
+                self._write_lost(db)
+            if self._retiring or time.monotonic() - self._last_retention > RETENTION_INTERVAL:
+                self._retiring = not self._retire(RETIRE_PER_BATCH)
                 self._last_retention = time.monotonic()
-                self.enforce_retention()
         except (sqlite3.Error, OSError) as exc:
             log.warning("trace store %s: %s", self.path, exc)
             self._close_writer()  # reopen next time: the disk may have room again
             return SpanExportResult.FAILURE
-        if stored and self.on_written is not None:
+        if batch.stored and self.on_written is not None:
             try:
-                self.on_written(stored)
+                self.on_written(batch.stored)
             except Exception:  # noqa: BLE001 - a listener's failure is not the store's
                 log.exception("trace store listener failed")
         return SpanExportResult.SUCCESS
+
+    def note_lost(self, lost: dict[int, int]) -> None:
+        """Traces that lost spans before reaching the store (a full queue, a failed batch): marked
+        with the next batch, so they read as incomplete. Called on the exporting thread."""
+        for trace_id, count in lost.items():
+            key = hex_id(trace_id, 32)
+            if key in self._lost or len(self._lost) < MAX_PENDING_LOST:
+                self._lost[key] = self._lost.get(key, 0) + count
+
+    def _write_lost(self, db: sqlite3.Connection) -> None:
+        if not self._lost:
+            return
+        now = time.time_ns()
+        insert(db, "INSERT INTO lost_spans VALUES", [(t, n, now) for t, n in self._lost.items()],
+               " ON CONFLICT (trace_id) DO UPDATE SET spans = spans + excluded.spans")
+        self._lost = {}  # only once written: a failed batch keeps them for the next
 
     def _close_writer(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
 
-    def _write(self, db: sqlite3.Connection, span: ReadableSpan) -> dict | None:
-        """Stores one span; for a request's server span, returns its step summary."""
-        ctx = span.context
-        trace_id, span_id = _hex(ctx.trace_id, 32), _hex(ctx.span_id, 16)
-        attrs = _attributes(span.attributes)
-        events = [{"name": e.name, "time_unix_nano": e.timestamp, "attributes": _attributes(e.attributes)}
-                  for e in span.events]
-        links = [{"trace_id": _hex(link.context.trace_id, 32), "span_id": _hex(link.context.span_id, 16),
-                  "attributes": _attributes(link.attributes)} for link in span.links]
-        parent = _hex(span.parent.span_id, 16) if span.parent else None
-        status = span.status.status_code.name.lower()
-        db.execute(
-            "INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (trace_id, span_id, parent, span.name, span.kind.name.lower(), span.start_time, span.end_time, status,
-             dumps(attrs), dumps(events), dumps(links)),
-        )
-        call_id = attrs.get("gen_ai.tool.call.id")
-        if call_id and span.name.startswith("execute_tool"):
-            db.execute("INSERT OR REPLACE INTO tool_calls VALUES (?,?,?)", (call_id, trace_id, span_id))
-        for event in events:
-            if event["name"] == RESULT_EVENT:
-                self._attach_result(db, event["attributes"], trace_id)
-        if ROOT_MARK not in attrs:
-            self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
-            return None
-        step = self._steps.finish(trace_id, attrs, span.start_time, span.end_time, status)
-        self._write_trace(db, attrs, step)
-        return step
-
-    def _write_trace(self, db: sqlite3.Connection, attrs: dict, step: dict) -> None:
-        trace_id, fork_of = step["trace_id"], (step.get("fork_of") or {}).get("trace_id")
-        conversation = attrs.get("gen_ai.conversation.id")
-        session = step["session"] = conversation or f"trace:{trace_id}"
-        client, version = attrs.get("looptrace.client.name"), attrs.get("looptrace.client.version")
-        db.execute(
-            "INSERT OR REPLACE INTO traces (trace_id, start_ns, end_ns, endpoint, model, conversation, status, "
-            "http_status, input_tokens, output_tokens, session, client, client_version, error, finish_reason, "
-            "fork_of, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (trace_id, step["start_ns"], step["end_ns"], step.get("endpoint"), step.get("model"), conversation,
-             step["status"], step.get("http_status"), step.get("input_tokens"), step.get("output_tokens"), session,
-             client, version, step.get("error"), step.get("finish_reason"), fork_of, dumps(step)),
-        )
-        text = searchable_text(step)
-        if text:
-            db.execute("INSERT INTO trace_text (trace_id, text) VALUES (?, ?)", (trace_id, text))
-        if fork_of:
-            return  # a fork is shown with the step it continued, not as a step of the session
-        tools = step["tools"]
-        counts = [tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS]
-        db.execute(
-            f"""INSERT INTO sessions VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)
-            ON CONFLICT (key) DO UPDATE SET
-                model = coalesce(excluded.model, model), client = coalesce(excluded.client, client),
-                client_version = coalesce(excluded.client_version, client_version),
-                first_ns = min(first_ns, excluded.first_ns), last_ns = max(last_ns, excluded.last_ns),
-                last_trace_id = CASE WHEN excluded.last_ns >= last_ns THEN excluded.last_trace_id ELSE last_trace_id END,
-                steps = steps + 1, input_tokens = input_tokens + excluded.input_tokens,
-                output_tokens = output_tokens + excluded.output_tokens, errors = errors + excluded.errors,
-                {", ".join(f"{c} = {c} + excluded.{c}" for c in OUTCOME_COLUMNS.values())}""",
-            (session, conversation, step.get("model"), client, version, step["start_ns"], step["start_ns"],
-             step.get("input_tokens") or 0, step.get("output_tokens") or 0, *counts,
-             int(step["status"] == "error"), trace_id),
-        )
-
-    def _attach_result(self, db: sqlite3.Connection, result: dict, seen_in: str) -> None:
-        """A tool's result, seen in a later request, joins the execute_tool span that asked for it."""
-        row = db.execute("SELECT trace_id, span_id FROM tool_calls WHERE call_id = ?",
-                         (result.get("gen_ai.tool.call.id"),)).fetchone()
-        if row is None:
-            return
-        extra = {"looptrace.tool.result_trace_id": seen_in}
-        if "looptrace.tool.result" in result:
-            extra["looptrace.tool.result"] = result["looptrace.tool.result"]
-        attrs = loads(db.execute("SELECT attributes FROM spans WHERE trace_id = ? AND span_id = ?", row).fetchone()[0])
-        attrs.update(extra)
-        db.execute("UPDATE spans SET attributes = ? WHERE trace_id = ? AND span_id = ?",
-                   (dumps(attrs), *row))
-
     def enforce_retention(self) -> None:
+        """All of retention, now."""
+        while not self._retire(None):
+            pass
+
+    def _retire(self, limit: int | None) -> bool:
+        """Deletes up to `limit` traces (None: no limit) past their age, else the oldest while the
+        store is past its size; True once nothing is left to delete. Between batches, `limit` keeps
+        each turn short: a big deletion would hold the writer while spans queue up."""
         db = self._writer()
         cutoff = time.time_ns() - int(self.retention_seconds * 1e9)
+        cap = -1 if limit is None else limit  # SQLite's LIMIT -1: none
         with db:
-            self._delete(db, "SELECT trace_id FROM traces WHERE start_ns < ?", (cutoff,))
-        while self._used_bytes(db) > self.max_bytes:
+            deleted = self._delete(db, "SELECT trace_id FROM traces WHERE start_ns < ? ORDER BY start_ns LIMIT ?",
+                                   (cutoff, cap))
+            # Traces whose server span never arrived have no row in `traces`: their spans go by the
+            # time they were marked lost.
+            deleted += self._delete(db, "SELECT trace_id FROM lost_spans WHERE noted_ns < ? LIMIT ?", (cutoff, cap))
+        if limit is not None and deleted >= limit:
+            return False
+        if self._used_bytes(db) > self.max_bytes:
             total = db.execute("SELECT COUNT(*) FROM traces").fetchone()[0]
-            if total == 0:
-                break
-            with db:  # the oldest tenth at a time, until what is left fits
-                self._delete(db, "SELECT trace_id FROM traces ORDER BY start_ns LIMIT ?", (max(1, total // 10),))
-        # Hand the freed pages back to the file system: the size limit is about the disk, not the rows.
-        db.executescript("PRAGMA incremental_vacuum;")  # run to the end: execute() would take one step, one page
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if total:
+                chunk = max(1, total // 10)  # the oldest tenth at a time, until what is left fits
+                with db:
+                    self._delete(db, "SELECT trace_id FROM traces ORDER BY start_ns LIMIT ?",
+                                 (chunk if limit is None else min(chunk, limit),))
+                return False
+        # Hand freed pages back to the file system (the size limit is about the disk), past a tenth
+        # of the limit kept free for the traces to come, which would otherwise grow the file again.
+        free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("freelist_count", "page_size"))
+        spare = free - self.max_bytes // 10 // size
+        if spare > 0:
+            db.executescript(f"PRAGMA incremental_vacuum({spare});")  # executescript runs it to the end
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
 
     @staticmethod
     def _used_bytes(db: sqlite3.Connection) -> int:
@@ -210,24 +166,20 @@ class SQLiteTraceStore(TraceQueries, SpanExporter):
         return (pages - free) * size
 
     @staticmethod
-    def _delete(db: sqlite3.Connection, select: str, args: tuple) -> None:
-        ids = [(r[0],) for r in db.execute(select, args).fetchall()]
-        sessions = _sessions_of(db, ids)
-        db.executemany("DELETE FROM spans WHERE trace_id = ?", ids)
-        db.executemany("DELETE FROM tool_calls WHERE trace_id = ?", ids)
-        db.executemany("DELETE FROM trace_text WHERE trace_id = ?", ids)
-        db.executemany("DELETE FROM traces WHERE trace_id = ?", ids)
+    def _delete(db: sqlite3.Connection, select: str, args: tuple) -> int:
+        """The traces `select` picks, every row of theirs, as a few set-wide statements (one per table,
+        not one per trace: see batch.py on the GIL)."""
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id TEXT PRIMARY KEY)")
+        db.execute("DELETE FROM doomed")
+        db.execute(f"INSERT OR IGNORE INTO doomed {select}", args)
+        sessions = [r[0] for r in db.execute(
+            "SELECT DISTINCT session FROM traces WHERE trace_id IN doomed AND session IS NOT NULL")]
+        for table in ("spans", "tool_calls", "trace_text", "lost_spans", "traces"):
+            db.execute(f"DELETE FROM {table} WHERE trace_id IN doomed")
         for start in range(0, len(sessions), 500):  # what is left of the sessions they belonged to
             rebuild_sessions(db, sessions[start:start + 500])
+        return db.execute("SELECT count(*) FROM doomed").fetchone()[0]
 
     def shutdown(self) -> None:
         self._close_writer()
 
-
-def _sessions_of(db: sqlite3.Connection, ids: list[tuple[str]]) -> list[str]:
-    found: set[str] = set()
-    for (trace_id,) in ids:
-        row = db.execute("SELECT session FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
-        if row and row[0]:
-            found.add(row[0])
-    return sorted(found)

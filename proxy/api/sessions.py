@@ -9,10 +9,10 @@ from aiohttp import web
 
 from looptrace.backends.jsontext import dumps
 
-from .errors import APIError, invalid
+from .errors import APIError
 from .keys import TELEMETRY
 from .streaming import KEEPALIVE_SECONDS, SSE_HEADERS
-from .traces import bounded_int, read, store_of, timestamp
+from .traces import bounded_int, cursor, read, store_of, timestamp
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}
 
@@ -21,12 +21,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     """Sessions, most recently active first. ?model= &client= &since= &until= &q= (a conversation id or
     words a step read or wrote) &limit= &before= (the `next` of the page before)."""
     query = request.query
-    before = None
-    if query.get("before"):
-        stamp, _, key = query["before"].partition(":")
-        if not stamp.isdigit() or not key:
-            raise invalid("'before' must be the 'next' value of a previous page.", param="before")
-        before = (int(stamp), key)
+    before = cursor(query.get("before"))
     page = await read(store_of(request).list_sessions, EMPTY, model=query.get("model") or None,
                       client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
                       until_ns=timestamp(query.get("until"), "until"), text=query.get("q", "").strip() or None,

@@ -23,9 +23,10 @@ async def list_traces(request: web.Request) -> web.Response:
     query = request.query
     limit = bounded_int(query.get("limit", "50"), "limit", 1, 1000)
     since = timestamp(query.get("since"), "since")
-    rows = await read(store.list_traces, [], conversation=query.get("conversation"), model=query.get("model"),
-                      since_ns=since, limit=limit)
-    return web.json_response({"object": "list", "data": rows}, dumps=dumps)
+    before = cursor(query.get("before"))
+    page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
+                      model=query.get("model"), since_ns=since, before=before, limit=limit)
+    return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
 async def get_trace(request: web.Request) -> web.Response:
@@ -103,6 +104,16 @@ def bounded_int(value: str, name: str, low: int, high: int) -> int:
     if not low <= number <= high:
         raise invalid(f"'{name}' must be between {low} and {high}.", param=name)
     return number
+
+
+def cursor(value: str | None) -> tuple[int, str] | None:
+    """`?before=`: the `next` of a previous page, "NANOSECONDS:KEY"."""
+    if not value:
+        return None
+    stamp, _, key = value.partition(":")
+    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 19 or int(stamp) >= 1 << 63 or not key:
+        raise invalid("'before' must be the 'next' value of a previous page.", param="before")
+    return int(stamp), key
 
 
 def timestamp(value: str | None, name: str) -> int | None:

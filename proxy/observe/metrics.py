@@ -53,6 +53,10 @@ class Metrics:
                                      "export failed), by sink.", ["sink"], registry=r)
         for sink in ("sqlite", "otlp"):
             self.spans_dropped.labels(sink)  # present from the start, so a rate() has a baseline
+        self.trace_queue_spans = Gauge("looptrace_trace_queue_spans", "Finished spans waiting for a trace sink.",
+                                       ["sink"], registry=r)
+        self.trace_queue_bytes = Gauge("looptrace_trace_queue_bytes", "What the spans waiting for a trace sink "
+                                       "hold (attribute and event text, estimated).", ["sink"], registry=r)
 
     def watch(self, model: str, running, waiting) -> None:
         """Gauges read at scrape time, so requests do no gauge bookkeeping."""
@@ -64,6 +68,10 @@ class Metrics:
         for family in (self.prompt_tokens, self.cached_tokens, self.spec_draft_tokens, self.spec_accepted_tokens,
                        self.spec_drafts, self.itl, self.decode_rate):
             family.labels(model)
+
+    def watch_queue(self, sink: str, spans, held_bytes) -> None:
+        self.trace_queue_spans.labels(sink).set_function(spans)
+        self.trace_queue_bytes.labels(sink).set_function(held_bytes)
 
     def dropped(self, sink: str, count: int) -> None:
         self.spans_dropped.labels(sink).inc(count)

@@ -32,6 +32,8 @@ class Telemetry:
             self.store.open()
         self.provider, self.processors = build_provider(
             store=self.store, otlp_endpoint=settings.otlp_endpoint, on_dropped=self.metrics.dropped)
+        for processor in self.processors:
+            self.metrics.watch_queue(processor.name, lambda p=processor: p.depth, lambda p=processor: p.held_bytes)
         self.tracer = self.provider.get_tracer("looptrace")
         self.conversations = Conversations()
 

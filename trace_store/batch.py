@@ -1,0 +1,146 @@
+"""One export batch as rows, written with a handful of statements.
+
+The writer shares the serving process's GIL. Each statement the sqlite3 module runs releases the
+GIL while SQLite works and must win it back afterwards; with the event loop busy, winning it back
+can take a switch interval (5 ms). A statement per span made the writer wait on the GIL thousands
+of times a second under load and fall behind (measured: 31,000 spans/s alone, 107 spans/s beside a
+busy thread). So a batch is first turned into rows in Python, then written as a few multi-row
+INSERTs per table: the GIL changes hands a few times per batch, not per span.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from looptrace.backends.jsontext import dumps
+
+from .schema import RESULT_EVENT, ROOT_MARK
+from .steps import StepGatherer, searchable_text
+
+OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
+                   "unknown_tool": "tools_unknown_tool", "unparsed": "tools_unparsed"}
+
+TRACE_COLUMNS = ("trace_id", "start_ns", "end_ns", "endpoint", "model", "conversation", "status", "http_status",
+                 "input_tokens", "output_tokens", "session", "client", "client_version", "error", "finish_reason",
+                 "fork_of", "step")
+
+SESSION_UPSERT = f"""
+ON CONFLICT (key) DO UPDATE SET
+    model = coalesce(excluded.model, model), client = coalesce(excluded.client, client),
+    client_version = coalesce(excluded.client_version, client_version),
+    first_ns = min(first_ns, excluded.first_ns), last_ns = max(last_ns, excluded.last_ns),
+    last_trace_id = CASE WHEN excluded.last_ns >= last_ns THEN excluded.last_trace_id ELSE last_trace_id END,
+    steps = steps + 1, input_tokens = input_tokens + excluded.input_tokens,
+    output_tokens = output_tokens + excluded.output_tokens, errors = errors + excluded.errors,
+    {", ".join(f"{c} = {c} + excluded.{c}" for c in OUTCOME_COLUMNS.values())}"""
+
+# A tool's result, seen in a later request, joins the execute_tool span that asked for it.
+ATTACH_RESULTS = """
+WITH result (call_id, extra) AS (VALUES {rows}),
+     target AS (SELECT s.rowid AS id, r.extra FROM result r JOIN tool_calls t USING (call_id)
+                JOIN spans s ON s.trace_id = t.trace_id AND s.span_id = t.span_id)
+UPDATE spans SET attributes = json_patch(attributes, (SELECT extra FROM target WHERE id = spans.rowid))
+WHERE rowid IN (SELECT id FROM target) AND json_valid(attributes)"""
+
+
+def hex_id(value: int, width: int) -> str:
+    """A trace id (width 32) or span id (16) as OTLP's JSON and the store write it."""
+    return format(value, f"0{width}x")
+
+
+class Batch:
+    """Rows for each table, gathered from spans in the order they ended."""
+
+    def __init__(self, steps: StepGatherer) -> None:
+        self._steps = steps
+        self.spans: list[tuple] = []
+        self.tool_calls: list[tuple] = []
+        self.results: list[tuple] = []
+        self.traces: list[tuple] = []
+        self.texts: list[tuple] = []
+        self.sessions: list[tuple] = []
+        self.stored: list[dict] = []  # the step summaries of the requests this batch completes
+
+    def add(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        trace_id, span_id = hex_id(ctx.trace_id, 32), hex_id(ctx.span_id, 16)
+        attrs = dict(span.attributes) if span.attributes else {}
+        events = [{"name": e.name, "time_unix_nano": e.timestamp, "attributes": dict(e.attributes or {})}
+                  for e in span.events]
+        links = [{"trace_id": hex_id(link.context.trace_id, 32), "span_id": hex_id(link.context.span_id, 16),
+                  "attributes": dict(link.attributes or {})} for link in span.links]
+        status = span.status.status_code.name.lower()
+        self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None, span.name,
+                           span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
+                           dumps(events), dumps(links)))
+        call_id = attrs.get("gen_ai.tool.call.id")
+        if call_id and span.name.startswith("execute_tool"):
+            self.tool_calls.append((call_id, trace_id, span_id))
+        for event in events:
+            if event["name"] == RESULT_EVENT:
+                result = event["attributes"]
+                extra = {"looptrace.tool.result_trace_id": trace_id}
+                if "looptrace.tool.result" in result:
+                    extra["looptrace.tool.result"] = result["looptrace.tool.result"]
+                self.results.append((result.get("gen_ai.tool.call.id"), dumps(extra)))
+        if ROOT_MARK not in attrs:
+            self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
+            return
+        step = self._steps.finish(trace_id, attrs, span.start_time, span.end_time, status)
+        self._add_trace(attrs, step)
+        self.stored.append(step)
+
+    def _add_trace(self, attrs: dict, step: dict) -> None:
+        trace_id, fork_of = step["trace_id"], (step.get("fork_of") or {}).get("trace_id")
+        conversation = attrs.get("gen_ai.conversation.id")
+        session = step["session"] = conversation or f"trace:{trace_id}"
+        client, version = attrs.get("looptrace.client.name"), attrs.get("looptrace.client.version")
+        self.traces.append((trace_id, step["start_ns"], step["end_ns"], step.get("endpoint"), step.get("model"),
+                            conversation, step["status"], step.get("http_status"), step.get("input_tokens"),
+                            step.get("output_tokens"), session, client, version, step.get("error"),
+                            step.get("finish_reason"), fork_of, dumps(step)))
+        text = searchable_text(step)
+        if text:
+            self.texts.append((trace_id, text))
+        if fork_of:
+            return  # a fork is shown with the step it continued, not as a step of the session
+        tools = step["tools"]
+        self.sessions.append((session, conversation, step.get("model"), client, version, step["start_ns"],
+                              step["start_ns"], 1, step.get("input_tokens") or 0, step.get("output_tokens") or 0,
+                              *(tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS),
+                              int(step["status"] == "error"), trace_id))
+
+    def write(self, db: sqlite3.Connection) -> None:
+        """In the caller's transaction. Spans and tool calls before the results that join them."""
+        insert(db, "INSERT OR REPLACE INTO spans VALUES", self.spans)
+        insert(db, "INSERT OR REPLACE INTO tool_calls VALUES", self.tool_calls)
+        insert(db, f"INSERT OR REPLACE INTO traces ({', '.join(TRACE_COLUMNS)}) VALUES", self.traces)
+        insert(db, "INSERT INTO trace_text (trace_id, text) VALUES", self.texts)
+        insert(db, "INSERT INTO sessions VALUES", self.sessions, SESSION_UPSERT)
+        for rows in _chunks(self.results, 2, db):
+            db.execute(ATTACH_RESULTS.format(rows=_placeholders(2, len(rows))), [v for row in rows for v in row])
+
+
+def insert(db: sqlite3.Connection, head: str, rows: Sequence[tuple], tail: str = "") -> None:
+    """`head` (… VALUES) with as many rows per statement as SQLite's variable limit allows."""
+    if not rows:
+        return
+    for chunk in _chunks(rows, len(rows[0]), db):
+        db.execute(f"{head} {_placeholders(len(rows[0]), len(chunk))}{tail}", [v for row in chunk for v in row])
+
+
+CHUNK_ROWS = 256  # rows per statement at most: few distinct statements to prepare, few GIL hand-offs
+
+
+def _chunks(rows: Sequence[tuple], width: int, db: sqlite3.Connection):
+    size = max(1, min(CHUNK_ROWS, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
+    for start in range(0, len(rows), size):
+        yield rows[start:start + size]
+
+
+def _placeholders(width: int, count: int) -> str:
+    row = "(" + ",".join("?" * width) + ")"
+    return ",".join([row] * count)
