@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 import urllib.request
 
@@ -67,6 +68,15 @@ def stored(server, path: str, timeout: float = 15) -> object:
             return body
         assert time.monotonic() < deadline, (status, body)
         time.sleep(0.1)
+
+
+def until(found, timeout: float = 15):
+    """`found()` once it is something: the store writes a request a moment after its answer."""
+    deadline = time.monotonic() + timeout
+    while (value := found()) is None:
+        assert time.monotonic() < deadline, "not stored in time"
+        time.sleep(0.1)
+    return value
 
 
 def enter_key(page, key: str = KEY) -> None:
@@ -153,8 +163,7 @@ def test_nothing_in_a_trace_becomes_markup(codex_session, page):
                 {"role": "user", "content": "go on " + HOSTILE}]
     status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": tools})
     assert status == 200, answer
-    listing = stored(server, "/v1/sessions")
-    bare = next(s for s in listing["data"] if s["conversation"] is None)
+    bare = until(lambda: next((s for s in stored(server, "/v1/sessions")["data"] if s["conversation"] is None), None))
     p = page.page
     response = p.goto(server.url + f"/sessions/{bare['key']}")
     csp = response.headers["content-security-policy"]
@@ -301,3 +310,21 @@ def test_without_content_the_page_shows_numbers_not_words(serve, qwen3_5_dir, pa
     tip = p.locator("#tip")
     tip.wait_for(state="visible")
     assert "%" in tip.inner_text()  # probabilities stay
+
+
+def test_a_trace_that_lost_spans_is_shown_as_incomplete(local, page):
+    # Spans are lost only when the store's queue is full or a write fails (test_trace_store.py makes
+    # both happen); here the store is told so directly, as its writer would record it.
+    server, _ = local
+    ask(server, "lossy", "A step that lost spans.")
+    (step,) = until(lambda: stored(server, "/v1/sessions/lossy", timeout=15)["steps"] or None)
+    orphan = "ab" * 16  # a trace whose server span never arrived
+    with sqlite3.connect(server.trace_db, timeout=10) as db:
+        db.executemany("INSERT INTO lost_spans VALUES (?, ?, ?)",
+                       [(step["trace_id"], 3, time.time_ns()), (orphan, 2, time.time_ns())])
+    p = open_session(page, server, "lossy")
+    note = p.locator("li.step .lost")
+    assert note.count() == 1 and note.inner_text().startswith("Incomplete: 3 spans of this step never reached the store")
+    p.goto(server.url + f"/traces/{orphan}")
+    p.locator("#detail .error").wait_for()
+    assert "This trace is incomplete: 2 of its spans never reached the store" in p.inner_text("#detail")

@@ -41,7 +41,10 @@ async function route() {
       if (original) { focus = original.trace_id; sessionKey = original.session; }
     }
     if (!sessionKey) {
-      $("detail").replaceChildren(h("p", {class: "note"}, "This trace is still being stored; reload in a moment."));
+      $("detail").replaceChildren(found.lost_spans
+        ? h("p", {class: "error"}, `This trace is incomplete: ${found.lost_spans} of its spans never reached the store ` +
+            "(its queue was full or a write failed), its request's own span among them, so it belongs to no session.")
+        : h("p", {class: "note"}, "This trace is still being stored; reload in a moment."));
       return;
     }
     list.mark(sessionKey);

@@ -145,6 +145,10 @@ export class SessionView {
     if (step.error || (step.http_status && step.http_status >= 400)) {
       el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));
     }
+    if (step.lost_spans) {
+      el.append(h("p", {class: "error lost"}, `Incomplete: ${step.lost_spans} span${step.lost_spans === 1 ? "" : "s"} of ` +
+        "this step never reached the store (its queue was full or a write failed); what is shown may be missing parts."));
+    }
     el.append(this.newMessages(step));
     const output = (step.output || [])[0];
     const generated = h("div", {class: "generated", dataset: {tokens: step.output_tokens ?? 0}},
