@@ -1,13 +1,20 @@
 """What tracing costs: decode speed with tracing on and off, and how fast the trace store absorbs tokens.
 
     python bench/tracing.py decode [MODEL] [--tokens 256] [--runs 5]
-    python bench/tracing.py store [--seconds 10] [--tokens-per-trace 4000]
+    python bench/tracing.py store [--seconds 10] [--tokens-per-trace 256]
+    python bench/tracing.py growth [--traces 200000] [--steps 20] [--tokens 32] [--runs 5]
 
 `decode` runs two `looptrace serve` processes of the same model, one recording every span into the
 SQLite store and one with tracing off (--trace-db off: no sink, spans not recorded), and sends them
-the same greedy request in turn. `store` feeds decode spans of N token events, as the server makes
-them, into the store's queue and writer as fast as one thread can build them, and reports what it
-wrote, how deep the queue got and what it dropped. Each prints a table, then one JSON object.
+the same greedy request in turn. `store` feeds requests' spans (a decode span of N token events
+each), as the server makes them, into the store's queue and writer as fast as one thread can build
+them (pausing while the queue is nine tenths full: what is measured is the store's pace, not its
+bound), and reports how fast they were stored, how deep the queue got over time, what was dropped,
+and the bytes on disk per request and per token. `growth` writes TRACES requests (conversations of
+STEPS, answers of TOKENS tokens) into a store, serves it with a real `looptrace serve` and times
+listing and reading it over HTTP (the first page of traces, the 41st through the cursor, a
+conversation's traces, sessions, one trace); then retention by size (to half) and by age (to the
+newest quarter) on the full store. Each prints a table, then one JSON object.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ def bench_decode(model: str, tokens: int, runs: int) -> dict:
 
 
 def bench_store(seconds: float, tokens_per_trace: int) -> dict:
+    """Requests' spans, shaped as the server makes them (a server span with its GenAI messages, render
+    with the prompt's text and ids, prefill, decode with its token events), fed through the store's
+    queue by this thread as fast as it can build them, for SECONDS; then the queue is drained."""
+    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     from looptrace.trace_store import tokens as token_events
@@ -74,37 +85,50 @@ def bench_store(seconds: float, tokens_per_trace: int) -> dict:
     dropped = [0]
     folder = Path(tempfile.mkdtemp(prefix="looptrace-store-"))
     store = SQLiteTraceStore(folder / "traces.sqlite3")
-    processor = QueueingSpanProcessor(store, name="sqlite", on_dropped=lambda _, n: dropped.__setitem__(0, dropped[0] + n))
+    processor = QueueingSpanProcessor(store, name="sqlite", on_lost=store.note_lost,
+                                      on_dropped=lambda _, n: dropped.__setitem__(0, dropped[0] + n))
     provider = TracerProvider(span_limits=SPAN_LIMITS)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("bench")
+    g = token_events.GROUP
     group = {token_events.PREFIX + name: values for name, values in {
-        "index": list(range(token_events.GROUP)), "time_unix_nano": [time.time_ns()] * token_events.GROUP,
-        "id": [1234] * token_events.GROUP, "piece": ["Ġword"] * token_events.GROUP,
-        "text": [" word"] * token_events.GROUP, "special": [False] * token_events.GROUP,
-        "channel": ["content"] * token_events.GROUP, "p": [0.5] * token_events.GROUP,
-        "logprob": [-0.69] * token_events.GROUP, "rank": [1] * token_events.GROUP,
-        "top_ids": [1, 2, 3, 4, 5] * token_events.GROUP, "top_pieces": ["a", "b", "c", "d", "e"] * token_events.GROUP,
-        "top_p": [0.5, 0.2, 0.1, 0.1, 0.05] * token_events.GROUP, "drafted": [0] * token_events.GROUP,
-        "accepted": [0] * token_events.GROUP}.items()}
-    max_depth, traces, emitted = 0, 0, 0
+        "index": list(range(g)), "time_unix_nano": [time.time_ns()] * g, "id": [1234] * g, "piece": ["Ġword"] * g,
+        "text": [" word"] * g, "special": [False] * g, "channel": ["content"] * g, "p": [0.5] * g,
+        "logprob": [-0.69] * g, "rank": [1] * g, "top_ids": [1, 2, 3, 4, 5] * g,
+        "top_pieces": ["a", "b", "c", "d", "e"] * g, "top_p": [0.5, 0.2, 0.1, 0.1, 0.05] * g,
+        "drafted": [0] * g, "accepted": [0] * g}.items()}
+    prompt = "<|im_start|>system\nYou are a coding agent.<|im_end|>\n" + "<|im_start|>user\nFix the parser.<|im_end|>\n" * 20
+    messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Fix the parser."}]}] * 20)
+    samples: list[tuple[float, int]] = []
+    traces, emitted = 0, 0
     watching = True
 
     def watch():
-        nonlocal max_depth
+        started = time.perf_counter()
         while watching:
-            max_depth = max(max_depth, processor.depth)
-            time.sleep(0.005)
+            samples.append((round(time.perf_counter() - started, 2), processor.depth))
+            time.sleep(0.25)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        root = tracer.start_span("chat m", attributes={"looptrace.endpoint": "chat", "gen_ai.request.model": "m"})
-        decode = tracer.start_span("decode")
-        for _ in range(tokens_per_trace // token_events.GROUP):
-            decode.add_event(token_events.EVENT, group)
-            emitted += token_events.GROUP
+        while processor.depth > processor.max_queue * 0.9:  # the store's pace, not the queue's bound
+            time.sleep(0.001)
+        root = tracer.start_span("chat m", attributes={
+            "looptrace.endpoint": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": f"c{traces % 50}",
+            "gen_ai.input.messages": messages, "gen_ai.usage.input_tokens": 400,
+            "gen_ai.usage.output_tokens": tokens_per_trace})
+        context = trace.set_span_in_context(root)
+        tracer.start_span("render", context=context, attributes={
+            "looptrace.prompt.text": prompt, "looptrace.prompt.ids": list(range(400))}).end()
+        tracer.start_span("prefill", context=context, attributes={"looptrace.prefill.seconds": 0.01}).end()
+        decode = tracer.start_span("decode", context=context)
+        for start in range(0, tokens_per_trace, g):
+            n = min(g, tokens_per_trace - start)
+            decode.add_event(token_events.EVENT, group if n == g else {
+                k: v[:n * (len(v) // g)] for k, v in group.items()})
+            emitted += n
         decode.end()
         root.end()
         traces += 1
@@ -113,11 +137,133 @@ def bench_store(seconds: float, tokens_per_trace: int) -> dict:
     written_in = time.perf_counter() - started
     watching = False
     processor.shutdown()
-    size = (folder / "traces.sqlite3").stat().st_size
-    return {"traces": traces, "token_events": emitted, "produced_per_second": round(emitted / produced_in),
-            "written_per_second": round(emitted / written_in), "max_queue_depth": max_depth,
-            "queue_bound": processor._queue.maxsize, "dropped_spans": dropped[0],
-            "bytes_per_token": round(size / max(emitted, 1), 1)}
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    return {"requests": traces, "spans": traces * 4, "token_events": emitted,
+            "requests_per_second": round(traces / written_in), "spans_per_second": round(traces * 4 / written_in),
+            "token_events_per_second": round(emitted / written_in), "produced_in_seconds": round(produced_in, 2),
+            "written_in_seconds": round(written_in, 2), "max_queue_depth": max(d for _, d in samples),
+            "queue_bound": processor.max_queue, "dropped_spans": dropped[0],
+            "bytes_per_request": round(size / max(traces, 1)),
+            "bytes_per_token": round(size / max(emitted, 1), 1), "queue_over_time": samples}
+
+
+def fill_store(path: Path, traces: int, steps: int, tokens: int) -> dict:
+    """TRACES requests, STEPS to a conversation, written straight into the store in batches as its
+    writer would get them; start times one second apart, oldest first, ending now."""
+    import random
+
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+    from looptrace.trace_store import tokens as token_events
+    from looptrace.trace_store.sqlite import SQLiteTraceStore
+
+    store = SQLiteTraceStore(path, max_bytes=1 << 45)
+    store.open()
+    group = {token_events.PREFIX + "index": tuple(range(tokens)), token_events.PREFIX + "id": (1234,) * tokens,
+             token_events.PREFIX + "piece": ("Ġword",) * tokens, token_events.PREFIX + "p": (0.5,) * tokens,
+             token_events.PREFIX + "top_p": (0.5, 0.2, 0.1, 0.1, 0.05) * tokens}
+    prompt = "<|im_start|>user\nFix the parser in src/parse.py.<|im_end|>\n" * 8
+    now = time.time_ns()
+    batch: list = []
+    started = time.perf_counter()
+    for i in range(traces):
+        trace_id, start = random.getrandbits(128), now - (traces - i) * 10**9
+        root = SpanContext(trace_id, random.getrandbits(64), False, TraceFlags(1))
+
+        def child(name: str, attributes: dict, events=(), trace_id=trace_id, root=root, start=start):
+            return ReadableSpan(name=name, context=SpanContext(trace_id, random.getrandbits(64), False, TraceFlags(1)),
+                                parent=root, attributes=attributes, events=events, kind=SpanKind.INTERNAL,
+                                start_time=start, end_time=start + 5 * 10**8)
+
+        batch += [
+            child("render", {"looptrace.prompt.text": prompt, "looptrace.prompt.ids": tuple(range(120))}),
+            child("prefill", {"looptrace.prefill.seconds": 0.01}),
+            child("decode", {"looptrace.decode.seconds": 0.5}, [Event(token_events.EVENT, group, start)]),
+            ReadableSpan(name="chat m", context=root, attributes={
+                "looptrace.endpoint": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": f"c{i // steps}",
+                "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": tokens,
+                "looptrace.input.new_messages": json.dumps([{"role": "user", "parts": [
+                    {"type": "text", "content": f"step {i}: fix the parser"}]}])},
+                kind=SpanKind.SERVER, start_time=start, end_time=start + 6 * 10**8)]
+        if len(batch) >= 1024:
+            store.export(batch)
+            batch = []
+    store.export(batch)
+    seconds = time.perf_counter() - started
+    store.shutdown()
+    return {"fill_seconds": round(seconds, 1), "traces": traces, "now_ns": now}
+
+
+def bench_growth(traces: int, steps: int, tokens: int, runs: int) -> dict:
+    """A store of TRACES requests, then: how fast a real `looptrace serve` lists and reads it, its
+    size per request and per token, and retention by size and by age on it."""
+    import sqlite3
+
+    from looptrace.trace_store.sqlite import SQLiteTraceStore
+
+    import tiny_qwen3_5
+    from server import Server
+
+    folder = Path(tempfile.mkdtemp(prefix="looptrace-growth-"))
+    path = folder / "traces.sqlite3"
+    result = fill_store(path, traces, steps, tokens)
+    size = path.stat().st_size
+    result.update(store_mb=round(size / 2**20, 1), bytes_per_request=round(size / traces),
+                  bytes_per_token=round(size / (traces * tokens), 1), tokens_per_request=tokens)
+    replay = folder / "steps.jsonl"
+    replay.write_text(json.dumps({"text": "Ok.<|im_end|>"}) + "\n")
+    server = Server(str(tiny_qwen3_5.qwen3_5_checkpoint()), "--backend", "replay", "--replay", str(replay),
+                    "--trace-db", str(path), "--trace-max-mb", str(1 << 20), log_dir=folder)
+    timings: dict[str, list[float]] = {}
+    try:
+        server.wait_ready()
+        _, first = server.get("/v1/traces?limit=50")
+        deep = first["next"]
+        for _ in range(39):  # the cursor of the 41st page (or the last), walked there page by page
+            after = server.get(f"/v1/traces?limit=50&before={deep}")[1]["next"]
+            if after is None:
+                break
+            deep = after
+        middle = f"c{traces // steps // 2}"
+        one = first["data"][0]["trace_id"]
+        paths = {"traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
+                 "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
+                 "sessions_first_page": "/v1/sessions?limit=50", "session_steps": f"/v1/sessions/{middle}",
+                 "one_trace": f"/v1/traces/{one}", "model_filter": "/v1/traces?model=m&limit=50"}
+        for _ in range(runs):
+            for name, url in paths.items():
+                t = time.perf_counter()
+                status, body = server.get(url)
+                timings.setdefault(name, []).append((time.perf_counter() - t) * 1e3)
+                assert status == 200, (url, body)
+        assert len(server.get(paths["conversation_traces"])[1]["data"]) == steps
+    finally:
+        server.stop()
+    result["ms"] = {name: {"median": round(statistics.median(v), 1), "max": round(max(v), 1)}
+                    for name, v in timings.items()}
+    # Retention on the full store: by size to half, then by age to the newest quarter.
+    store = SQLiteTraceStore(path, max_bytes=size // 2, retention_seconds=1e9)
+    t = time.perf_counter()
+    store.enforce_retention()
+    by_size = time.perf_counter() - t
+    with sqlite3.connect(path) as db:
+        left = db.execute("SELECT count(*) FROM traces").fetchone()[0]
+    kept_size = path.stat().st_size
+    # Start times are a second apart, the newest at `now_ns` (the fill's start).
+    store.retention_seconds = (time.time_ns() - result.pop("now_ns")) / 1e9 + traces / 4
+    t = time.perf_counter()
+    store.enforce_retention()
+    by_age = time.perf_counter() - t
+    with sqlite3.connect(path) as db:
+        newest = db.execute("SELECT count(*) FROM traces").fetchone()[0]
+    store.shutdown()
+    assert kept_size <= size // 2 + (8 << 20), (kept_size, size)  # the file, not just the rows
+    assert abs(newest - traces / 4) <= steps, newest
+    result["retention"] = {"by_size_seconds": round(by_size, 2), "traces_left_by_size": left,
+                           "file_mb_after": round(kept_size / 2**20, 1), "by_age_seconds": round(by_age, 2),
+                           "traces_left_by_age": newest}
+    return result
 
 
 def main() -> None:
@@ -129,8 +275,24 @@ def main() -> None:
     decode.add_argument("--runs", type=int, default=5)
     store = commands.add_parser("store")
     store.add_argument("--seconds", type=float, default=10)
-    store.add_argument("--tokens-per-trace", type=int, default=4000)
+    store.add_argument("--tokens-per-trace", type=int, default=256)
+    growth = commands.add_parser("growth")
+    growth.add_argument("--traces", type=int, default=200_000)
+    growth.add_argument("--steps", type=int, default=20, help="requests per conversation")
+    growth.add_argument("--tokens", type=int, default=32, help="tokens per answer")
+    growth.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    if args.command == "growth":
+        result = bench_growth(args.traces, args.steps, args.tokens, args.runs)
+        print(f"{result['traces']} traces, {result['store_mb']} MB ({result['bytes_per_request']} bytes per request, "
+              f"{result['bytes_per_token']} per token), filled in {result['fill_seconds']} s")
+        for name, figures in result["ms"].items():
+            print(f"  {name:22} {figures['median']:7.1f} ms (max {figures['max']})")
+        r = result["retention"]
+        print(f"  retention by size to half: {r['by_size_seconds']} s, {r['traces_left_by_size']} traces, file "
+              f"{r['file_mb_after']} MB; by age to a quarter: {r['by_age_seconds']} s, {r['traces_left_by_age']} traces")
+        print(json.dumps({"trace_store_growth": result}))
+        return
     if args.command == "decode":
         from packaged import smollm2_gguf
 
@@ -140,9 +302,11 @@ def main() -> None:
         print(json.dumps({"tracing_decode": result}))
     else:
         result = bench_store(args.seconds, args.tokens_per_trace)
-        print(f"{result['token_events']} token events in {result['traces']} traces: produced "
-              f"{result['produced_per_second']}/s, written {result['written_per_second']}/s, max queue depth "
-              f"{result['max_queue_depth']} of {result['queue_bound']}, dropped {result['dropped_spans']} spans")
+        print(f"{result['requests']} requests ({result['spans']} spans, {result['token_events']} token events) "
+              f"stored in {result['written_in_seconds']} s: {result['spans_per_second']} spans/s, "
+              f"{result['token_events_per_second']} token events/s; queue at most {result['max_queue_depth']} of "
+              f"{result['queue_bound']}, {result['dropped_spans']} spans dropped; {result['bytes_per_request']} bytes "
+              f"per request, {result['bytes_per_token']} per token")
         print(json.dumps({"trace_store": result}))
 
 
