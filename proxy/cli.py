@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     from aiohttp import web  # after the arguments: `looptrace --help` answers at once
 
     from .api.app import create_app
+    from .api.errors import ProtocolErrorsInOneLine
+
+    logging.getLogger("aiohttp.server").addFilter(ProtocolErrorsInOneLine())
 
     settings = settings_from(args)
     app = create_app(settings)

@@ -202,3 +202,73 @@ def test_a_page_cursor_that_no_page_gave_is_a_400(replay_app, path, cursor):
     # A stamp past 64 bits once reached SQLite, which cannot bind it: a 500.
     status, error = replay_app.call("GET", f"{path}?before={urllib.parse.quote(cursor)}")
     assert status == 400 and error["error"]["param"] == "before"
+
+
+def test_a_long_header_is_taken_and_a_longer_one_refused_in_one_log_line(serve, qwen3_5_dir, tmp_path):
+    # aiohttp refused any header past 8 KiB with a plain-text 400 and a traceback in the log.
+    import http.client
+
+    replay = tmp_path / "steps.jsonl"
+    replay.write_text(json.dumps({"text": "Fine.<|im_end|>"}) + "\n")
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", MODEL)
+    status, answer = server.post("/v1/chat/completions", {"model": MODEL, "messages": ASK},
+                                 headers={"X-Long-Token": "a" * 20_000})
+    assert status == 200, answer
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("GET", "/health", headers={"X-Longer": "b" * 70_000})
+    refused = connection.getresponse()
+    assert refused.status == 400
+    connection.close()
+    assert server.get("/health")[0] == 200
+    log = server.log()
+    assert log.count("refused a malformed HTTP request") == 1 and "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("query", ["/v1/traces?since=1e300", "/v1/traces?since=-5", "/v1/sessions?until=1e300",
+                                   "/v1/sessions?since=99999-01-01", "/v1/traces?since=inf"])
+def test_times_out_of_range_are_a_400(replay_app, query):
+    # since=1e300 once overflowed into SQLite: a 500.
+    status, error = replay_app.call("GET", query)
+    assert status == 400 and error["error"]["param"] in ("since", "until"), error
+
+
+def test_a_trace_whose_probabilities_were_not_numbers_reads(replay_app):
+    # An upstream may send NaN logprobs (Python's json writes them); the store keeps JSON null, and
+    # reading such a trace once answered 500.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from looptrace.proxy.api.keys import TELEMETRY
+    from looptrace.trace_store import tokens as token_events
+
+    store = replay_app.app[TELEMETRY].store
+    nan = float("nan")
+    decode = TracerProvider().get_tracer("test").start_span("decode", attributes={"looptrace.backend": "vllm"})
+    decode.add_event(token_events.EVENT, {token_events.PREFIX + k: v for k, v in {
+        "index": (0, 1), "id": (11, 12), "p": (nan, 0.5), "logprob": (nan, -0.69), "rank": (1, 1),
+        "top_ids": (11, 13, 0, 0, 0, 12, 0, 0, 0, 0), "top_p": (nan, 0.1, -1.0, -1.0, -1.0, 0.5, -1.0, -1.0, -1.0, -1.0),
+        }.items()})
+    decode.end()
+    assert store.export([decode]).name == "SUCCESS"
+    trace_id = format(decode.get_span_context().trace_id, "032x")
+    status, trace = replay_app.call("GET", f"/v1/traces/{trace_id}")
+    assert status == 200, trace
+    first, second = trace["spans"][0]["tokens"]
+    assert (first["p"], first["logprob"], first["top_p"]) == (None, None, [None, 0.1])
+    assert (second["p"], second["top_ids"]) == (0.5, [12])
+    status, tokens = replay_app.call("GET", f"/v1/traces/{trace_id}/tokens")
+    assert status == 200 and tokens["tokens"][0]["p"] is None
+
+
+def test_no_cors_headers_are_sent(replay_app):
+    # No page of another origin may read the API from a browser; the viewer is same-origin.
+    import urllib.error
+
+    for method in ("GET", "OPTIONS"):
+        request = urllib.request.Request(replay_app.url + "/v1/models", method=method, headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                headers = response.headers
+        except urllib.error.HTTPError as err:
+            headers = err.headers
+        assert not [h for h in headers if h.lower().startswith("access-control-")], dict(headers)

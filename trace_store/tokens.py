@@ -28,7 +28,8 @@ def expand(attributes: Mapping) -> list[dict]:
     """One `looptrace.tokens` event's arrays → one dict per token.
 
     Each token holds TOP_N slots of each top-five array; slots past a short list (a replayed token
-    has one candidate) are padding, marked by a top_p of -1.
+    has one candidate) are padding, marked by a top_p of -1. A probability that was not a number
+    when recorded (NaN, from an upstream) is stored as JSON null and read back as None.
     """
     columns = {f: list(attributes[PREFIX + f]) for f in FIELDS if PREFIX + f in attributes}
     count = len(columns.get("index", ()))
@@ -36,7 +37,8 @@ def expand(attributes: Mapping) -> list[dict]:
     tokens = []
     for i in range(count):
         start = i * TOP_N
-        real = sum(1 for p in top_p[start:start + TOP_N] if p >= 0)
+        # A p the store could not keep (NaN from an upstream reads back as null) is a real slot.
+        real = sum(1 for p in top_p[start:start + TOP_N] if p is None or p >= 0)
         token = {}
         for name, values in columns.items():
             token[name] = values[start:start + real] if name in TOP_FIELDS else values[i]

@@ -24,9 +24,14 @@ from .traces import get_prompt, get_tokens, get_trace, list_traces
 _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
 
+# aiohttp refuses a header line past 8 KiB, below the API (a plain-text 400 it writes itself); some
+# clients send long cookies or tokens. Past these, the refusal stays aiohttp's (see protocol_errors).
+HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
+
+
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[pages.security_headers, error_middleware, _auth_middleware],
-                          client_max_size=256 * 1024**2)
+                          client_max_size=256 * 1024**2, handler_args=HTTP_LIMITS)
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)

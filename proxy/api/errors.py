@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from looptrace.backends.base import BackendError
 from looptrace.backends.jsontext import dumps
@@ -89,3 +90,18 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
         log.exception("unhandled error on %s %s", request.method, request.path)
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error").response()
+
+
+class ProtocolErrorsInOneLine(logging.Filter):
+    """For aiohttp's server logger: a request it could not parse (a header past HTTP_LIMITS, a broken
+    request line) is the client's mistake, answered with aiohttp's own 400 before any handler runs;
+    it logs it as an error with a traceback. One warning line says all there is to say."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "refused a malformed HTTP request (%s): %s", (
+                record.args[0] if record.args else "?", exc.message)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True

@@ -116,6 +116,9 @@ def cursor(value: str | None) -> tuple[int, str] | None:
     return int(stamp), key
 
 
+MAX_SECONDS = (1 << 63) / 1e9  # nanoseconds past this do not fit SQLite's 64-bit integers (year 2262)
+
+
 def timestamp(value: str | None, name: str) -> int | None:
     """Unix seconds or an ISO 8601 time → nanoseconds."""
     if not value:
@@ -125,8 +128,8 @@ def timestamp(value: str | None, name: str) -> int | None:
     except ValueError:
         try:
             seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError):
             raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name) from None
-    if not math.isfinite(seconds):
-        raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name)
+    if not (math.isfinite(seconds) and 0 <= seconds < MAX_SECONDS):
+        raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time between 1970 and 2262.", param=name)
     return int(seconds * 1e9)

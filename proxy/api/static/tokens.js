@@ -16,6 +16,7 @@ export const FLAG_MARGIN = 0.2; // …and so is one that led its runner-up by le
 const CHANNELS = {thought: "thinking", content: "answer", tool_call: "tool call"};
 
 export function bin(p) {
+  if (p === null || p === undefined) return "pn"; // not a number when recorded: no colour, not "< 5%"
   for (const [low, cls] of BINS) if (p >= low) return cls;
   return "p5";
 }
@@ -138,10 +139,10 @@ export function showTip(token, anchor, index) {
   const tip = document.getElementById("tip");
   const ps = topP(token);
   const alternatives = (token.top_ids || []).map((id, k) => {
-    const p = ps[k] ?? 0;
+    const p = ps[k];
     const text = token.top_texts?.[k] ?? token.top_pieces?.[k];
     const bar = h("span", {class: "bar"});
-    bar.style.width = Math.max(1, Math.round(p * 100)) + "%";
+    bar.style.width = Math.max(1, Math.round((p ?? 0) * 100)) + "%";
     return h("li", {class: id === token.id ? "chosen" : ""},
       h("span", {class: "alt-text"}, text === undefined ? "▪" : h("code", {}, text === "" ? "∅" : text)),
       h("span", {class: "alt-p"}, percent(p)), h("span", {class: "alt-bar"}, bar),
