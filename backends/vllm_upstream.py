@@ -106,7 +106,8 @@ class Upstream:
             raise FileNotFoundError(
                 f"the vLLM server at {self.url} loaded {self.model} from {root}, which is not on this machine: "
                 f"looptrace reads the tokenizer and chat template from the same checkpoint, so that folder must be "
-                f"at the same path here (copy or mount it), or the server must be started from a Hub id")
+                f"at the same path here (copy or mount it), or named with --tokenizer PATH, or the server must be "
+                f"started from a Hub id")
         return root
 
     def watch(self) -> None:

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the vLLM server's API key (default: $VLLM_API_KEY)")
     serve.add_argument("--vllm-timeout", type=float, default=60.0, metavar="SECONDS",
                        help="how long to wait for the vLLM server's first token, and between tokens (default 60)")
+    serve.add_argument("--tokenizer", metavar="PATH", help="for --backend vllm: the served checkpoint's folder (or "
+                       "Hub id) here, when the server loaded it from a path this machine lacks; its tokenizer, "
+                       "chat template and config must be the server's")
     serve.add_argument("--trace-db", metavar="PATH", help="the SQLite trace store, or 'off' (default: "
                        "traces.sqlite3 in the user's data directory)")
     serve.add_argument("--no-trace-content", dest="trace_content", action="store_false",
@@ -64,7 +67,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue,
         prefix_cache_tokens=args.prefix_cache_tokens, backend=args.backend, replay=args.replay,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
-        trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
+        tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,
     )
 
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--backend replay needs --replay FILE")
     if args.backend == "vllm" and not args.vllm_url:
         parser.error("--backend vllm needs --vllm-url URL")
+    if args.tokenizer and args.backend != "vllm":
+        parser.error("--tokenizer is for --backend vllm (elsewhere MODEL is the checkpoint, tokenizer included)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from aiohttp import web  # after the arguments: `looptrace --help` answers at once

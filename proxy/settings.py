@@ -26,6 +26,7 @@ class Settings:
     vllm_url: str | None = None  # the vLLM server, for --backend vllm
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
+    tokenizer: str | None = None  # with vllm: where the served checkpoint's tokenizer is here (None: its root)
     # Tracing: the embedded store (a path, or "off"), OTLP export, and whether content is recorded.
     trace_db: str | None = None  # None: under the user's data directory
     trace_content: bool = True

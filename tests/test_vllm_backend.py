@@ -437,7 +437,21 @@ def test_a_folder_the_server_read_but_this_machine_lacks_is_refused(fresh, logs,
             f"FileNotFoundError: the vLLM server at {fresh.url} loaded {qwen3_5_dir} "
             f"from /srv/models/Qwen3.5-0.8B, which is not on this machine: looptrace reads the tokenizer and chat "
             f"template from the same checkpoint, so that folder must be at the same path here (copy or mount it), "
-            f"or the server must be started from a Hub id")
+            f"or named with --tokenizer PATH, or the server must be started from a Hub id")
+    finally:
+        server.stop()
+
+
+def test_tokenizer_names_where_the_servers_folder_is_here(fresh, logs, qwen3_5_dir):
+    fresh.configure(root="/srv/models/Qwen3.5-0.8B")
+    server = vllm_server(fresh, logs, "--tokenizer", str(qwen3_5_dir))
+    try:
+        assert server.get("/health")[1]["status"] == "ready"
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        status, answer = server.post("/v1/chat/completions", {"model": str(qwen3_5_dir), **body})
+        assert status == 200, answer
+        # The name is still the one the server serves, and checked against it.
+        assert server.post("/v1/chat/completions", {"model": "/srv/models/Qwen3.5-0.8B", **body})[0] == 404
     finally:
         server.stop()
 

@@ -77,7 +77,10 @@ class Runtime:
         from transformers import AutoTokenizer
 
         settings = self.settings
-        source = self.upstream.checkpoint_source() if self.upstream is not None else settings.model
+        if self.upstream is None:
+            source = settings.model
+        else:  # the server's checkpoint: where --tokenizer says it is here, else where the server read it
+            source = settings.tokenizer or self.upstream.checkpoint_source()
         checkpoint = ckpt.read_config(source, settings.revision)
         family_cls = family_for_config(checkpoint.config)  # refuses an unsupported family before any weights move
         log.info("%s: %s family; fetching the checkpoint", source, family_cls.name)
