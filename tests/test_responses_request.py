@@ -262,6 +262,22 @@ def test_the_store_keeps_the_newest_conversations_only():
     assert (info.value.status, info.value.code) == (404, "response_not_found")
 
 
+def test_the_store_is_bounded_by_bytes_too():
+    # 300 responses to requests carrying a 1 MiB field once held 241 MiB.
+    store = ResponseStore(max_responses=256, max_bytes=5 << 20)
+    for i in range(300):
+        store.put({"id": f"resp_{i}", "output": []}, [{**user(str(i)), "unused": "x" * (1 << 20)}])
+        assert store.held_bytes <= 5 << 20
+    assert len(store) == 4 and store.response("resp_299")["id"] == "resp_299"
+    store.put({"id": "resp_huge", "output": []}, [user("y" * (6 << 20))])  # larger than the bound: not kept
+    with pytest.raises(APIError):
+        store.response("resp_huge")
+    assert len(store) == 4
+    before = store.held_bytes
+    store.delete("resp_299")
+    assert store.held_bytes < before - (1 << 20)
+
+
 # -- what the real clients sent, rendered by the real template --
 
 def _recorded(name):
