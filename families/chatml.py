@@ -34,7 +34,7 @@ class HermesCall(CallBuilder):
         self._depth = 0
         self._json_at = self._json_end = 0
 
-    def advance(self) -> int:
+    def advance(self, final: bool = False) -> int:
         raw = self.raw
         while True:
             state = self._state

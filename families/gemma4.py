@@ -15,8 +15,10 @@ from .gemma4_values import QUOTE, parse_arguments
 from .parsing import BAD, DONE, NEED, CallBuilder, Markers, StreamParser, expect_exact
 
 _OPEN, _CLOSE = "<|tool_call>", "<tool_call|>"
-# Outside a string: the tokens that change nesting, a string start, the closer, or a new opener.
-_STRUCTURE = re.compile(r'<\|"\|>|[{}\[\]]|<tool_call\|>|<\|tool_call>')
+# Outside a string: the tokens that change nesting, a string start (the token, or `'` where a value
+# starts: an apostrophe inside a bare word is text), the closer, or a new opener.
+_STRUCTURE = re.compile(r'<\|"\|>|(?<=[:\[,])\s*\'|[{}\[\]]|<tool_call\|>|<\|tool_call>')
+_SQUOTE_STEP = re.compile(r"\\.|'", re.S)  # inside a single-quoted string: an escape pair, or its end
 _NAME_END = re.compile(r"[^\w.\-/]")  # a function name is a word, maybe dotted (namespace.tool)
 _HOLD = len(_OPEN) - 1  # a marker cut at the end of the text seen so far is this long at most
 
@@ -33,7 +35,7 @@ class GemmaCall(CallBuilder):
         self._depth = 0
         self._name_at = self._body_at = self._body_end = 0
 
-    def advance(self) -> int:
+    def advance(self, final: bool = False) -> int:
         raw = self.raw
         while True:
             state = self._state
@@ -62,6 +64,19 @@ class GemmaCall(CallBuilder):
                     return NEED
                 self._pos = end + len(QUOTE)
                 self._state = "body"
+            elif state == "squote":
+                pos = self._pos
+                for m in _SQUOTE_STEP.finditer(raw, pos):
+                    if m.group() == "'":
+                        self._pos = m.end()
+                        self._state = "body"
+                        break
+                    pos = m.end()
+                else:
+                    # Resumed next time where it stopped; a backslash at the very end waits for the
+                    # character it escapes.
+                    self._pos = len(raw) - 1 if raw.endswith("\\") and pos < len(raw) else len(raw)
+                    return NEED
             elif state == "body":
                 m = _STRUCTURE.search(raw, self._pos)
                 if m is None:
@@ -71,6 +86,8 @@ class GemmaCall(CallBuilder):
                 self._pos = m.end()
                 if tok == QUOTE:
                     self._state = "string"
+                elif tok.endswith("'"):
+                    self._state = "squote"
                 elif tok in "{[":
                     self._depth += 1
                 elif tok in "}]":
@@ -121,6 +138,8 @@ class GemmaParser(StreamParser):
             if self.channel == THOUGHT:
                 self.channel = CONTENT
                 self._fresh = True
+            else:  # a closer with no channel open: what the model wrote, shown, not lost
+                self._text(tok, out)
         elif tok == QUOTE:
             self._text('"', out)
 

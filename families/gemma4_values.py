@@ -1,13 +1,15 @@
 """Gemma 4's argument syntax: `{key:<|"|>text<|"|>,n:42,ok:true,obj:{…},arr:[…]}`.
 
 Keys are bare, strings are delimited only by the `<|"|>` token (so `}`, `,` and `:` inside one are
-text), numbers, true, false and null are written as in JSON. A bare word (without `:`) or a JSON
-string where a value belongs is taken as a string, since that is what the model meant. Anything
-else is a syntax error.
+text), numbers, true, false and null are written as in JSON. A bare word (without `:`), a JSON
+string or a single-quoted one (`['a.py', 'b.py']`, as the model sometimes writes lists) where a
+value belongs is taken as a string, since that is what the model meant. Anything else is a syntax
+error.
 """
 
 from __future__ import annotations
 
+import re
 from json.decoder import scanstring
 from typing import Any
 
@@ -56,6 +58,12 @@ class _Reader:
         if text[pos] == '"':  # a JSON string where a Gemma one belongs
             value, self.pos = scanstring(text, pos + 1)
             return value
+        if text[pos] == "'":  # a single-quoted one
+            end = single_quoted_end(text, pos)
+            if end == -1:
+                raise ValueError("unterminated string")
+            self.pos = end
+            return unescape_single_quoted(text[pos + 1 : end - 1])
         return self.literal()
 
     def string(self) -> str:
@@ -124,3 +132,26 @@ class _Reader:
         if ":" in word:  # `a:1 b:2`: a missing comma, not a word
             raise ValueError(f"not a value at {start}")
         return word
+
+
+def single_quoted_end(text: str, start: int) -> int:
+    """Just past the `'` closing the single-quoted string opened at text[start], or -1."""
+    i = start + 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == "'":
+            return i + 1
+        else:
+            i += 1
+    return -1
+
+
+# Written by hand rather than ast.literal_eval: the model's strings are not always valid Python
+# (`'C:\\x'`, a raw newline), and a bad escape is kept as written, never an error.
+_ESCAPE = re.compile(r"\\(.)", re.S)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+
+
+def unescape_single_quoted(body: str) -> str:
+    return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), body)

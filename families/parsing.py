@@ -86,7 +86,8 @@ class CallBuilder:
         self.raw = opener
         self.end = 0
 
-    def advance(self) -> int:
+    def advance(self, final: bool = False) -> int:
+        """`final`: the output has ended, nothing more will come."""
         raise NotImplementedError
 
     def parse(self) -> tuple[str, dict, bool]:
@@ -133,7 +134,12 @@ class StreamParser(Parser):
 
     def finish(self) -> list[dict]:
         out: list[dict] = []
-        if self._call is not None:
+        while self._call is not None:
+            # The end of the output may be what decides an open call (Qwen's); if it does not, the
+            # call is text.
+            if self._advance_call(out, final=True):
+                self._run(out)  # what followed the call, markers and all
+                continue
             raw = self._call.raw + self._buf
             self._buf = ""
             self._call = None
@@ -216,12 +222,12 @@ class StreamParser(Parser):
         self.channel = TOOL_CALL
         self._call = self._new_call(opener)
 
-    def _advance_call(self, out: list[dict]) -> bool:
+    def _advance_call(self, out: list[dict], final: bool = False) -> bool:
         call = self._call
         if self._buf:
             call.raw += self._buf
             self._buf = ""
-        status = call.advance()
+        status = call.advance(final)
         if status == NEED:
             return False
         raw, self._buf = call.raw[: call.end], call.raw[call.end :]

@@ -14,36 +14,59 @@ so its stop tokens and sampling defaults come from here.
 
 from __future__ import annotations
 
+import re
+
 from .base import Family, Parser
-from .parsing import DONE, NEED, CallBuilder, ThinkTagParser, expect_one
+from .parsing import BAD, DONE, NEED, CallBuilder, ThinkTagParser, expect_one
 
 _PARAM, _FUNC_END = "<parameter=", "</function>"
 _VALUE_END = "</parameter>"
 
 
+_END_FOLLOWERS = ("<tool_call>", "<|im_end|>", "<|endoftext|>")  # what may follow a call's real end
+_VALUE_MARKS = re.compile(re.escape(_VALUE_END) + "|" + re.escape(_PARAM) + "|" + re.escape(_FUNC_END))
+_NAME_MAX = 256  # a parameter name longer than this is value text
+
+
 class QwenXmlCall(CallBuilder):
     """`<tool_call>` … `</tool_call>` with a `<function=…>` inside, found incrementally.
 
-    A `</parameter>` ends a value only when `<parameter=` or `</function>` follows it (after
-    whitespace), so a value may itself contain the literal text `</parameter>`.
+    A value is plain text and may itself hold the markup (an agent writing a parser test, or this
+    very format, into a file), so its end is decided by what follows, not by the first marker:
+
+    - `</parameter>` ends it when `<parameter=NAME>` follows with NAME one of the tool's parameters
+      (any name when the schema is not known), or when the call's end follows;
+    - the call's end is `</function>`, `</tool_call>`, then the end of the output, another call or
+      a stop token; a `</tool_call>` with other text after it may be a literal inside the value, so
+      the last such end is used only if no better one comes before the output ends;
+    - the model's slips are recovered: a value whose `</parameter>` is missing ends at the call's
+      end, or at `<parameter=NAME>` on a new line where NAME is another of the tool's parameters.
     """
 
-    __slots__ = ("_pos", "_step", "_mark", "_scan", "_key_name", "name", "params")
+    __slots__ = ("_pos", "_step", "_mark", "_scan", "_key_name", "_tools", "_keys", "_fallback", "_final", "name",
+                 "params")
 
-    def __init__(self, opener: str) -> None:
+    def __init__(self, opener: str, tools: dict[str, dict] | None = None) -> None:
         super().__init__(opener)
         self._pos = len(opener)
         self._step = self._function
         self._mark = 0  # where the current name, key or value starts
-        self._scan = 0  # value: how far `</parameter>` has been looked for
+        self._scan = 0  # value: how far its end has been looked for
         self._key_name = ""
+        self._tools = tools
+        self._keys: frozenset[str] | None = None  # the tool's parameter names, when its schema says
+        self._fallback: tuple[int, int] | None = None  # (value end, call end) of a `</tool_call>` with text after
+        self._final = False  # the output has ended: nothing more will come
         self.name = ""
         self.params: dict[str, str] = {}
 
-    def advance(self) -> int:
+    def advance(self, final: bool = False) -> int:
+        self._final = final
         while True:
             status = self._step()
             if status is not None:
+                if status == NEED and final and self._fallback is not None:
+                    return self._finish_value(*self._fallback)
                 return status
 
     def parse(self) -> tuple[str, dict, bool]:
@@ -76,6 +99,9 @@ class QwenXmlCall(CallBuilder):
     def _name(self) -> int | None:
         status, self.name = self._read_word()
         if status is None:
+            schema = self._tools.get(self.name) if self._tools else None
+            props = schema.get("properties") if isinstance(schema, dict) else None
+            self._keys = frozenset(props) if isinstance(props, dict) and props else None
             self._step = self._params
         return status
 
@@ -96,27 +122,91 @@ class QwenXmlCall(CallBuilder):
         return status
 
     def _value(self) -> int | None:
-        raw = self.raw
+        raw, final = self.raw, self._final
         while True:
-            i = raw.find(_VALUE_END, self._scan)
-            if i == -1:
+            m = _VALUE_MARKS.search(raw, self._scan)
+            if m is None:
                 self._scan = max(self._scan, len(raw) - len(_VALUE_END) + 1)
                 return NEED
-            status, _, _ = expect_one(raw, i + len(_VALUE_END), (_PARAM, _FUNC_END))
+            i, mark = m.start(), m.group()
+            if mark == _VALUE_END:
+                status, which, at = expect_one(raw, m.end(), (_PARAM, _FUNC_END))
+                if status == DONE and which == 0:
+                    status, known = self._known_key(at)
+                    if status == DONE and known:
+                        return self._next_param(i, m.end())
+                elif status == DONE:
+                    status, end = self._call_end(at, final, i)
+                    if status == DONE:
+                        return self._finish_value(i, end)
+            elif mark == _PARAM:  # no `</parameter>` before it: another parameter, on a new line?
+                status, known = self._known_key(m.end()) if self._keys else (BAD, False)
+                if status == DONE and known and raw[i - 1 : i] == "\n":
+                    return self._next_param(i, i)
+            elif not raw[self._mark : i].rstrip().endswith(_VALUE_END):
+                # `</function>` with no `</parameter>` before it: the value's end was left out?
+                status, end = self._call_end(m.end(), final, i)
+                if status == DONE:
+                    return self._finish_value(i, end)
+            else:
+                status = BAD  # after `</parameter>`: that mark was the candidate, and is decided
             if status == NEED:
                 self._scan = i
                 return NEED
-            if status == DONE:
-                break
-            self._scan = i + 1  # a literal `</parameter>` inside the value
-        value = raw[self._mark : i]
+            self._scan = i + 1  # the mark is value text
+
+    def _known_key(self, at: int) -> tuple[int, bool]:
+        """A parameter name at raw[at:] (after `<parameter=`): is it one the tool has?"""
+        close = self.raw.find(">", at, at + _NAME_MAX + 1)
+        if close == -1:
+            return (NEED if len(self.raw) - at <= _NAME_MAX else BAD), False
+        name = self.raw[at:close]
+        if not name or any(c.isspace() or c == "<" for c in name):
+            return BAD, False
+        return DONE, self._keys is None or name in self._keys
+
+    def _call_end(self, at: int, final: bool, value_end: int) -> tuple[int, int]:
+        """After `</function>` at raw[at:]: (DONE, where the call ends) when `</tool_call>` and then
+        the output's end, another call or a stop token follow; NEED while undecided; BAD if not.
+        A complete `</tool_call>` with other text after it is remembered as the fallback, with the
+        value ending at `value_end`."""
+        raw = self.raw
+        status, _, end = expect_one(raw, at, ("</tool_call>",))
+        if status != DONE:
+            return (NEED if status == NEED and not final else BAD), 0
+        after = end
+        while after < len(raw) and raw[after].isspace():
+            after += 1
+        rest = raw[after : after + 16]
+        if not rest:
+            return (DONE if final else NEED), end
+        if rest.startswith(_END_FOLLOWERS):
+            return DONE, end
+        if any(f.startswith(rest) for f in _END_FOLLOWERS):
+            return (BAD if final else NEED), 0
+        self._fallback = (value_end, end)
+        return BAD, 0
+
+    def _next_param(self, value_end: int, pos: int) -> int | None:
+        self._store_value(value_end)
+        self._pos = pos
+        self._fallback = None
+        self._step = self._params
+        return None
+
+    def _finish_value(self, value_end: int, end: int) -> int:
+        self._store_value(value_end)
+        self.end = end
+        return DONE
+
+    def _store_value(self, value_end: int) -> None:
+        raw = self.raw
+        # `value_end` is where `</parameter>` (or the mark standing in for it) begins.
+        value = raw[self._mark : value_end]
         # The template writes one newline on each side of the value.
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
         self.params[self._key_name] = value
-        self._pos = i + len(_VALUE_END)
-        self._step = self._params
-        return None
 
     def _tail(self) -> int | None:
         status, _, at = expect_one(self.raw, self._pos, ("</tool_call>",))
@@ -128,7 +218,7 @@ class QwenXmlCall(CallBuilder):
 
 class QwenParser(ThinkTagParser):
     def _new_call(self, opener: str) -> CallBuilder:
-        return QwenXmlCall(opener)
+        return QwenXmlCall(opener, self._tools)
 
 
 class Qwen3_5(Family):

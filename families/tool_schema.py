@@ -88,7 +88,10 @@ def _types(schema: dict) -> list:
 
 
 def coerce_text(text: str, schema: dict) -> Any:
-    """Plain text → the first type the schema allows that it parses as, or _FAIL."""
+    """Plain text → the first type the schema allows that it parses as, or _FAIL. `null` is null
+    wherever the schema allows null, before any string reading of it."""
+    if text.strip() == "null" and _allows_null(schema):
+        return None
     for alt in _types(schema):
         t = alt.get("type")
         if "anyOf" in alt or "oneOf" in alt:
@@ -100,6 +103,15 @@ def coerce_text(text: str, schema: dict) -> Any:
         if value is not _FAIL:
             return value
     return _FAIL
+
+
+def _allows_null(schema: dict) -> bool:
+    if schema.get("nullable") is True:  # OpenAPI's way
+        return True
+    for alt in _types(schema):
+        if alt.get("type") == "null" or (("anyOf" in alt or "oneOf" in alt) and _allows_null(alt)):
+            return True
+    return False
 
 
 def conform(value: Any, schema: dict) -> Any:

@@ -46,6 +46,7 @@ WRITE = {
                 "opts": {"type": "object"},
                 "tags": {"type": "array", "items": {"type": "string"}},
                 "note": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                "label": {"type": ["string", "null"]},
             },
             "required": ["path", "content"],
         },
@@ -254,6 +255,57 @@ def test_qwen_forced_call_prefix(thinking_on):
     assert bare(Qwen3_5).forced_call_prefix(None, thinking_on).endswith("<tool_call>\n<function=")
 
 
+def write_call(params: str) -> str:
+    return f"<tool_call>\n<function=write_file>\n{params}</function>\n</tool_call>"
+
+
+def test_qwen_markup_inside_a_value_with_a_name_the_tool_lacks_is_value_text():
+    content = "a\n</parameter>\n<parameter=encoding>\nutf-8\n</parameter>\nb"  # `encoding` is no parameter
+    raw = write_call(f"<parameter=path>\nx.txt\n</parameter>\n<parameter=content>\n{content}\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "x.txt", "content": content}, raw)])
+
+
+FIXTURE = ("def test_parse():\n    s = \"\"\"<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n"
+           "</function>\n</tool_call>\"\"\"\n    assert parse(s)")
+
+
+def test_qwen_a_value_holding_a_whole_tool_call_stays_in_the_value():
+    # An agent writing a parser's test fixture: the literal `</tool_call>` is followed by more of the
+    # value, so it does not end the call; the real end is followed by the output's end.
+    raw = write_call(f"<parameter=path>\ntest_p.py\n</parameter>\n<parameter=content>\n{FIXTURE}\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "test_p.py", "content": FIXTURE}, raw)])
+
+
+def test_qwen_a_value_holding_a_whole_tool_call_then_another_call():
+    first = write_call(f"<parameter=path>\nt.py\n</parameter>\n<parameter=content>\n{FIXTURE}\n</parameter>\n")
+    check(qwen(), first + "\n" + WEATHER_CALL, [
+        call(0, "write_file", {"path": "t.py", "content": FIXTURE}, first),
+        call(1, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL),
+    ])
+
+
+def test_qwen_text_after_a_call_ends_it_where_the_output_ends():
+    # `</tool_call>` and then text: nothing better comes, so the call ends there after all.
+    check(qwen(), WEATHER_CALL + "\nAnd then some text.", [
+        call(0, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL), text("And then some text.")])
+
+
+def test_qwen_null_for_a_nullable_parameter_is_json_null():
+    raw = write_call("<parameter=path>\na\n</parameter>\n<parameter=content>\nb\n</parameter>\n"
+                     "<parameter=label>\nnull\n</parameter>\n<parameter=mode>\nnull\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "a", "content": "b", "label": None, "mode": None}, raw)])
+
+
+def test_qwen_a_last_value_without_its_close_is_recovered():
+    raw = write_call("<parameter=path>\na.txt\n</parameter>\n<parameter=content>\nhello\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "a.txt", "content": "hello"}, raw)])
+
+
+def test_qwen_a_value_left_open_before_the_next_parameter_is_recovered():
+    raw = write_call("<parameter=path>\na.txt\n<parameter=content>\nhello\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "a.txt", "content": "hello"}, raw)])
+
+
 def test_qwen_stop_tokens_that_slip_through_are_dropped():
     check(qwen(), "Hi.<|im_end|>", [text("Hi.")])
 
@@ -345,6 +397,29 @@ def test_gemma_forced_call_prefix(thinking_on):
     rest = f"city:{Q}Paris{Q},days:3}}<tool_call|>"
     check(gemma(thinking=thinking_on), prefix + rest, [call(0, "get_weather", {"city": "Paris", "days": 3}, G_WEATHER)])
     assert bare(Gemma4).forced_call_prefix(None, thinking_on).endswith("<|tool_call>call:")
+
+
+def test_gemma_single_quoted_strings_in_arrays_and_objects():
+    s = ("<|tool_call>call:write_file{path:'a.py',content:'x = [1, 2]}',"
+         r"tags:['a.py', 'b,]}.py', 'it\'s', 'say \"hi\"'],opts:{k:'v:{w}',n:['C:\\dir']}}<tool_call|>")
+    check(gemma(), s, [call(0, "write_file", {
+        "path": "a.py", "content": "x = [1, 2]}", "tags": ["a.py", "b,]}.py", "it's", 'say "hi"'],
+        "opts": {"k": "v:{w}", "n": ["C:\\dir"]}}, s)])
+
+
+def test_gemma_apostrophe_inside_a_bare_word_is_text():
+    s = "<|tool_call>call:get_weather{city:Xi'an,days:3}<tool_call|>"
+    check(gemma(), s, [call(0, "get_weather", {"city": "Xi'an", "days": 3}, s)])
+
+
+def test_gemma_single_quoted_string_left_open_is_text():
+    s = "<|tool_call>call:get_weather{city:'Paris}<tool_call|>"
+    check(gemma(), s, unparsed(s))
+
+
+def test_gemma_stray_channel_close_is_kept_as_text():
+    check(gemma(), "Done.<channel|> Really.", [text("Done.<channel|> Really.")])
+    check(gemma(thinking=True), "<|channel>thought\nhm<channel|>ok<channel|>", [thinking("hm"), text("ok<channel|>")])
 
 
 def test_gemma_stop_tokens_that_slip_through_are_dropped():
