@@ -23,6 +23,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
 
 THOUGHT = "thought"
@@ -107,6 +108,7 @@ class Family:
         self.media_ids = {i: kind for i, kind in ((token_id(tok, t), k) for t, k in self.media_tokens.items())
                           if i is not None}
         self._control = treat_added_tokens_as_control(tok)
+        self._length = PromptLength(tok)
 
     @classmethod
     def matches(cls, config: dict) -> bool:
@@ -146,6 +148,10 @@ class Family:
         text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
                         history_length=len(ids) - self._transient_tail_length(text, ids))
+
+    def tokens_beyond(self, messages: list[dict], limit: int) -> int:
+        """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0."""
+        return self._length.beyond(messages, limit)
 
     def _transient_tail_length(self, text: str, ids: list[int]) -> int:
         tail = self.transient_prompt_tail

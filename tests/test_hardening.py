@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.parse
 import urllib.request
 
@@ -272,3 +273,33 @@ def test_no_cors_headers_are_sent(replay_app):
         except urllib.error.HTTPError as err:
             headers = err.headers
         assert not [h for h in headers if h.lower().startswith("access-control-")], dict(headers)
+
+
+def _newest_trace(app, before: str | None) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, listing = app.call("GET", "/v1/traces?limit=1")
+        newest = listing["data"][0]["trace_id"] if status == 200 and listing["data"] else None
+        if newest and newest != before:
+            return app.call("GET", f"/v1/traces/{newest}")[1]
+        time.sleep(0.1)
+    raise TimeoutError("no new trace")
+
+
+@pytest.mark.parametrize(("megabytes", "found"), [(4, "at least "), (1.5, "")])
+def test_a_prompt_past_the_context_is_refused_and_its_trace_stays_small(replay_app, megabytes, found):
+    # 4 MB is refused before rendering (tokenizing all of it once raised RSS by 1.3 GB); 1.5 MB is
+    # rendered, then refused. Neither trace keeps the prompt (a 10 MB prompt once stored 20 MB twice).
+    text = "the quick brown fox jumps over the lazy dog " * int(megabytes * 1_000_000 // 44)
+    listing = replay_app.call("GET", "/v1/traces?limit=1")[1]["data"]
+    before = listing[0]["trace_id"] if listing else None
+    status, error = replay_app.call("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4})
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded", error
+    assert f"resulted in {found}" in error["error"]["message"] and "262144" in error["error"]["message"]
+    trace = _newest_trace(replay_app, before)
+    stored = json.dumps(trace)
+    assert len(stored) < 20_000 and "quick brown fox" not in stored
+    status, view = replay_app.call("GET", f"/v1/traces/{trace['trace_id']}/prompt")
+    assert status == 200 and view["not_kept"] == ("not_rendered" if found else "past_context"), view
+    assert "context_length_exceeded" in stored or "maximum context length" in stored

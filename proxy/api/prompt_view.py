@@ -93,10 +93,14 @@ def prompt_view(trace: dict, previous: dict | None, vocab: Vocabulary | None) ->
     """What GET /v1/traces/{id}/prompt answers. `vocab` is None when the trace is of another model
     than the one served: then the text alone, without token boundaries."""
     render = _render(trace)
+    if not render:  # refused before rendering (a prompt far past the context, a template error)
+        return {"text": None, "tokens": None, "not_kept": "not_rendered"}
     ids = render.get("looptrace.prompt.ids")
     view: dict = {"text": render.get("looptrace.prompt.text"), "tokens": None,
                   "new_offset": render.get("looptrace.prompt.new_offset", 0),
-                  "thinking": render.get("looptrace.prompt.thinking")}
+                  "thinking": render.get("looptrace.prompt.thinking"),
+                  "count": render.get("looptrace.prompt.tokens"),
+                  "not_kept": render.get("looptrace.prompt.not_kept")}
     if ids is None:
         return view  # recorded without content
     view["count"] = len(ids)

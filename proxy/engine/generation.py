@@ -64,7 +64,8 @@ class Observer:
     `rendered` is called from the rendering thread, the rest from the event loop.
     """
 
-    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int) -> None: ...
+    # `content`: False for a prompt refused for its length, whose text and ids are not kept.
+    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int, content: bool = True) -> None: ...
     def submitted(self, generation: "Generation", decode: DecodeRequest) -> None: ...
     def prefill(self, event: PrefillEvent) -> None: ...
     def token(self, event: TokenEvent, channel: str) -> None: ...
@@ -116,6 +117,10 @@ class Generation:
             self.forced_ids = list(stored.answer_prefix)
             self.forced_text = self._text_of(stored.ids, self.forced_ids)
         else:
+            at_least = family.tokens_beyond(request.messages, runtime.max_model_len)
+            if at_least:  # refused before the whole of it is tokenized (families/prompt_length.py)
+                raise Refused(_too_long(runtime.max_model_len, f"at least {at_least}"), param="messages",
+                              code="context_length_exceeded")
             try:
                 rendered = family.render(request.messages, tools, request.enable_thinking)
             except ValueError as exc:
@@ -128,16 +133,13 @@ class Generation:
                 self.forced_ids = runtime.encode(self.forced_text)
         ids = rendered.ids + self.forced_ids
         self.rendered, self.prompt_ids = rendered, ids
-        self.observer.rendered(self, started_ns, time.time_ns())
-
         limit = runtime.max_model_len
         room = limit - len(ids)
+        # A prompt refused for its length is traced by its size, not its text: what a refused request
+        # stores stays small however much was sent.
+        self.observer.rendered(self, started_ns, time.time_ns(), content=room > 0)
         if room <= 0:
-            raise Refused(
-                f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
-                f"{len(ids)} tokens. Please reduce the length of the messages.", param="messages",
-                code="context_length_exceeded",
-            )
+            raise Refused(_too_long(limit, str(len(ids))), param="messages", code="context_length_exceeded")
         if request.max_tokens is not None and request.max_tokens > room:
             raise Refused(
                 f"{request.max_tokens_param} is too large: {request.max_tokens_param} is {request.max_tokens}, but the "
@@ -277,6 +279,11 @@ class Generation:
         if self.done_event is not None:
             return self.done_event["cached_tokens"]
         return (self.prefill_event or {}).get("cached_tokens") or 0
+
+
+def _too_long(limit: int, tokens: str) -> str:
+    return (f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            f"{tokens} tokens. Please reduce the length of the messages.")
 
 
 def _pick(asked, default, fallback):

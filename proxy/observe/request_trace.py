@@ -108,10 +108,11 @@ class RequestTrace(Observer):
 
     # -- the generation --
 
-    def rendered(self, generation: Generation, started_ns: int, ended_ns: int) -> None:
+    def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:
         runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
+        content = content and self.content
         family, tokenizer = runtime.family, runtime.tokenizer
-        results, links = self._tool_results(generation.request.messages)
+        results, links = self._tool_results(generation.request.messages, content)
         seen = self.conversations.seen(self.conversation) if self.conversation else None
         new_at = _common_prefix(seen, ids) if seen else 0
         attributes = {
@@ -127,8 +128,10 @@ class RequestTrace(Observer):
             attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
         if generation.forced_ids:  # the answer's forced opening, at the end of the prompt ids
             attributes["looptrace.prompt.forced_tokens"] = len(generation.forced_ids)
-            attributes["looptrace.prompt.forced_prefix"] = generation.forced_text if self.content else ""
-        if self.content:
+            attributes["looptrace.prompt.forced_prefix"] = generation.forced_text if content else ""
+        if self.content and not content:  # read as "recorded without content" otherwise
+            attributes["looptrace.prompt.not_kept"] = "past_context"
+        if content:
             attributes["looptrace.prompt.text"] = rendered.text + generation.forced_text
             attributes["looptrace.prompt.ids"] = ids
             attributes["looptrace.prompt.new_text"] = tokenizer.decode(ids[new_at:]) if new_at else ""
@@ -137,7 +140,7 @@ class RequestTrace(Observer):
         for result in results:
             span.add_event(RESULT_EVENT, result, timestamp=ended_ns)
         span.end(end_time=ended_ns)
-        if self.content and generation.request.messages:
+        if content and generation.request.messages:
             self._record_messages(generation)
 
     def _record_messages(self, generation: Generation) -> None:
@@ -359,7 +362,7 @@ class RequestTrace(Observer):
 
     # -- helpers --
 
-    def _tool_results(self, messages: list[dict]) -> tuple[list[dict], list[Link]]:
+    def _tool_results(self, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
         """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
         results, links = [], []
         for message in messages:
@@ -370,9 +373,9 @@ class RequestTrace(Observer):
                 continue
             context, name = pending
             result = {"gen_ai.tool.call.id": message["tool_call_id"], "gen_ai.tool.name": name}
-            if self.content:
-                content = message.get("content")
-                result["looptrace.tool.result"] = content if isinstance(content, str) else str(content)
+            if content:
+                text = message.get("content")
+                result["looptrace.tool.result"] = text if isinstance(text, str) else str(text)
             results.append(result)
             links.append(Link(context, {"gen_ai.tool.call.id": message["tool_call_id"]}))
         return results, links

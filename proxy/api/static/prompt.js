@@ -10,7 +10,11 @@ export async function promptView(traceId, previousId) {
   const view = await get(`/v1/traces/${encodeURIComponent(traceId)}/prompt` + query({against: previousId}));
   const box = h("div", {class: "prompt-view"});
   if (view.text === undefined || view.text === null) {
-    box.append(h("p", {class: "note"}, "This trace was recorded with --no-trace-content: the prompt's text was not kept."));
+    const why = {
+      past_context: `This prompt was past the model's context (${view.count ?? "?"} tokens): only its size was kept.`,
+      not_rendered: "This request was refused before its prompt was rendered (see its error).",
+    }[view.not_kept] ?? "This trace was recorded with --no-trace-content: the prompt's text was not kept.";
+    box.append(h("p", {class: "note"}, why));
     return box;
   }
   const body = h("pre", {class: "prompt", tabindex: "0", "aria-label": "The exact prompt"});
