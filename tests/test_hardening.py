@@ -303,3 +303,20 @@ def test_a_prompt_past_the_context_is_refused_and_its_trace_stays_small(replay_a
     status, view = replay_app.call("GET", f"/v1/traces/{trace['trace_id']}/prompt")
     assert status == 200 and view["not_kept"] == ("not_rendered" if found else "past_context"), view
     assert "context_length_exceeded" in stored or "maximum context length" in stored
+
+
+def test_arguments_sent_as_a_string_are_held_to_what_a_body_is(replay_app):
+    # Found by the fuzz test: half a surrogate pair escaped inside a call's arguments string reached
+    # the tokenizer (a 500); arguments nested past the body's bound must be refused as the body is.
+    def with_arguments(arguments: str) -> tuple[int, dict]:
+        return chat(replay_app, messages=ASK + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}])
+
+    replay_app.replay("Ok.<|im_end|>")
+    assert with_arguments(json.dumps({"\ud800k": "v\udfff"}))[0] == 200
+    status, error = with_arguments("[" * 100_000 + "]" * 100_000)
+    assert status == 400 and "nested" in error["error"]["message"], error
+    status, error = with_arguments(json.dumps(json.loads("[" * 70 + "]" * 70)))
+    assert status == 400 and error["error"]["param"].endswith("arguments"), error

@@ -3,11 +3,10 @@ parts, and warnings said once."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from .errors import invalid
-from .validation import field, in_range
+from .validation import embedded_json, field, in_range
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
@@ -51,10 +50,7 @@ def seed(body: dict) -> int | None:
 def call_arguments(arguments: object, param: str) -> dict:
     """A past call's arguments (a JSON string or an object) as the dict templates iterate over."""
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
+        arguments = embedded_json(arguments, param) if arguments.strip() else {}
     if not isinstance(arguments, dict):
         raise invalid(f"'{param}' must be a JSON object.", param=param)
     return arguments

@@ -34,8 +34,8 @@ async def json_body(request: web.Request) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError:
-        body = None
-    if body is None or nesting(body) > MAX_DEPTH:
+        body = _MISSING
+    if body is _MISSING or nesting(body) > MAX_DEPTH:
         # Templates, the trace and the parsers all walk what a client nests: bound it once, here.
         raise invalid(f"The request body is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
                       code="invalid_json")
@@ -44,6 +44,20 @@ async def json_body(request: web.Request) -> dict:
     if _ESCAPED_SURROGATE.search(text):
         body = _replace_lone_surrogates(body)
     return body
+
+
+def embedded_json(text: str, param: str) -> Any:
+    """JSON sent inside a string (a past call's arguments): held to what a body is held to."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
+    except RecursionError:
+        value = _MISSING
+    if value is _MISSING or nesting(value) > MAX_DEPTH:
+        raise invalid(f"'{param}' is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
+                      param=param)
+    return _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
 
 
 def nesting(value: Any) -> int:

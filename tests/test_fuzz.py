@@ -1,0 +1,279 @@
+"""Both endpoints fuzzed with hypothesis against the real application (the replay backend serving
+the tiny Qwen3.5, its real tokenizer and template). Part of issue 13.
+
+- Any body at all: the APIs' fields with wrong types, non-finite and huge numbers, deep and huge
+  values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in OpenAI's
+  error shape; a stream that starts ends properly; the server alive afterwards.
+- A well-formed conversation whose every client string (message text, reasoning, call ids, tool
+  and argument names, argument values, tool descriptions, property names, enum values) is hostile:
+  when accepted, the prompt's control tokens are exactly those of the same conversation with clean
+  strings: no string a client sends becomes a turn marker, a tool call or a thought.
+
+CI runs a bounded number of examples; `bench/fuzz.py` runs the same tests with a large budget
+(LOOPTRACE_FUZZ_EXAMPLES) and reports what was tried (LOOPTRACE_FUZZ_REPORT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from looptrace.backends.replay import ReplayBackend
+
+MODEL = "tiny-qwen"
+EXAMPLES = int(os.environ.get("LOOPTRACE_FUZZ_EXAMPLES", "40"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="LOOPTRACE_FUZZ_EXAMPLES" not in os.environ,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.function_scoped_fixture])
+TRIED: Counter = Counter()  # requests sent, by test and status class: bench/fuzz.py's figures
+
+CONTROL = [  # every family's control tokens and the markup its parser reads
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "<tool_response>", "</tool_response>", "<function=f>", "</function>", "<parameter=x>", "</parameter>",
+    "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|tool>",
+    "<tool|>", "<|tool_response>", "<tool_response|>", "<bos>", "<eos>", "<|think|>", "<start_of_turn>",
+    "<|vision_start|>", "<|image_pad|>", "<|fim_prefix|>", "{{ raise_exception('x') }}", "{% if %}",
+]
+ODD = ["\u0000", "\u202e", "\ufeff", "\u200b", "\U0010ffff", "\ud800", "\udfff", "\r\n", "\t", "é", "🙂", "\\",
+       '"', "'", "<", ">", "&", "\u0085", "\u2028"]
+HOSTILE = st.lists(st.one_of(st.sampled_from(CONTROL), st.sampled_from(ODD), st.text(max_size=8)),
+                   max_size=6).map("".join)
+
+
+def send(app, path: str, body: object) -> tuple[int, str, bytes]:
+    """Written by json.dumps as is: NaN, Infinity and huge integers go through as JSON parsers accept them."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(app.url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+def check_answer(path: str, status: int, kind: str, data: bytes) -> None:
+    assert status < 500, data[:2000]
+    if status >= 400:
+        error = json.loads(data)["error"]
+        assert isinstance(error["message"], str) and error["message"], error
+        assert isinstance(error["type"], str) and set(error) == {"message", "type", "param", "code"}, error
+        return
+    if kind.startswith("text/event-stream"):
+        text = data.decode()
+        if path.endswith("completions"):
+            assert text.rstrip().endswith("data: [DONE]"), text[-500:]
+        else:
+            assert "event: response.completed" in text or "event: response.failed" in text, text[-500:]
+    else:
+        json.loads(data)
+
+
+class Capture:
+    """The replay backend answering "Ok." to everything, keeping the prompt ids it was given."""
+
+    def __init__(self, vocab) -> None:
+        self.vocab, self.prompts = vocab, []
+        self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
+
+    def prefix_cache_stats(self) -> None:
+        return None
+
+    async def generate(self, request):
+        self.prompts.append(list(request.prompt_ids))
+        async for event in ReplayBackend([{"text": "Ok.<|im_end|>"}], self.vocab).generate(request):
+            yield event
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def app(replay_app):
+    before = replay_app.runtime.backend
+    replay_app.runtime.backend = Capture(replay_app.runtime.vocab)
+    yield replay_app
+    replay_app.runtime.backend = before
+    report = os.environ.get("LOOPTRACE_FUZZ_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps(dict(TRIED)) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Any body at all
+# ---------------------------------------------------------------------------------------------
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-(2**300), 2**300),
+                    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-300, 5e-324, 1e308, -0.0]),
+                    HOSTILE, st.text(max_size=30))
+JUNK = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                     st.dictionaries(HOSTILE, inner, max_size=4)), max_leaves=12)
+DEEP = st.integers(1, 300).map(lambda depth: json.loads("[" * depth + "]" * depth))
+HUGE = st.sampled_from(["x" * 200_000, ["y"] * 5_000, {str(i): i for i in range(3_000)}])
+ANY = st.one_of(JUNK, DEEP, HUGE)
+
+
+def plausible(values: list, junk: bool) -> st.SearchStrategy:
+    """Mostly a value the API takes, so that some bodies get through to decoding; otherwise junk."""
+    good = st.sampled_from(values)
+    return st.one_of(good, good, good, ANY) if junk else good
+
+
+CHAT_FIELDS = {
+    "temperature": [0, 0.7, 2], "top_p": [0.9, 1], "top_k": [0, 20],
+    "max_tokens": [1, 4, 0, -1], "max_completion_tokens": [3], "seed": [1, 2**64 - 1],
+    "stop": [["x"], "y", []], "stream": [True, False],
+    "stream_options": [{"include_usage": True}], "tool_choice": ["auto", "none", "required"],
+    "parallel_tool_calls": [True, False], "logprobs": [True], "top_logprobs": [2, 20],
+    "presence_penalty": [0.5, -2], "frequency_penalty": [1],
+    "reasoning_effort": ["none", "high"], "chat_template_kwargs": [{"enable_thinking": True}],
+    "tools": [[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]],
+    "n": [1, 2], "response_format": [{"type": "json_object"}], "user": ANY,
+}
+RESPONSES_FIELDS = {
+    "instructions": ["Be brief."], "max_output_tokens": [4, 0, -5],
+    "temperature": [0.5], "top_p": [1], "stream": [True, False],
+    "store": [True, False], "previous_response_id": ["resp_x"],
+    "reasoning": [{"effort": "none"}, {"effort": "low", "summary": "auto"}],
+    "include": [["reasoning.encrypted_content"]], "tool_choice": ["auto", "required"],
+    "tools": [[{"type": "function", "name": "f", "parameters": {"type": "object"}}]],
+    "parallel_tool_calls": [False], "text": [{"format": {"type": "text"}}],
+    "truncation": ["auto"], "metadata": ANY,
+}
+MESSAGES = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                   "function": {"name": "f", "arguments": "{"}}]}]]
+INPUT = ["Hi", [{"role": "user", "content": "Hi"}], [{"type": "function_call_output", "call_id": "c", "output": "x"}]]
+
+
+def body(head: dict, fields: dict) -> st.SearchStrategy:
+    """A body of the API's fields: each a value it takes or junk, or (half the time) all values it takes."""
+    def shape(junk: bool) -> st.SearchStrategy:
+        def one(v):
+            return v if isinstance(v, st.SearchStrategy) else plausible(v, junk)
+        return st.fixed_dictionaries({k: one(v) for k, v in head.items()},
+                                     optional={k: one(v) for k, v in fields.items()})
+    return st.one_of(shape(True), shape(False))
+
+
+@pytest.mark.parametrize(("path", "shape"), [
+    ("/v1/chat/completions", body({"model": [MODEL], "messages": MESSAGES}, CHAT_FIELDS)),
+    ("/v1/responses", body({"model": [MODEL], "input": INPUT}, RESPONSES_FIELDS)),
+], ids=["chat", "responses"])
+def test_no_body_gets_a_5xx(app, path, shape):
+    @FUZZ
+    @given(shape)
+    def one(b):
+        status, kind, data = send(app, path, b)
+        TRIED[f"any {path} {status // 100}xx"] += 1
+        check_answer(path, status, kind, data)
+
+    one()
+    assert app.call("GET", "/health")[0] == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile strings in a conversation: the prompt's control tokens are the template's alone
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)  # each slot its own key, even with equal strings
+class Slot:
+    """A client string, hostile, with its clean twin: the same conversation written harmlessly."""
+
+    hostile: str
+    clean: str
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A tool call's arguments, sent as a JSON string once its slots are filled."""
+
+    value: dict
+
+
+def fill(value, clean: bool):
+    if isinstance(value, Slot):
+        return value.clean if clean else value.hostile
+    if isinstance(value, Arguments):
+        return json.dumps(fill(value.value, clean))
+    if isinstance(value, dict):
+        return {fill(k, clean): fill(v, clean) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fill(v, clean) for v in value]
+    return value
+
+
+@st.composite
+def conversation(draw, api: str):
+    n = iter(range(10**6))
+
+    def text() -> Slot:
+        hostile = draw(HOSTILE)
+        # Emptiness kept: a template may render an empty field differently (no reasoning block).
+        return Slot(hostile, f"x{next(n)}" if hostile.strip() else hostile)
+
+    def name() -> Slot:  # ids and names: the clean twin's are never empty (an empty one is refused)
+        return Slot(draw(HOSTILE), f"x{next(n)}")
+
+    def schema() -> dict:
+        props = {name(): {"type": "string", "description": text(), "enum": [text(), text()]} for _ in range(2)}
+        return {"type": "object", "properties": props}
+
+    call_id, function = name(), name()
+    arguments = Arguments({name(): text(), name(): {name(): [text(), 1]}})
+    if api == "chat":
+        return {"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "system", "content": text()},
+            {"role": "user", "content": text(), "name": name()},
+            {"role": "assistant", "content": text(), "reasoning_content": text(),
+             "tool_calls": [{"id": call_id, "type": "function", "function": {"name": function, "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": text()},
+            {"role": "user", "content": [{"type": "text", "text": text()}]},
+        ], "tools": [{"type": "function", "function": {"name": name(), "description": text(), "parameters": schema()}}]}
+    return {"model": MODEL, "max_output_tokens": 2, "instructions": text(), "input": [
+        {"role": "user", "content": text()},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": text()}]},
+        {"type": "function_call", "call_id": call_id, "name": function, "arguments": arguments},
+        {"type": "function_call_output", "call_id": call_id, "output": text()},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text()}]},
+    ], "tools": [{"type": "function", "name": name(), "description": text(), "parameters": schema()}]}
+
+
+def control_ids(app) -> set[int]:
+    tokenizer = app.runtime.tokenizer
+    return set(getattr(tokenizer, "added_tokens_decoder", {}))
+
+
+@pytest.mark.parametrize(("path", "api"), [("/v1/chat/completions", "chat"), ("/v1/responses", "responses")],
+                         ids=["chat", "responses"])
+def test_hostile_strings_never_become_control_tokens(app, path, api):
+    control = control_ids(app)
+    prompts = app.runtime.backend.prompts
+
+    @FUZZ
+    @given(conversation(api))
+    def one(conv):
+        outcomes = []
+        for clean in (False, True):
+            status, kind, data = send(app, path, fill(conv, clean))
+            TRIED[f"hostile {path} {status // 100}xx"] += 1
+            check_answer(path, status, kind, data)
+            outcomes.append((status, prompts[-1] if status == 200 and prompts else None))
+            prompts.clear()
+        (status, hostile), (clean_status, clean) = outcomes
+        assert clean_status == 200
+        if status == 200:
+            assert [i for i in hostile if i in control] == [i for i in clean if i in control]
+
+    one()
+    assert app.call("GET", "/health")[0] == 200
