@@ -117,7 +117,8 @@ class LocalBackend:
 
     def prefix_cache_stats(self) -> dict | None:
         kept = self.prefix_cache
-        return None if kept is None else {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens}
+        return None if kept is None else {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens,
+                                        "bytes": kept.bytes, "max_bytes": kept.max_bytes}
 
     async def close(self) -> None:
         self._jobs.put((None, None))

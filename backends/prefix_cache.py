@@ -7,8 +7,10 @@ later prompt that starts with those ids prefills only the rest, and one that equ
 
 Only a whole kept prompt is reused, never a shorter common prefix: the state of linear-attention
 layers (Qwen3.5's Gated DeltaNet) and of sliding-window layers (Gemma 4) cannot be cut back to an
-earlier position. Bounded by the tokens kept, least recently used out first. Used from the decode
-thread only.
+earlier position. Bounded by the tokens kept and by bytes, least recently used out first: each entry
+also holds what does not grow with its prompt (the last logits, a vocabulary's worth of floats;
+linear-attention state), so short prompts once filled gigabytes within the token bound. Used from
+the decode thread only.
 """
 
 from __future__ import annotations
@@ -19,17 +21,40 @@ from typing import NamedTuple
 
 import torch
 
+MAX_BYTES = 2 * 1024**3
+
 
 class Kept(NamedTuple):
     cache: object  # the model's cache object after the prompt
     logits: torch.Tensor  # the prompt's last position
+    nbytes: int  # the tensors both hold
+
+
+def tensor_bytes(obj: object) -> int:
+    """The bytes of every tensor reachable from a cache object (its layers, lists and attributes)."""
+    total, seen, stack = 0, set(), [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            total += item.nbytes
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif hasattr(item, "__dict__"):
+            stack.extend(vars(item).values())
+    return total
 
 
 class PrefixCache:
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, max_bytes: int = MAX_BYTES) -> None:
+        self.max_tokens, self.max_bytes = max_tokens, max_bytes
         self._kept: OrderedDict[tuple[int, ...], Kept] = OrderedDict()
         self._tokens = 0
+        self._bytes = 0
 
     def take(self, prompt_ids: list[int]) -> tuple[int, Kept | None]:
         """The longest kept prompt that starts `prompt_ids`, removed (the caller's decoding will change
@@ -41,8 +66,10 @@ class PrefixCache:
                 best = ids
         if best is None:
             return 0, None
+        kept = self._kept.pop(best)
         self._tokens -= len(best)
-        return len(best), self._kept.pop(best)
+        self._bytes -= kept.nbytes
+        return len(best), kept
 
     def keep(self, prompt_ids: list[int], cache: object, logits: torch.Tensor) -> bool:
         """Keeps a copy of the state after `prompt_ids`, before decoding changes it; False when the
@@ -50,19 +77,28 @@ class PrefixCache:
         if len(prompt_ids) > self.max_tokens:
             return False
         key = tuple(prompt_ids)
+        nbytes = tensor_bytes(cache) + logits.nbytes
+        if nbytes > self.max_bytes:
+            return False
         if key in self._kept:
             self._tokens -= len(key)
-            del self._kept[key]
-        while self._kept and self._tokens + len(key) > self.max_tokens:
-            oldest, _ = self._kept.popitem(last=False)
+            self._bytes -= self._kept.pop(key).nbytes
+        while self._kept and (self._tokens + len(key) > self.max_tokens or self._bytes + nbytes > self.max_bytes):
+            oldest, gone = self._kept.popitem(last=False)
             self._tokens -= len(oldest)
-        self._kept[key] = Kept(copy.deepcopy(cache), logits.clone())
+            self._bytes -= gone.nbytes
+        self._kept[key] = Kept(copy.deepcopy(cache), logits.clone(), nbytes)
         self._tokens += len(key)
+        self._bytes += nbytes
         return True
 
     @property
     def tokens(self) -> int:
         return self._tokens
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._kept)

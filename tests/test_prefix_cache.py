@@ -58,6 +58,22 @@ def test_the_token_budget_evicts_the_least_recently_kept_and_skips_what_cannot_f
     assert (len(kept), kept.tokens) == (2, 5)
 
 
+
+def test_the_byte_budget_counts_what_does_not_grow_with_the_prompt():
+    # Each entry's last logits (a vocabulary of floats) and fixed state: short prompts once filled
+    # gigabytes within the token budget (bench/soak.py on the tiny Qwen3.5: ~1.8 MB a prompt).
+    class State:
+        def __init__(self) -> None:
+            self.layers = [{"conv": torch.zeros(256)}, (torch.zeros(128),)]  # 1,536 bytes
+
+    kept = PrefixCache(max_tokens=1000, max_bytes=3 * (1536 + 1024))
+    for i in range(5):
+        assert kept.keep([i], State(), torch.zeros(256))
+    assert (len(kept), kept.bytes) == (3, 3 * 2560)
+    assert kept.take([0]) == (0, None) and kept.take([4])[0] == 1
+    assert kept.bytes == 2 * 2560
+    assert not kept.keep([9], State(), torch.zeros(10_000))  # alone past the budget: not kept
+
 # -- the real models: a continued prompt decodes exactly as a fresh one --
 
 NEW_TOKENS = 16

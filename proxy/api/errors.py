@@ -87,6 +87,10 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         kind = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else None
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else f"{exc.reason}: {request.method} {request.path}"
         return APIError(exc.status, message, code=kind).response()
+    except ConnectionResetError:
+        # The client left mid-answer (traced as 499): nothing to log. This response is never sent;
+        # aiohttp finds the connection gone and lets it be, where a raise would log a traceback.
+        return web.Response(status=499)
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
         log.exception("unhandled error on %s %s", request.method, request.path)
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error").response()
