@@ -63,6 +63,9 @@ class DecodeRequest:
     # The prompt length whose state a prefix cache should keep: what the conversation's next request
     # will start with (None: the whole prompt).
     keep_at: int | None = None
+    # The processor's tensors for the prompt's media (pixel values, grids, token types), which the
+    # model reads in prefill beside the ids; None for a prompt of text alone.
+    media: dict | None = None
 
 
 class Backend(Protocol):

@@ -31,20 +31,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_model(checkpoint: Checkpoint, *, dtype: str = "auto", device: str = "auto"):
-    from transformers import AutoModelForCausalLM
+def load_model(checkpoint: Checkpoint, *, dtype: str = "auto", device: str = "auto", media: bool = False):
+    """`media`: the model must see images, so its vision tower is loaded too (the causal-LM class of
+    some families, Qwen3.5's, is the language model alone)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
     folder = fetch(checkpoint)
     log.info("loading weights from %s (%s, %s)", folder, torch_dtype, target)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **checkpoint.load_kwargs())
+    auto = AutoModelForImageTextToText if media else AutoModelForCausalLM
+    model = auto.from_pretrained(folder, dtype=torch_dtype, **checkpoint.load_kwargs())
     return model.to(target).eval()
 
 
-def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_len: int) -> LocalBackend:
+def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_len: int, *,
+               media: bool = False) -> LocalBackend:
     graph_length = 0 if settings.enforce_eager else max_model_len
     # Loaded by the backend on its decode thread, the one thread that will ever run it.
-    return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device), vocab,
+    return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device, media=media), vocab,
                         max_queue=settings.max_queue, graph_max_length=graph_length,
                         prefix_cache_tokens=settings.prefix_cache_tokens)

@@ -27,10 +27,17 @@ from .sampling import Penalties, generator_for, next_token
 log = logging.getLogger("looptrace")
 
 
-def prefill(model, prompt: torch.Tensor, cache=None):
-    """Run the prompt (or, after `cache`, the rest of it) once; keep only the last position's logits."""
-    out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+def prefill(model, prompt: torch.Tensor, cache=None, media: dict | None = None):
+    """Run the prompt (or, after `cache`, the rest of it) once; keep only the last position's logits.
+    `media`: the processor's tensors for the prompt's images, read with it."""
+    out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1, **(media or {}))
     return out.logits[0, -1].float(), out.cache
+
+
+def on_device(media: dict, model) -> dict:
+    """The processor's tensors where the model is; floating ones (pixels) in its dtype."""
+    return {k: v.to(model.device, dtype=model.dtype if v.is_floating_point() else v.dtype) if torch.is_tensor(v) else v
+            for k, v in media.items()}
 
 
 def decode_one_token(model, token: int, cache) -> torch.Tensor:
@@ -155,8 +162,16 @@ class LocalBackend:
         reset_model_state(model)
 
         started = time.perf_counter()
-        graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) if self.graphs else None
-        if graphed is not None:
+        graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) \
+            if self.graphs and request.media is None else None
+        if request.media is not None:
+            # In one piece, past the prefix cache: its entries are keyed by ids, which say nothing of
+            # which image filled the image tokens.
+            cached = written = 0
+            logits, cache = prefill(model, torch.tensor([request.prompt_ids], device=self.device), None,
+                                    on_device(request.media, model))
+            step = partial(decode_one_token, model, cache=cache)
+        elif graphed is not None:
             cached = written = 0
             logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
             step = graphed.decode_one_token

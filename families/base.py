@@ -23,6 +23,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .media import has_media
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
 
@@ -72,6 +73,9 @@ class Rendered:
     # How many of `ids` the conversation's next request will start with, the template replaying this
     # turn: all of them, unless the generation prompt ends with something history leaves out.
     history_length: int = 0
+    # The processor's tensors for the media in the prompt (pixel values, grids, token types), for
+    # the model's prefill; None for a prompt of text alone.
+    media: dict | None = None
 
 
 class Family:
@@ -88,6 +92,7 @@ class Family:
     grammar_tokens: tuple[str, ...] = ()  # special tokens the parser needs to see as text
     card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
     media_tokens: dict[str, str] = {}  # placeholder token → "image" | "video" | "audio", counted in traces
+    processor_class: str = ""  # transformers' multimodal processor for the family, when it takes media
     # What a generation prompt may end with that the template leaves out when it replays the turn
     # (Gemma 4's empty thought channel with thinking off): the local prefix cache keeps the state before it.
     transient_prompt_tail: str = ""
@@ -98,8 +103,11 @@ class Family:
     stop_token_ids: frozenset[int]
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
 
-    def __init__(self, tokenizer: Any, generation_config: dict | None = None) -> None:
+    def __init__(self, tokenizer: Any, generation_config: dict | None = None, processor: Any = None) -> None:
+        """`processor`: the checkpoint's processor for images (families/processor.py), or None."""
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.media_kinds = frozenset({"image"}) if processor is not None else frozenset()
         self.generation_config = generation_config or {}
         tok = getattr(tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
         tok = tok if hasattr(tok, "convert_tokens_to_ids") else tokenizer
@@ -130,10 +138,13 @@ class Family:
             messages, merged = merge_system_messages(messages)
         if self._control is not None:  # keys too (sanitize.py); transformers marks the values
             messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
+        with_media = self.processor is not None and has_media(messages)
+        if with_media:  # the processor writes each item's tokens where the template puts it
+            extra["return_tensors"] = "pt"
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.
-            encoded = self.tokenizer.apply_chat_template(
+            encoded = (self.processor if with_media else self.tokenizer).apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
                 return_dict=True, sanitize_control_tokens=True, **extra)
         except TemplateError as exc:
@@ -143,11 +154,15 @@ class Family:
         except RecursionError as exc:  # the API bounds nesting; a template may recurse deeper still
             raise RenderError("the conversation is nested too deeply for the chat template") from exc
         ids = encoded["input_ids"]
-        ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
+        if with_media:
+            ids = ids[0].tolist()
+        else:
+            ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
         # Decoded from the ids, so the stored prompt is exactly what the model read.
         text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        media = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")} if with_media else None
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
-                        history_length=len(ids) - self._transient_tail_length(text, ids))
+                        history_length=len(ids) - self._transient_tail_length(text, ids), media=media)
 
     def tokens_beyond(self, messages: list[dict], limit: int) -> int:
         """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0."""

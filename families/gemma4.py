@@ -159,6 +159,7 @@ class Gemma4(Family):
     grammar_tokens = ("<|channel>", "<channel|>", _OPEN, _CLOSE, QUOTE)
     # The model card's recommendations, used when the checkpoint has no generation_config.
     media_tokens = {"<|image|>": "image", "<|video|>": "video", "<|audio|>": "audio"}
+    processor_class = "Gemma4Processor"
     transient_prompt_tail = "<|channel>thought\n<channel|>"
     card_sampling = {
         True: {"temperature": 1.0, "top_p": 0.95, "top_k": 64},

@@ -230,6 +230,7 @@ class Qwen3_5(Family):
     grammar_tokens = ("<think>", "</think>", "<tool_call>", "</tool_call>")
     # The model card's recommendations (Qwen3.5 ships no generation_config.json).
     media_tokens = {"<|image_pad|>": "image", "<|video_pad|>": "video", "<|audio_pad|>": "audio"}
+    processor_class = "Qwen3VLProcessor"  # what Qwen3.5 checkpoints name
     card_sampling = {
         True: {"temperature": 1.0, "top_p": 0.95, "top_k": 20},
         False: {"temperature": 0.7, "top_p": 0.8, "top_k": 20},

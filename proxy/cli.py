@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-tokens", type=int, default=65536, metavar="N",
                        help="local backend: keep the model's state after recent prompts, up to N tokens in all, so a "
                        "conversation's next turn prefills only what is new (0: off; default 65536)")
+    serve.add_argument("--media-max-mb", type=float, default=20, metavar="MB",
+                       help="the largest attached item, as sent (default 20)")
+    serve.add_argument("--media-max-pixels", type=int, default=33_554_432, metavar="N",
+                       help="the most pixels an attached image may have (default 33,554,432: 8K)")
+    serve.add_argument("--media-max-items", type=int, default=16, metavar="N",
+                       help="the most items one request may attach (default 16)")
     serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
                        help="local: decode here with transformers; replay: serve recorded output (--replay); "
                        "vllm: forward token ids to a vLLM server (--vllm-url)")
@@ -66,6 +72,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
         max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue,
         prefix_cache_tokens=args.prefix_cache_tokens, backend=args.backend, replay=args.replay,
+        media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,

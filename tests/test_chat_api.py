@@ -241,15 +241,22 @@ def test_unknown_route_and_method_answer_in_shape(server):
     assert status == 405 and error["error"]["code"] == "method_not_allowed"
 
 
-def test_an_attached_image_becomes_a_note_the_model_reads(server):
-    # An agent that attaches a screenshot must not have its session end on a 400: the model reads a
-    # note in the image's place, and the trace shows exactly that prompt.
-    parts = [{"type": "text", "text": "What is in this picture?"},
-             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+def test_an_attached_image_for_a_text_only_model_is_a_400_and_a_tool_s_image_a_note(server):
+    # This checkpoint ships no image preprocessing: an image in a message is refused saying what the
+    # model takes (tests/test_media.py serves one that does); an image in a tool's output, which the
+    # template renders as text, is a note the model reads in its place.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    status, error = chat(server, messages=[{"role": "user", "content": [{"type": "text", "text": "What?"}, image]}],
+                         max_tokens=2)
+    assert status == 400 and error["error"]["code"] == "media_unsupported", error
+    assert error["error"]["param"] == "messages[0].content[1].image_url.url" and "text only" in error["error"]["message"]
     before = server.newest_trace_id()
-    status, body = chat(server, messages=[{"role": "user", "content": parts}], max_tokens=2, temperature=0)
+    status, body = chat(server, max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": "Look at it."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "The screenshot:"}, image]}])
     assert status == 200, body
-    trace = server.trace_after(before)
-    render = next(s for s in trace["spans"] if s["name"] == "render")
-    assert "What is in this picture?\n[an image or file was attached here; this server reads text only]" \
+    render = next(s for s in server.trace_after(before)["spans"] if s["name"] == "render")
+    assert "The screenshot:\n[an image or file was attached here; this server reads text only]" \
         in render["attributes"]["looptrace.prompt.text"]

@@ -328,3 +328,40 @@ def test_a_trace_that_lost_spans_is_shown_as_incomplete(local, page):
     p.goto(server.url + f"/traces/{orphan}")
     p.locator("#detail .error").wait_for()
     assert "This trace is incomplete: 2 of its spans never reached the store" in p.inner_text("#detail")
+
+
+def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir, tmp_path, page):
+    # The image itself stays out of the trace; its thumbnail (the server's own small JPEG), size and
+    # tokens are shown above the exact prompt, and the message that carried it names it.
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tiny_media import with_images
+
+    replay = tmp_path / "steps.jsonl"
+    replay.write_text(json.dumps({"text": "A red square.<|im_end|>"}) + "\n")
+    server = serve(str(with_images(qwen3_5_dir, "qwen3_5")), "--backend", "replay", "--replay", str(replay),
+                   "--served-model-name", MODEL, api_key=KEY)
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 48), (220, 30, 30)).save(picture, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+    status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    assert status == 200, answer
+    session = until(lambda: next(iter(stored(server, "/v1/sessions")["data"]), None))
+    p = page.page
+    p.goto(server.url + f"/sessions/{session['key']}")
+    enter_key(p)
+    step = p.locator("li.step").first
+    step.wait_for()
+    assert "[image image/png]" in step.inner_text()
+    step.get_by_role("button", name="Exact prompt").click()
+    p.locator(".media-strip img").wait_for()
+    assert p.evaluate("document.querySelector('.media-strip img').naturalWidth") > 0
+    caption = p.locator(".media-strip figcaption").inner_text()
+    assert caption.startswith("image · 64×48 · PNG") and "tokens from token" in caption, caption
+    p.screenshot(path=str(tmp_path / "media.png"))
+    if os.environ.get("LOOPTRACE_SCREENSHOTS"):
+        p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "media.png"))

@@ -10,8 +10,10 @@ from ..engine.generation import GenerationRequest
 from .errors import invalid
 from .parsing import (
     MEDIA_PARTS,
+    joined,
     call_arguments,
     media_note,
+    media_part,
     parse_tool_choice,
     seed,
     temperature_and_top_p,
@@ -112,7 +114,7 @@ def _message(message: object, i: int) -> dict:
     return out
 
 
-def _content(message: dict, where: str, role: str) -> str | None:
+def _content(message: dict, where: str, role: str) -> str | list | None:
     content = message.get("content")
     if content is None:
         if role in ("assistant", "tool"):
@@ -124,20 +126,19 @@ def _content(message: dict, where: str, role: str) -> str | None:
     if not isinstance(content, list):
         raise invalid(f"Invalid type for '{where}.content': expected a string or an array of content parts.",
                       param=f"{where}.content", code="invalid_type")
-    texts = []
+    parts: list = []
     for j, part in enumerate(content):
         param = f"{where}.content[{j}]"
         if not isinstance(part, dict):
             raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
         kind = part.get("type")
         if kind in ("text", "input_text", "output_text"):
-            texts.append(field(part, "text", str, f"{param}.text", required=True))
+            parts.append(field(part, "text", str, f"{param}.text", required=True))
         elif kind in MEDIA_PARTS:
-            texts.append(media_note())
+            parts.append(media_part(part, param) if role == "user" else media_note())
         else:
             raise invalid(f"Invalid value for '{param}.type': {kind!r}.", param=f"{param}.type")
-    # Joined into one string, as vLLM does: not every template can take a list of parts.
-    return "\n".join(texts)
+    return joined(parts)
 
 
 def _history_call(call: object, where: str) -> dict:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 
+from looptrace.families.media import MediaPart
+
 from .errors import invalid
 from .validation import embedded_json, field, in_range
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
 
-# Media parts become a note the model reads in their place: an agent that attaches a screenshot (pi's
-# `read` of an image, codex's `view_image`) goes on, and the model can say what it could not see.
 MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file")
+# Media inside a tool's output still becomes this note (the templates render a tool's output as
+# text); in a message, media goes to the model (media_part).
 MEDIA_NOTE = "[an image or file was attached here; this server reads text only]"
 
 
@@ -27,6 +29,58 @@ def warn_once(key: str, message: str, *args) -> None:
 def media_note() -> str:
     warn_once("media", "media in a request were replaced by a note: this server reads text only")
     return MEDIA_NOTE
+
+
+def media_part(part: dict, param: str) -> dict:
+    """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
+    (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
+    rendering thread (families/media.py)."""
+    kind = part.get("type")
+    if kind == "input_audio":
+        raise invalid(f"Audio input ('{param}') is not supported by this server yet.", param=param,
+                      code="media_unsupported")
+    if kind == "image_url":  # Chat Completions: {"url": ...} (or the URL alone)
+        image = part.get("image_url")
+        url, where = (image.get("url"), f"{param}.image_url.url") if isinstance(image, dict) else (image, f"{param}.image_url")
+    elif kind == "input_image":  # Responses
+        if part.get("file_id") is not None:
+            raise invalid(f"'{param}.file_id': this server has no files API; send the image as a data URL in "
+                          "'image_url'.", param=f"{param}.file_id", code="media_unsupported")
+        url, where = part.get("image_url"), f"{param}.image_url"
+    else:  # a file part: Chat's {"file": {"file_data"}} or Responses' {"file_data"}
+        holder = part.get("file") if kind == "file" and isinstance(part.get("file"), dict) else part
+        if holder.get("file_data") is None:
+            raise invalid(f"'{param}': only a file sent inline as 'file_data' can be read here (there is no files "
+                          "API, and URLs are not fetched).", param=param, code="media_unsupported")
+        url, where = holder.get("file_data"), f"{param}.file_data"
+    if not isinstance(url, str):
+        raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
+    mime, encoded = _data_url(url, where)
+    if not mime.startswith("image/"):
+        raise invalid(f"'{where}' is {mime or 'of no declared type'}; only images are taken as attachments here.",
+                      param=where, code="media_unsupported")
+    return {"type": "image", "media": MediaPart("image", encoded, where, mime)}
+
+
+def joined(parts: list) -> str | list[dict]:
+    """Texts and media parts in order → one string when all are text, joined as vLLM joins them
+    (not every template takes a list of parts); else the parts in Hugging Face's format."""
+    if all(isinstance(p, str) for p in parts):
+        return "\n".join(parts)
+    return [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
+
+
+def _data_url(url: str, where: str) -> tuple[str, str]:
+    """(MIME type, base64 text) of a `data:` URL; anything else is refused, never fetched."""
+    if not url.startswith("data:"):
+        scheme = url.split(":", 1)[0][:16] if ":" in url else "none"
+        raise invalid(f"'{where}': only data URLs (data:image/png;base64,...) are read; this server fetches no "
+                      f"URLs (scheme {scheme!r}).", param=where, code="media_unsupported")
+    header, sep, encoded = url[5:].partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise invalid(f"'{where}': a data URL must be base64 (data:MIME;base64,...).", param=where,
+                      code="invalid_media")
+    return header[: -len(";base64")].split(";", 1)[0].strip().lower(), encoded
 
 
 def temperature_and_top_p(body: dict) -> tuple[float | None, float | None]:

@@ -12,12 +12,23 @@ from __future__ import annotations
 from difflib import SequenceMatcher
 
 from looptrace.backends.detokenize import Vocabulary
+from looptrace.backends.jsontext import loads
 
 DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
 
 
 def _render(trace: dict) -> dict:
     return next((s["attributes"] for s in trace["spans"] if s["name"] == "render"), {})
+
+
+def _media(render: dict) -> list[dict]:
+    """The attached items the render span describes (kind, size, digest, tokens, thumbnail)."""
+    media = render.get("looptrace.prompt.media")
+    try:
+        items = loads(media) if isinstance(media, str) else []
+    except ValueError:
+        return []
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
 def generated_ids(trace: dict) -> list[int]:
@@ -100,7 +111,8 @@ def prompt_view(trace: dict, previous: dict | None, vocab: Vocabulary | None) ->
                   "new_offset": render.get("looptrace.prompt.new_offset", 0),
                   "thinking": render.get("looptrace.prompt.thinking"),
                   "count": render.get("looptrace.prompt.tokens"),
-                  "not_kept": render.get("looptrace.prompt.not_kept")}
+                  "not_kept": render.get("looptrace.prompt.not_kept"),
+                  "media": _media(render)}
     if ids is None:
         return view  # recorded without content
     view["count"] = len(ids)

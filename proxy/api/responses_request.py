@@ -20,7 +20,9 @@ from .errors import invalid
 from .parsing import (
     MEDIA_PARTS,
     call_arguments,
+    joined,
     media_note,
+    media_part,
     parse_tool_choice,
     temperature_and_top_p,
     warn_once,
@@ -264,7 +266,9 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
             if role not in MESSAGE_ROLES:
                 raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of "
                               f"{', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
-            text = content_text(item.get("content"), f"{where}.content")
+            # Images go to the model from a user's message; elsewhere (a system prompt, the assistant's
+            # own words) they are noted as text.
+            text = content_text(item.get("content"), f"{where}.content", media=role == "user")
             if role in ("system", "developer"):
                 if leading:
                     system.append(text)
@@ -319,8 +323,9 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
     return messages
 
 
-def content_text(content: object, param: str) -> str:
-    """A message's content, or a tool output: a string, or parts joined as the Chat adapter joins them."""
+def content_text(content: object, param: str, media: bool = False) -> str | list[dict]:
+    """A message's content, or a tool output: a string, or parts joined as the Chat adapter joins them.
+    With `media`, images are kept as parts; otherwise (a tool's output) each becomes a note."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -339,10 +344,10 @@ def content_text(content: object, param: str) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in MEDIA_PARTS:
-            texts.append(media_note())
+            texts.append(media_part(part, f"{param}[{j}]") if media else media_note())
         else:
             raise invalid(f"Invalid value for '{param}[{j}].type': {kind!r}.", param=f"{param}[{j}].type")
-    return "\n".join(texts)
+    return joined(texts)
 
 
 def reasoning_text(item: dict) -> str:

@@ -15,6 +15,7 @@ from typing import AsyncIterator, NamedTuple
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
 from looptrace.families.base import THOUGHT, Rendered
+from looptrace.families.media import MediaError, MediaPart, decode_image, media_parts, thumbnail, with_decoded
 
 from .errors import Refused
 from .runtime import Runtime
@@ -97,6 +98,7 @@ class Generation:
         self.reasoning: list[str] = []  # the answer as the client received it, for traces
         self.text: list[str] = []
         self.finish_reason: str | None = None
+        self.media_parts: list[MediaPart] = []  # the attached items, decoded (their info filled)
         self._decode: DecodeRequest | None = None
 
     # -- before any byte goes to the client: everything that can refuse the request --
@@ -121,8 +123,9 @@ class Generation:
             if at_least:  # refused before the whole of it is tokenized (families/prompt_length.py)
                 raise Refused(_too_long(runtime.max_model_len, f"at least {at_least}"), param="messages",
                               code="context_length_exceeded")
+            messages = self._decoded_media(request.messages)
             try:
-                rendered = family.render(request.messages, tools, request.enable_thinking)
+                rendered = family.render(messages, tools, request.enable_thinking)
             except ValueError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
                               code="template_error") from exc
@@ -158,6 +161,36 @@ class Generation:
             frequency_penalty=request.frequency_penalty,
         )
 
+    def _decoded_media(self, messages: list[dict]) -> list[dict]:
+        """The conversation with its attached items decoded (on this thread, off the event loop), or
+        a 400 naming the part: one this model or backend cannot take, past a limit, or undecodable."""
+        parts = media_parts(messages)
+        if not parts:
+            return messages
+        runtime = self.runtime
+        limits = runtime.media_limits
+        if len(parts) > limits.max_items:
+            raise Refused(f"This request attaches {len(parts)} items; the limit is {limits.max_items} "
+                          "(--media-max-items).", param=parts[limits.max_items].param, code="media_too_large")
+        accepted = runtime.family.media_kinds
+        for part in parts:
+            if part.kind not in accepted:
+                takes = ", ".join(sorted(accepted)) + " and text" if accepted else "text only"
+                raise Refused(f"This model ({runtime.model_name}) takes {takes}: the {part.kind} at {part.param} "
+                              "cannot be read.", param=part.param, code="media_unsupported")
+        if runtime.backend.name == "vllm":
+            raise Refused("Media through --backend vllm is not supported yet: serve the model with the local backend "
+                          "to send it images.", param=parts[0].param, code="media_unsupported")
+        decoded = {}
+        for part in parts:
+            try:
+                image = decoded[id(part)] = decode_image(part, limits)
+            except MediaError as exc:
+                raise Refused(str(exc), param=exc.param, code=exc.code) from exc
+            part.info["thumbnail"] = thumbnail(image)  # a few kB, for the trace (when it keeps content)
+        self.media_parts = parts
+        return with_decoded(messages, decoded)
+
     # -- the run --
 
     async def run(self) -> AsyncIterator[Step]:
@@ -167,7 +200,7 @@ class Generation:
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
-                                     keep_at=self.rendered.history_length)
+                                     keep_at=self.rendered.history_length, media=self.rendered.media)
         observer.submitted(self, self._decode)
 
         if self.forced_text:

@@ -17,6 +17,8 @@ from looptrace.backends.replay import ReplayBackend, read_steps
 from looptrace.backends.vllm import Upstream, VLLMBackend
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
+from looptrace.families.media import MediaLimits
+from looptrace.families.processor import load_image_processor
 from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings
@@ -39,6 +41,12 @@ class Runtime:
         self.upstream: Upstream | None = None  # the vLLM server, with --backend vllm; the runtime owns it
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
+
+    @property
+    def media_limits(self) -> MediaLimits:
+        s = self.settings
+        return MediaLimits(max_bytes=int(s.media_max_mb * 1024**2), max_pixels=s.media_max_pixels,
+                           max_items=s.media_max_items)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._load())
@@ -87,7 +95,12 @@ class Runtime:
         # Replay needs the tokenizer and template only; local decoding needs the weights too.
         folder = ckpt.fetch(checkpoint, weights=settings.backend == "local")
         tokenizer = AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
-        self.family = family_cls(tokenizer, _generation_config(folder, checkpoint))
+        processor = None
+        if family_cls.processor_class and not checkpoint.gguf_file:
+            processor = load_image_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
+        self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor)
+        if processor is not None:
+            log.info("%s: takes images (%s)", source, type(processor.image_processor).__name__)
         self.tokenizer = tokenizer
         self.vocab = Vocabulary(tokenizer)
         if not self.settings.max_model_len:
@@ -106,7 +119,7 @@ class Runtime:
         # torch and the model classes are imported only when this process decodes.
         from looptrace.backends.loading import load_local
 
-        return load_local(checkpoint, self.vocab, settings, self.max_model_len)
+        return load_local(checkpoint, self.vocab, settings, self.max_model_len, media=bool(self.family.media_kinds))
 
     def _replay_steps(self) -> list[dict]:
         """A JSON Lines file of steps, or traces from the store (trace_store's `replay_steps`)."""

@@ -30,7 +30,25 @@ def _arguments(value: object) -> object:
 
 
 def _text(content: object) -> str:
+    if isinstance(content, list):  # parts: their text; an attached item is a part of its own (_parts)
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return content if isinstance(content, str) else "" if content is None else dumps(content)
+
+
+def _parts(content: object) -> list[dict]:
+    """A message's content as the conventions' parts: text, and each attached item as a `uri` part
+    naming it by its digest (its bytes stay out of the span; the render span describes it)."""
+    if not isinstance(content, list):
+        return [{"type": "text", "content": _text(content)}] if content else []
+    parts = []
+    for p in content:
+        media = p.get("media") if isinstance(p, dict) else None
+        if media is not None and hasattr(media, "info"):
+            parts.append({"type": "uri", "modality": media.kind, "mime_type": media.mime or None,
+                          "uri": "sha256:" + media.info.get("sha256", "")})
+        elif isinstance(p, dict) and isinstance(p.get("text"), str):
+            parts.append({"type": "text", "content": p["text"]})
+    return parts
 
 
 def message(source: dict) -> dict:
@@ -44,7 +62,7 @@ def message(source: dict) -> dict:
         if source.get("reasoning_content"):
             parts.append({"type": "reasoning", "content": source["reasoning_content"]})
         if source.get("content"):
-            parts.append({"type": "text", "content": _text(source["content"])})
+            parts.extend(_parts(source["content"]))
         for call in source.get("tool_calls") or ():
             function = call.get("function", {})
             parts.append({"type": "tool_call", "id": call.get("id"), "name": function.get("name", ""),

@@ -45,6 +45,10 @@ class Metrics:
         self.spec_accepted_tokens = Counter("looptrace_spec_decode_accepted_tokens",
                                             "Draft tokens the target model accepted.", ["model"], registry=r)
         self.spec_drafts = Counter("looptrace_spec_decode_drafts", "Draft proposals made.", ["model"], registry=r)
+        self.media_items = Counter("looptrace_media_items", "Attached items that reached the model, by kind "
+                                   "(image, audio, video).", ["model", "kind"], registry=r)
+        self.media_tokens = Counter("looptrace_media_tokens", "Prompt tokens that attached items became, by kind.",
+                                    ["model", "kind"], registry=r)
         self.tool_calls = Counter("looptrace_tool_calls", "Tool calls the model made, by outcome "
                                   "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
         self.running = Gauge("looptrace_requests_running", "Requests being decoded.", ["model"], registry=r)

@@ -14,6 +14,7 @@ token events in groups (trace_store/tokens.py).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import time
 from collections import Counter
@@ -126,6 +127,12 @@ class RequestTrace(Observer):
             attributes["looptrace.prompt.merged_system_messages"] = rendered.merged_system
         for kind, count in _media_counts(runtime, ids).items():
             attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
+        if generation.media_parts:
+            items = _media_items(runtime, ids, generation.media_parts, content)
+            attributes["looptrace.prompt.media"] = dumps(items)
+            for item in items:
+                self.metrics.media_items.labels(self._label, item["kind"]).inc()
+                self.metrics.media_tokens.labels(self._label, item["kind"]).inc(item["tokens"])
         if generation.forced_ids:  # the answer's forced opening, at the end of the prompt ids
             attributes["looptrace.prompt.forced_tokens"] = len(generation.forced_ids)
             attributes["looptrace.prompt.forced_prefix"] = generation.forced_text if content else ""
@@ -408,6 +415,29 @@ def _template_hash(tokenizer) -> str:
     if isinstance(template, dict):
         template = "".join(template.get(k, "") for k in sorted(template))
     return hashlib.sha256(template.encode()).hexdigest()
+
+
+def _media_items(runtime, ids: list[int], parts: list, content: bool) -> list[dict]:
+    """Each attached item as the trace keeps it: what it was, and the run of media tokens it became
+    (the processor writes one run per item, in the items' order)."""
+    media = runtime.family.media_ids
+    runs: list[tuple[int, int]] = []
+    for i, token_id in enumerate(ids):
+        if token_id in media:
+            if runs and runs[-1][0] + runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+    items = []
+    for n, part in enumerate(parts):
+        info = dict(part.info)
+        thumbnail = info.pop("thumbnail", None)
+        offset, length = runs[n] if n < len(runs) else (None, 0)
+        item = {"kind": part.kind, "mime": part.mime, "param": part.param, **info, "tokens": length, "offset": offset}
+        if content and thumbnail:
+            item["thumbnail"] = "data:image/jpeg;base64," + base64.b64encode(thumbnail).decode()
+        items.append(item)
+    return items
 
 
 def _media_counts(runtime, ids: list[int]) -> dict[str, int]:

@@ -17,6 +17,7 @@ export async function promptView(traceId, previousId) {
     box.append(h("p", {class: "note"}, why));
     return box;
   }
+  if ((view.media || []).length) box.append(mediaStrip(view.media));
   const body = h("pre", {class: "prompt", tabindex: "0", "aria-label": "The exact prompt"});
   const controls = h("div", {class: "prompt-controls"});
   const summary = [`${view.count ?? "?"} tokens`];
@@ -69,4 +70,17 @@ export async function promptView(traceId, previousId) {
   controls.append(toggle("show-tokens", "token boundaries and ids", false));
   box.append(controls, body);
   return box;
+}
+
+// The attached items as the model got them: a thumbnail (the server's own small JPEG, when the
+// trace keeps content), what it was, and the prompt tokens it became.
+function mediaStrip(items) {
+  return h("div", {class: "media-strip"}, items.map((m) => {
+    const size = m.width ? `${m.width}×${m.height}` : "";
+    const caption = [m.kind, size, m.format || m.mime, m.bytes ? `${(m.bytes / 1024).toFixed(1)} kB` : "",
+      `${m.tokens} tokens` + (m.offset != null ? ` from token ${m.offset}` : "")].filter(Boolean).join(" · ");
+    const thumb = typeof m.thumbnail === "string" && m.thumbnail.startsWith("data:image/jpeg;base64,")
+      ? h("img", {src: m.thumbnail, alt: `attached ${m.kind}`}) : h("span", {class: "note"}, "(no thumbnail kept)");
+    return h("figure", {class: "media-item", title: m.sha256 ? `sha256 ${m.sha256}` : ""}, thumb, h("figcaption", {}, caption));
+  }));
 }

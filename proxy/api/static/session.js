@@ -193,7 +193,9 @@ export class SessionView {
           " the previous answer, as the client sent it back"), longText(text)));
       } else {
         const text = partsText(m.parts, "text");
-        const el = h("div", {class: `msg ${m.role}`}, h("span", {class: "role"}, m.role), longText(text));
+        const attached = (m.parts || []).filter((p) => p.type === "uri" || p.type === "blob");
+        const el = h("div", {class: `msg ${m.role}`}, h("span", {class: "role"}, m.role), longText(text),
+          attached.map((p) => h("span", {class: "attached", title: p.uri || ""}, `[${p.modality || "file"} ${p.mime_type || ""}]`)));
         if (m.role === "system" && text.length > 400) {
           box.append(h("details", {class: "msg system"}, h("summary", {}, h("span", {class: "role"}, "system"), ` ${count(text.length)} characters`), longText(text)));
         } else box.append(el);

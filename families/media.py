@@ -1,0 +1,129 @@
+"""Media a client attached, decoded for the checkpoint's processor: images with pillow.
+
+The API layer finds the parts and their bytes (`MediaPart`); decoding happens here, on the
+rendering thread, never on the event loop. Every limit has a flag (proxy/settings.py) and going past
+one is a `MediaError` naming the limit and the part, which the server answers with a 400, as it does
+a corrupt or undecodable item. pillow is an optional extra (`looptrace[media]`): without it, media
+is a 400 saying what to install, never a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+class MediaError(ValueError):
+    """A part that cannot be used: its message is for the client, `param` names the part."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_media") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    max_bytes: int = 20 * 1024**2  # per item, as sent (after base64)
+    max_pixels: int = 33_554_432  # per image: a 5K or 6K screenshot fits, a decompression bomb does not
+    max_items: int = 16  # per request
+
+
+@dataclass(slots=True)
+class MediaPart:
+    """One attached item as the client sent it: what it is, its base64 text, and where it was."""
+
+    kind: str  # "image"
+    encoded: str  # base64, as in the data URL
+    param: str  # e.g. messages[1].content[0].image_url.url
+    mime: str = ""  # as the data URL declared it
+    info: dict = field(default_factory=dict)  # filled once decoded: format, size, bytes, sha256
+
+
+def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
+    """The part as an RGB PIL image: EXIF orientation applied, palette and alpha flattened onto
+    white, an animated image's first frame (a screenshot or diagram is what agents send; a video
+    goes in as a video)."""
+    try:
+        from PIL import Image, ImageOps, UnidentifiedImageError
+    except ImportError as exc:
+        raise MediaError("This server cannot decode images: install looptrace[media] (pillow).", part.param,
+                         code="media_unsupported") from exc
+    if len(part.encoded) * 3 // 4 > limits.max_bytes + 3:
+        raise MediaError(f"The image at {part.param} is about {len(part.encoded) * 3 // 4:,} bytes; the limit is "
+                         f"{limits.max_bytes:,} (--media-max-mb).", part.param, code="media_too_large")
+    try:
+        data = base64.b64decode(part.encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaError(f"The image at {part.param} is not valid base64 ({exc}).", part.param) from exc
+    try:
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+        width, height = image.size  # from the header, before any pixel is decoded
+        if width * height > limits.max_pixels:
+            raise MediaError(f"The image at {part.param} is {width}×{height} pixels; the limit is "
+                             f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param, code="media_too_large")
+        fmt = image.format
+        image.seek(0)
+        image = ImageOps.exif_transpose(image)
+        image = _rgb(image)
+    except MediaError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
+                         part.param) from exc
+    part.info = {"format": fmt, "width": image.width, "height": image.height, "bytes": len(data),
+                 "sha256": hashlib.sha256(data).hexdigest()}
+    return image
+
+
+def _rgb(image):
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA") or (image.mode == "RGBa"):
+        background = Image.new("RGB", image.size, (255, 255, 255))
+        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def thumbnail(image, side: int = 128, quality: int = 70) -> bytes:
+    """A small JPEG of the image for the trace: a few kilobytes, enough to recognise it."""
+    copy = image.copy()
+    copy.thumbnail((side, side))
+    out = io.BytesIO()
+    copy.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def media_parts(messages: list[dict]) -> list[MediaPart]:
+    """The attached items of a conversation, in order (the API layer put them in as parts)."""
+    return [part["media"] for message in messages if isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict) and isinstance(part.get("media"), MediaPart)]
+
+
+def with_decoded(messages: list[dict], decoded: dict[int, Any]) -> list[dict]:
+    """The conversation with each item's part holding its decoded form (`decoded`: id(part) → it),
+    as the processor's chat template reads it: {"type": "image", "image": PIL image}."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and "media" in p for p in content):
+            content = [{"type": p["media"].kind, p["media"].kind: decoded[id(p["media"])]}
+                       if isinstance(p, dict) and isinstance(p.get("media"), MediaPart) else p for p in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def has_media(messages: list[dict]) -> bool:
+    return any(isinstance(p, dict) and p.get("type") in ("image", "video", "audio")
+               for m in messages if isinstance(m.get("content"), list) for p in m["content"])

@@ -1,0 +1,56 @@
+"""The checkpoint's own multimodal processor, built so that it runs without torchvision.
+
+`AutoProcessor` cannot build Gemma 4's or Qwen3.5's processor without torchvision: their video
+processors import it, and the processor refuses an empty video slot. The image processors have
+PIL backends (transformers' `image_processing_pil_*`), so the processor is built here from the
+checkpoint's image processor and tokenizer, with the video slot left empty: images work through
+the processor's own code (its token counts, its chat template handling), video is refused until it
+has a route of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("looptrace")
+
+
+class _ImagesOnly:
+    """Lets the processor's video and audio slots be None (the video slot's class check looks for
+    torchvision's base class)."""
+
+    def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
+        if name in ("video_processor", "feature_extractor") and arg is None:
+            return None
+        return super().check_argument_for_proper_class(name, arg)
+
+
+def load_image_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict) -> Any | None:
+    """The processor for images, or None when the checkpoint has no image preprocessing config (a
+    text-only checkpoint) or this transformers lacks the class."""
+    import transformers
+    from transformers import AutoImageProcessor
+
+    base = getattr(transformers, processor_class, None)
+    if base is None:
+        return None
+    try:
+        images = AutoImageProcessor.from_pretrained(folder, backend="pil", **load_kwargs)
+    except ImportError as exc:  # pillow missing: the server runs, text only, and says why
+        log.warning("%s: images are not read: install looptrace[media] (%s)", folder, exc)
+        return None
+    except (OSError, ValueError) as exc:  # no preprocessor_config.json / processor_config.json
+        log.debug("%s: no image processor (%s)", folder, exc)
+        return None
+    cls = type(processor_class, (_ImagesOnly, base), {})
+    kwargs: dict = {"image_processor": images, "tokenizer": tokenizer, "video_processor": None,
+                    "chat_template": tokenizer.chat_template}
+    if "feature_extractor" in base.__init__.__code__.co_varnames:
+        kwargs["feature_extractor"] = None
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError, AttributeError) as exc:
+        log.warning("%s: images are not supported: the processor could not be built (%s)", folder, exc)
+        return None

@@ -1,0 +1,239 @@
+"""Images reach the model (issue 14, its first part): both APIs, the local backend, the tiny Qwen3.5
+and Gemma 4 with their real processors' image settings (tests/tiny_media.py).
+
+An image request puts the processor's image tokens into the prompt and its pixels into prefill: the
+greedy answer equals `model.generate()` on the same processor inputs. Every bad item is a 400 that
+names the part; a model without image preprocessing says it takes text only. The render span
+describes each item.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+
+import pytest
+import torch
+from PIL import Image
+from tiny_media import with_images
+
+from looptrace.proxy.settings import Settings
+
+from app_thread import AppThread
+
+NEW_TOKENS = 6
+
+
+def png(width=64, height=48, color=(200, 30, 30), mode="RGB", fmt="PNG") -> bytes:
+    out = io.BytesIO()
+    image = Image.new(mode, (width, height), color)
+    for x in range(0, width, 8):  # not a flat colour: the pixels must matter
+        image.putpixel((x, x * height // width), (0, 0, 255) if mode == "RGB" else 0)
+    image.save(out, fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime="image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
+def served(request, tmp_path_factory):
+    folder = with_images(request.getfixturevalue(f"{request.param}_dir"), request.param)
+    app = AppThread(Settings(model=str(folder), served_model_name="m", media_max_items=3, media_max_pixels=1_000_000,
+                             trace_db=str(tmp_path_factory.mktemp("media") / "traces.sqlite3"))).start()
+    yield request.param, folder, app
+    app.stop()
+
+
+def chat_body(parts: list, **extra) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": parts}], "max_tokens": NEW_TOKENS,
+            "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}, **extra}
+
+
+def newest_id(app) -> str | None:
+    status, listing = app.call("GET", "/v1/traces?limit=1")
+    return listing["data"][0]["trace_id"] if status == 200 and listing["data"] else None
+
+
+def post(app, path: str, body: dict) -> tuple[int, dict, dict | None]:
+    """(status, answer, the request's stored trace when it reached the model)."""
+    before = newest_id(app)
+    status, answer = app.call("POST", path, body)
+    if status != 200:
+        return status, answer, None
+    deadline = time.monotonic() + 30
+    while (newest := newest_id(app)) in (None, before):
+        assert time.monotonic() < deadline, "the trace was not stored"
+        time.sleep(0.05)
+    return status, answer, app.stored(f"/v1/traces/{newest}")
+
+
+def expected_tokens(folder, image: Image.Image, text: str) -> tuple[list[int], float, int]:
+    """What transformers itself generates from the processor's inputs: the tokens, the first one's
+    logprob, and the image tokens the processor wrote."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from looptrace.families import family_for_config
+    from looptrace.families.processor import load_image_processor
+
+    family = family_for_config(json.loads((folder / "config.json").read_text()))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = load_image_processor(folder, family.processor_class, tokenizer, {})
+    inputs = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image", "image": image}]}],
+        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", enable_thinking=False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True)
+    prompt = inputs["input_ids"][0].tolist()
+    tokens = out.sequences[0, len(prompt):].tolist()
+    first = torch.log_softmax(out.scores[0][0].float(), -1)[tokens[0]].item()
+    image_ids = {i for t, i in ((t, tokenizer.convert_tokens_to_ids(t)) for t in family.media_tokens)
+                 if family.media_tokens[t] == "image"}
+    return tokens, first, sum(1 for i in prompt if i in image_ids)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_an_image_reaches_the_model_as_generate_reads_it(served, api):
+    _, folder, app = served
+    data = png()
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    expected, first_logprob, image_tokens = expected_tokens(folder, image, "What is this?")
+    assert image_tokens > 16 and len(set(expected)) > 1
+    # The pixels matter to the model: another image, another distribution (so equality below means
+    # the image reached prefill, not only its placeholder tokens).
+    _, other_logprob, _ = expected_tokens(folder, Image.new("RGB", (64, 48), (0, 255, 0)), "What is this?")
+    assert abs(other_logprob - first_logprob) > 1e-4
+    if api == "chat":
+        status, answer, trace = post(app, "/v1/chat/completions", chat_body(
+            [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": data_url(data)}}]))
+    else:
+        status, answer, trace = post(app, "/v1/responses", {
+            "model": "m", "max_output_tokens": NEW_TOKENS, "temperature": 0, "reasoning": {"effort": "none"},
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                                    {"type": "input_image", "image_url": data_url(data)}]}]})
+    assert status == 200, answer
+    decode = next(s for s in trace["spans"] if s["name"] == "decode")
+    assert [t["id"] for t in decode["tokens"]] == expected
+    assert decode["tokens"][0]["logprob"] == pytest.approx(first_logprob, abs=1e-3)
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert (item["kind"], item["mime"], item["width"], item["height"], item["bytes"]) == ("image", "image/png", 64, 48,
+                                                                                         len(data))
+    assert item["tokens"] == image_tokens and item["offset"] > 0
+    assert item["thumbnail"].startswith("data:image/jpeg;base64,") and len(item["thumbnail"]) < 8000
+    assert render["looptrace.prompt.media.image_tokens"] == image_tokens
+    root = next(s for s in trace["spans"] if not s["parent_span_id"])["attributes"]
+    assert '"modality":"image"' in root["gen_ai.input.messages"].replace(" ", "")
+    assert 'looptrace_media_items_total{kind="image",model="m"}' in _metrics(app) or \
+        'looptrace_media_items_total{model="m",kind="image"}' in _metrics(app)
+
+
+def _metrics(app) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(app.url + "/metrics", timeout=30) as response:
+        return response.read().decode()
+
+
+def test_an_image_typed_token_stays_text_and_the_count_holds(served):
+    # A user who types the image placeholder gets text, not a second image slot.
+    family, _, app = served
+    typed = "<|image_pad|>" if family == "qwen3_5" else "<|image|>"
+    status, answer, trace = post(app, "/v1/chat/completions", chat_body(
+        [{"type": "text", "text": f"see {typed}"}, {"type": "image_url", "image_url": {"url": data_url(png())}}]))
+    assert status == 200, answer
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert render["looptrace.prompt.media.image_tokens"] == item["tokens"]
+
+
+def rgba_gif_and_exif() -> list[tuple[str, bytes, tuple[int, int]]]:
+    """Palette, alpha and an EXIF rotation all come out as RGB of the right shape."""
+    out = io.BytesIO()
+    Image.new("RGBA", (40, 20), (10, 20, 30, 0)).save(out, "PNG")
+    rgba = out.getvalue()
+    out = io.BytesIO()
+    frames = [Image.new("P", (30, 30), i) for i in range(3)]
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
+    gif = out.getvalue()
+    out = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: width and height swap
+    Image.new("RGB", (50, 20), (1, 2, 3)).save(out, "JPEG", exif=exif)
+    return [("image/png", rgba, (40, 20)), ("image/gif", gif, (30, 30)), ("image/jpeg", out.getvalue(), (20, 50))]
+
+
+def test_alpha_palette_animation_and_orientation_are_read(served):
+    _, _, app = served
+    for mime, data, (width, height) in rgba_gif_and_exif():
+        status, answer, trace = post(app, "/v1/chat/completions", chat_body(
+            [{"type": "image_url", "image_url": {"url": data_url(data, mime)}}]))
+        assert status == 200, (mime, answer)
+        render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+        (item,) = json.loads(render["looptrace.prompt.media"])
+        assert (item["width"], item["height"]) == (width, height), mime
+
+
+BAD = {
+    "not base64": ({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}, "invalid_media"),
+    "not an image": ({"type": "image_url", "image_url": {"url": data_url(b"hello", "image/png")}}, "invalid_media"),
+    "truncated": ({"type": "image_url", "image_url": {"url": data_url(png()[:60])}}, "invalid_media"),
+    "too many pixels": ({"type": "image_url", "image_url": {"url": data_url(png(1100, 1000))}}, "media_too_large"),
+    "a URL": ({"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}, "media_unsupported"),
+    "a file URL": ({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}, "media_unsupported"),
+    "not base64 data URL": ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}}, "invalid_media"),
+    "a PDF": ({"type": "file", "file": {"file_data": data_url(b"%PDF-1.4", "application/pdf")}}, "media_unsupported"),
+    "audio": ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "media_unsupported"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_item_is_a_400_naming_its_part(served, case):
+    _, _, app = served
+    part, code = BAD[case]
+    status, error = app.call("POST", "/v1/chat/completions", chat_body([{"type": "text", "text": "hi"}, part]))
+    assert status == 400, error
+    assert error["error"]["code"] == code and error["error"]["param"].startswith("messages[0].content[1]"), error
+    assert app.call("GET", "/health")[0] == 200
+
+
+def test_responses_refusals_name_their_part(served):
+    _, _, app = served
+    for part, code in (({"type": "input_image", "file_id": "file-1"}, "media_unsupported"),
+                       ({"type": "input_image", "image_url": data_url(b"junk")}, "invalid_media")):
+        status, error = app.call("POST", "/v1/responses", {"model": "m", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}, part]}]})
+        assert status == 400 and error["error"]["code"] == code, error
+        assert error["error"]["param"].startswith("input[0].content[1]"), error
+
+
+def test_too_many_items_is_a_400(served):
+    _, _, app = served
+    image = {"type": "image_url", "image_url": {"url": data_url(png())}}
+    status, error = app.call("POST", "/v1/chat/completions", chat_body([image] * 4))
+    assert status == 400 and error["error"]["code"] == "media_too_large" and "--media-max-items" in \
+        error["error"]["message"], error
+
+
+def test_a_text_only_model_says_so(replay_app):
+    # The tiny Qwen3.5 without its image preprocessing: a text-only checkpoint.
+    status, error = replay_app.call("POST", "/v1/chat/completions", {"model": "tiny-qwen", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png())}}]}]})
+    assert status == 400 and error["error"]["code"] == "media_unsupported", error
+    assert "text only" in error["error"]["message"]
+
+
+def test_an_image_in_a_tool_result_is_still_a_note(served):
+    # The templates render a tool's output as text: its images stay a note there (for now).
+    _, _, app = served
+    status, answer = app.call("POST", "/v1/chat/completions", {**chat_body([]), "messages": [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                               "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url", "image_url": {"url": data_url(png())}}]}]})
+    assert status == 200, answer

@@ -1,0 +1,48 @@
+"""The tiny checkpoints with their image preprocessing, as the real ones ship it.
+
+The tiny Qwen3.5 and Gemma 4 are saved with their vision towers; what makes a checkpoint take images
+is its processor config. The real checkpoints' values are written beside the same files (linked,
+not copied), so the weights are the tiny ones and text decodes exactly as without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from build_cache import BUILD_INFO, cached
+
+# Qwen/Qwen3.5-* preprocessor_config.json (image part).
+QWEN3_5_PREPROCESSOR = {
+    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}
+# google/gemma-4-* processor_config.json (image part; the audio and video parts need what this server
+# does not read yet).
+GEMMA4_PROCESSOR = {
+    "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750,
+    "image_processor": {
+        "image_processor_type": "Gemma4ImageProcessor", "do_convert_rgb": True, "do_normalize": False,
+        "do_rescale": True, "do_resize": True, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+        "image_seq_length": 280, "max_soft_tokens": 280, "patch_size": 16, "pooling_kernel_size": 3,
+        "resample": 3, "rescale_factor": 1 / 255,
+    },
+}
+FILES = {"qwen3_5": ("preprocessor_config.json", QWEN3_5_PREPROCESSOR),
+         "gemma4": ("processor_config.json", GEMMA4_PROCESSOR)}
+
+
+def with_images(base: Path, family: str) -> Path:
+    """`base` (a tiny checkpoint folder) and its family's image processor config."""
+    name, config = FILES[family]
+
+    def build(out: Path) -> dict:
+        for item in base.iterdir():
+            if item.name != BUILD_INFO and not item.name.startswith("."):  # its own info is written after
+                os.symlink(item, out / item.name)
+        (out / name).write_text(json.dumps(config, indent=2) + "\n")
+        return {}
+
+    return cached(f"{family}-tiny-images", {"base": base.name, "config": config}, build)
