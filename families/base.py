@@ -23,7 +23,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .media import has_media
+from .media import has_media, lift_from_tool_results
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
 
@@ -93,6 +93,7 @@ class Family:
     card_sampling: dict[bool, dict] = {}  # thinking → temperature, top_p, top_k
     media_tokens: dict[str, str] = {}  # placeholder token → "image" | "video" | "audio", counted in traces
     processor_class: str = ""  # transformers' multimodal processor for the family, when it takes media
+    tool_result_media: bool = True  # the template renders images inside a tool's output
     # What a generation prompt may end with that the template leaves out when it replays the turn
     # (Gemma 4's empty thought channel with thinking off): the local prefix cache keeps the state before it.
     transient_prompt_tail: str = ""
@@ -141,6 +142,8 @@ class Family:
         with_media = self.processor is not None and has_media(messages)
         if with_media:  # the processor writes each item's tokens where the template puts it
             extra["return_tensors"] = "pt"
+            if not self.tool_result_media:
+                messages = lift_from_tool_results(messages)
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.

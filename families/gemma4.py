@@ -160,6 +160,7 @@ class Gemma4(Family):
     # The model card's recommendations, used when the checkpoint has no generation_config.
     media_tokens = {"<|image|>": "image", "<|video|>": "video", "<|audio|>": "audio"}
     processor_class = "Gemma4Processor"
+    tool_result_media = False  # its template keeps only a tool output's text
     transient_prompt_tail = "<|channel>thought\n<channel|>"
     card_sampling = {
         True: {"temperature": 1.0, "top_p": 0.95, "top_k": 64},

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+# What a model reads in the place of an item it cannot take, where refusing would end an agent's
+# session for something the client did not choose to send it (a tool's output, a system prompt).
+NOTE = "[an image or file was attached here; this server reads text only]"
 
 
 class MediaError(ValueError):
@@ -127,3 +130,40 @@ def with_decoded(messages: list[dict], decoded: dict[int, Any]) -> list[dict]:
 def has_media(messages: list[dict]) -> bool:
     return any(isinstance(p, dict) and p.get("type") in ("image", "video", "audio")
                for m in messages if isinstance(m.get("content"), list) for p in m["content"])
+
+
+def lift_from_tool_results(messages: list[dict]) -> list[dict]:
+    """For a template that renders only the text of a tool's output (Gemma 4's): the items of each
+    run of tool messages move, in order, into a user message right after the run, as an agent
+    harness does itself when its API has no place for them (pi on Chat Completions)."""
+    out: list[dict] = []
+    lifted: list[dict] = []
+    for message in messages:
+        if message.get("role") != "tool" and lifted:
+            out.append({"role": "user", "content": lifted})
+            lifted = []
+        content = message.get("content")
+        if message.get("role") == "tool" and isinstance(content, list):
+            items = [p for p in content if isinstance(p, dict) and p.get("type") in ("image", "video", "audio")]
+            if items:
+                lifted += items
+                message = {**message, "content": [p for p in content if p not in items]}
+        out.append(message)
+    if lifted:
+        out.append({"role": "user", "content": lifted})
+    return out
+
+
+def noted_in_tool_results(messages: list[dict], accepted: frozenset[str]) -> list[dict]:
+    """Items in tools' outputs of a kind the model cannot take, each replaced by NOTE."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") == "tool" and isinstance(content, list):
+            content = [{"type": "text", "text": NOTE} if isinstance(p, dict) and isinstance(p.get("media"), MediaPart)
+                       and p["media"].kind not in accepted else p for p in content]
+            if all(p.get("type") == "text" for p in content):  # all text again: one string, as before
+                content = "\n".join(p["text"] for p in content)
+            message = {**message, "content": content}
+        out.append(message)
+    return out

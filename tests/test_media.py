@@ -228,12 +228,23 @@ def test_a_text_only_model_says_so(replay_app):
     assert "text only" in error["error"]["message"]
 
 
-def test_an_image_in_a_tool_result_is_still_a_note(served):
-    # The templates render a tool's output as text: its images stay a note there (for now).
-    _, _, app = served
-    status, answer = app.call("POST", "/v1/chat/completions", {**chat_body([]), "messages": [
+def test_an_image_a_tool_returned_reaches_the_model(served):
+    # codex's view_image, pi's read of a PNG: the image comes back in the tool's output. Qwen3.5's
+    # template renders it there; Gemma 4's keeps only a tool output's text, so it moves into a user
+    # message right after the tool results (as pi itself does on Chat Completions).
+    family, _, app = served
+    status, answer, trace = post(app, "/v1/chat/completions", {**chat_body([]), "messages": [
         {"role": "user", "content": "look"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
                                                                "function": {"name": "read", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url", "image_url": {"url": data_url(png())}}]}]})
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "the file:"},
+                                                          {"type": "image_url", "image_url": {"url": data_url(png())}}]}]})
     assert status == 200, answer
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert item["param"] == "messages[2].content[1].image_url.url" and item["tokens"] > 16
+    prompt = render["looptrace.prompt.text"]
+    if family == "qwen3_5":
+        assert prompt.index("<tool_response>") < prompt.index("<|vision_start|>") < prompt.index("</tool_response>")
+    else:
+        assert prompt.index("<tool_response|>") < prompt.index("<|turn>user\n<|image>")

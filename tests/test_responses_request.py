@@ -126,7 +126,7 @@ def test_unknown_items_are_replayed_when_they_carry_text_else_skipped_with_a_war
     assert "skipping input item 1 of type 'web_search_call'" in caplog.text
 
 
-def test_an_image_in_a_user_message_is_a_part_and_in_a_tool_output_a_note():
+def test_an_image_in_a_user_message_or_a_tool_output_is_a_part_and_elsewhere_a_note():
     image = {"type": "input_image", "image_url": "data:image/png;base64,AA"}
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"}, image]}
     (message,) = to_messages([item], None, _names())
@@ -135,7 +135,10 @@ def test_an_image_in_a_user_message_is_a_part_and_in_a_tool_output_a_note():
     assert (part["type"], part["media"].kind, part["media"].mime, part["media"].encoded) == ("image", "image", "image/png", "AA")
     assert part["media"].param == "input[0].content[1].image_url"
     output = {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "shot:"}, image]}
-    assert to_messages([output], None, _names())[-1]["content"] == f"shot:\n{MEDIA_NOTE}"
+    text, part = to_messages([output], None, _names())[-1]["content"]
+    assert text == {"type": "text", "text": "shot:"} and part["media"].param == "input[0].output[1].image_url"
+    system = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}, image]}
+    assert to_messages([system, item], None, _names())[0]["content"] == f"Rules.\n{MEDIA_NOTE}"
 
 
 def test_bad_items_are_refused_with_the_offending_field():

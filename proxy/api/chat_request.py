@@ -135,7 +135,7 @@ def _content(message: dict, where: str, role: str) -> str | list | None:
         if kind in ("text", "input_text", "output_text"):
             parts.append(field(part, "text", str, f"{param}.text", required=True))
         elif kind in MEDIA_PARTS:
-            parts.append(media_part(part, param) if role == "user" else media_note())
+            parts.append(media_part(part, param) if role in ("user", "tool") else media_note())
         else:
             raise invalid(f"Invalid value for '{param}.type': {kind!r}.", param=f"{param}.type")
     return joined(parts)

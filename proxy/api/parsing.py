@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from looptrace.families.media import MediaPart
+from looptrace.families.media import NOTE, MediaPart
 
 from .errors import invalid
 from .validation import embedded_json, field, in_range
@@ -14,9 +14,7 @@ log = logging.getLogger("looptrace")
 _warned: set[str] = set()
 
 MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file")
-# Media inside a tool's output still becomes this note (the templates render a tool's output as
-# text); in a message, media goes to the model (media_part).
-MEDIA_NOTE = "[an image or file was attached here; this server reads text only]"
+MEDIA_NOTE = NOTE  # what an item in a system prompt or an assistant's words becomes
 
 
 def warn_once(key: str, message: str, *args) -> None:

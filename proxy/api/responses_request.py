@@ -294,7 +294,7 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
                 {"id": call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
         elif kind in OUTPUT_ITEMS:
             call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
-            message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output"),
+            message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output", media=True),
                        "tool_call_id": call_id}
             if call_id in call_names:
                 message["name"] = call_names[call_id]
@@ -325,7 +325,8 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
 
 def content_text(content: object, param: str, media: bool = False) -> str | list[dict]:
     """A message's content, or a tool output: a string, or parts joined as the Chat adapter joins them.
-    With `media`, images are kept as parts; otherwise (a tool's output) each becomes a note."""
+    With `media` (a user's message, a tool's output), images are kept as parts; otherwise each becomes
+    a note."""
     if content is None:
         return ""
     if isinstance(content, str):

@@ -15,7 +15,15 @@ from typing import AsyncIterator, NamedTuple
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
 from looptrace.families.base import THOUGHT, Rendered
-from looptrace.families.media import MediaError, MediaPart, decode_image, media_parts, thumbnail, with_decoded
+from looptrace.families.media import (
+    MediaError,
+    MediaPart,
+    decode_image,
+    media_parts,
+    noted_in_tool_results,
+    thumbnail,
+    with_decoded,
+)
 
 from .errors import Refused
 from .runtime import Runtime
@@ -168,16 +176,23 @@ class Generation:
         if not parts:
             return messages
         runtime = self.runtime
+        accepted = runtime.family.media_kinds
+        if any(p.kind not in accepted for p in parts):
+            # What a tool returned is noted, not refused (the client did not choose to send it here);
+            # what a user attached must be read, or refused.
+            messages = noted_in_tool_results(messages, accepted)
+            parts = media_parts(messages)
+            for part in parts:
+                if part.kind not in accepted:
+                    takes = ", ".join(sorted(accepted)) + " and text" if accepted else "text only"
+                    raise Refused(f"This model ({runtime.model_name}) takes {takes}: the {part.kind} at {part.param} "
+                                  "cannot be read.", param=part.param, code="media_unsupported")
+            if not parts:
+                return messages
         limits = runtime.media_limits
         if len(parts) > limits.max_items:
             raise Refused(f"This request attaches {len(parts)} items; the limit is {limits.max_items} "
                           "(--media-max-items).", param=parts[limits.max_items].param, code="media_too_large")
-        accepted = runtime.family.media_kinds
-        for part in parts:
-            if part.kind not in accepted:
-                takes = ", ".join(sorted(accepted)) + " and text" if accepted else "text only"
-                raise Refused(f"This model ({runtime.model_name}) takes {takes}: the {part.kind} at {part.param} "
-                              "cannot be read.", param=part.param, code="media_unsupported")
         if runtime.backend.name == "vllm":
             raise Refused("Media through --backend vllm is not supported yet: serve the model with the local backend "
                           "to send it images.", param=parts[0].param, code="media_unsupported")
