@@ -114,12 +114,16 @@ def run_codex(clients: Clients, home: Path, workdir: Path, api_key: str, prompt:
                           timeout=timeout)
 
 
-def pi_home(home: Path, base_url: str, model: str, *, max_tokens: int = 4096, context: int = 32768) -> Path:
+def pi_home(home: Path, base_url: str, model: str, *, max_tokens: int = 4096, context: int = 32768,
+            images: bool = False) -> Path:
+    """`images`: the model entry declares image input (pi strips images otherwise)."""
     agent = home / ".pi" / "agent"
     agent.mkdir(parents=True, exist_ok=True)
+    entry = {"id": model, "contextWindow": context, "maxTokens": max_tokens}
+    if images:
+        entry["input"] = ["text", "image"]
     provider = {"baseUrl": base_url, "api": "openai-completions", "apiKey": API_KEY_ENV,
-                "compat": {"sendSessionAffinityHeaders": True},
-                "models": [{"id": model, "contextWindow": context, "maxTokens": max_tokens}]}
+                "compat": {"sendSessionAffinityHeaders": True}, "models": [entry]}
     (agent / "models.json").write_text(json.dumps({"providers": {"looptrace": provider}}))
     return agent
 

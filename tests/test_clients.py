@@ -173,6 +173,69 @@ def test_pi_reads_a_file_and_answers(installed, serve, qwen3_5_dir, tmp_path):
     assert tool == {"role": "tool", "content": "pi-was-here\n", "tool_call_id": read["id"]}
 
 
+# -- images: the real clients attach them, the model's prompt holds them --
+
+def red_png(path) -> str:
+    """A small PNG written to `path`; its sha256, as the trace names it."""
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (220, 30, 30)).save(out, "PNG")
+    path.write_bytes(out.getvalue())
+    return hashlib.sha256(out.getvalue()).hexdigest()
+
+
+def media_of(trace: dict) -> list[dict]:
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    return json.loads(render.get("looptrace.prompt.media", "[]"))
+
+
+def test_codex_sends_an_attached_image_to_the_model(installed, serve, qwen3_5_dir, tmp_path):
+    from tiny_media import with_images
+
+    server = replay_server(serve, with_images(qwen3_5_dir, "qwen3_5"), tmp_path,
+                           "Looked.\n</think>\n\nIt is a red rectangle.<|im_end|>")
+    home, work = folders(tmp_path)
+    digest = red_png(work / "red.png")
+    # The catalog entry declares image input, as codex's own catalog does for its models.
+    clients.codex_home(home, server.base_url, MODEL, clients.codex_catalog(tmp_path / "catalog.json", MODEL))
+    before = server.newest_trace_id()
+    done = clients.run_codex(installed, home, work, API_KEY, "What is in the picture?", f"--image={work / 'red.png'}")
+    assert done.returncode == 0, outcome(done)
+    assert "red rectangle" in done.stdout
+    (item,) = media_of(server.trace_after(before))
+    assert (item["kind"], item["sha256"], item["width"], item["height"]) == ("image", digest, 64, 48)
+    assert item["param"].startswith("input[") and item["tokens"] > 0
+
+
+def test_pi_reads_a_png_and_the_model_sees_it(installed, serve, qwen3_5_dir, tmp_path):
+    from tiny_media import with_images
+
+    server = replay_server(serve, with_images(qwen3_5_dir, "qwen3_5"), tmp_path,
+                           "Read it.\n</think>\n\n" + call("read", path="red.png") + "<|im_end|>",
+                           "Seen.\n</think>\n\nIt is a red rectangle.<|im_end|>")
+    home, work = folders(tmp_path)
+    digest = red_png(work / "red.png")
+    clients.pi_home(home, server.base_url, MODEL, images=True)
+    done = clients.run_pi(installed, home, work, API_KEY, MODEL, "What is in red.png?")
+    assert done.returncode == 0, outcome(done)
+    (end,) = [e for e in clients.json_lines(done.stdout) if e.get("type") == "agent_end"]
+    assert [c["text"] for c in end["messages"][-1]["content"] if c["type"] == "text"] == ["It is a red rectangle."]
+    # The second request carried the read's result: pi sends the image in a user message after it.
+    def both_stored() -> bool:
+        status, listing = server.get("/v1/traces?limit=2")
+        return status == 200 and len(listing["data"]) == 2
+
+    server.wait_until(both_stored, 15)
+    _, older = server.get("/v1/traces?limit=2")[1]["data"]
+    (item,) = media_of(server.trace_after(older["trace_id"]))  # the newest: the second request
+    assert (item["kind"], item["sha256"]) == ("image", digest)
+    assert item["param"].startswith("messages[") and item["tokens"] > 0
+
+
 # -- a real model --
 
 @pytest.fixture(scope="module")
