@@ -66,6 +66,7 @@ class DecodeRequest:
     # The processor's tensors for the prompt's media (pixel values, grids, token types), which the
     # model reads in prefill beside the ids; None for a prompt of text alone.
     media: dict | None = None
+    media_key: tuple = ()  # (offset, length, sha256) of each item's tokens: what a prefix cache keys on
 
 
 class Backend(Protocol):

@@ -53,6 +53,18 @@ def reset_model_state(model) -> None:
         inner.rope_deltas = None
 
 
+def model_state(model) -> dict | None:
+    """What the model keeps beside its cache after a prompt (the rope offset an image gave it), for
+    the prefix cache to keep with that cache."""
+    deltas = getattr(getattr(model, "model", None), "rope_deltas", None)
+    return {"rope_deltas": deltas} if deltas is not None else None
+
+
+def restore_model_state(model, state: dict | None) -> None:
+    if state:
+        model.model.rope_deltas = state["rope_deltas"]
+
+
 Emit = Callable[[object], None]
 
 
@@ -164,19 +176,14 @@ class LocalBackend:
         started = time.perf_counter()
         graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) \
             if self.graphs and request.media is None else None
-        if request.media is not None:
-            # In one piece, past the prefix cache: its entries are keyed by ids, which say nothing of
-            # which image filled the image tokens.
-            cached = written = 0
-            logits, cache = prefill(model, torch.tensor([request.prompt_ids], device=self.device), None,
-                                    on_device(request.media, model))
-            step = partial(decode_one_token, model, cache=cache)
-        elif graphed is not None:
+        if graphed is not None:
             cached = written = 0
             logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
             step = graphed.decode_one_token
         else:
-            cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at)
+            media = on_device(request.media, model) if request.media is not None else None
+            cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at, media,
+                                                           request.media_key)
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         choice = next_token(logits, sampling, generator, penalties)
@@ -208,25 +215,34 @@ class LocalBackend:
         emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
                         cache_write_tokens=written))
 
-    def _prefill(self, prompt_ids: list[int], keep_at: int | None) -> tuple[int, int, torch.Tensor, object]:
+    def _prefill(self, prompt_ids: list[int], keep_at: int | None, media: dict | None = None,
+                 media_key: tuple = ()) -> tuple[int, int, torch.Tensor, object]:
         """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
+        `media`: the processor's tensors, read with the chunk that holds every item's tokens;
+        `media_key`: each item's (offset, length, sha256), part of what a kept prompt is.
 
         Returns the number of prompt tokens that came from the cache, the number whose state this
         request added to it, the logits and the cache.
         """
-        kept_cache = self.prefix_cache
-        if kept_cache is None:
-            logits, cache = prefill(self.model, torch.tensor([prompt_ids], device=self.device))
+        model, kept_cache = self.model, self.prefix_cache
+        end = max((offset + length for offset, length, _ in media_key), default=0)
+        point = min(keep_at or len(prompt_ids), len(prompt_ids))
+        if kept_cache is None or point < end:  # no cache, or an item the kept state would cut in two
+            logits, cache = prefill(model, torch.tensor([prompt_ids], device=self.device), None, media)
             return 0, 0, logits, cache
-        cached, kept = kept_cache.take(prompt_ids)
+        cached, kept = kept_cache.take(prompt_ids, media_key)
         cache, logits = (kept.cache, kept.logits) if kept is not None else (None, None)
+        if kept is not None:
+            restore_model_state(model, kept.state)
+            media = None  # every item is in the kept state (take's rule)
         # Up to the point worth keeping first, so its state is copied before the rest goes in (a kept
         # state past that point, just taken, is kept again as it is).
-        point = max(cached, min(keep_at or len(prompt_ids), len(prompt_ids)))
+        point = max(cached, point)
         if cached < point:
-            logits, cache = prefill(self.model, torch.tensor([prompt_ids[cached:point]], device=self.device), cache)
-        written = point - cached if kept_cache.keep(prompt_ids[:point], cache, logits) else 0
+            logits, cache = prefill(model, torch.tensor([prompt_ids[cached:point]], device=self.device), cache, media)
+        written = point - cached if kept_cache.keep(prompt_ids[:point], cache, logits, media_key,
+                                                    model_state(model)) else 0
         if point < len(prompt_ids):
-            logits, cache = prefill(self.model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
+            logits, cache = prefill(model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
         return cached, written, logits, cache
 

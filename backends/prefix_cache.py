@@ -28,6 +28,8 @@ class Kept(NamedTuple):
     cache: object  # the model's cache object after the prompt
     logits: torch.Tensor  # the prompt's last position
     nbytes: int  # the tensors both hold
+    media: tuple = ()  # (offset, length, sha256) of each attached item the prompt holds
+    state: dict | None = None  # what the model keeps beside the cache (Qwen3.5's multimodal rope offset)
 
 
 def tensor_bytes(obj: object) -> int:
@@ -56,13 +58,18 @@ class PrefixCache:
         self._tokens = 0
         self._bytes = 0
 
-    def take(self, prompt_ids: list[int]) -> tuple[int, Kept | None]:
+    def take(self, prompt_ids: list[int], media: tuple = ()) -> tuple[int, Kept | None]:
         """The longest kept prompt that starts `prompt_ids`, removed (the caller's decoding will change
-        it), and its length; (0, None) when there is none."""
+        it), and its length; (0, None) when there is none.
+
+        With `media` (offset, length, sha256 of each attached item): the same ids with another image
+        in the image tokens are not the same prompt, so a kept one must hold the same items, and all
+        of them (what is prefilled after it is text: an item's pixels go in with all of its tokens)."""
         best: tuple[int, ...] | None = None
-        for ids in self._kept:
-            if len(ids) <= len(prompt_ids) and (best is None or len(ids) > len(best)) \
-                    and ids == tuple(prompt_ids[:len(ids)]):
+        end = max((offset + length for offset, length, _ in media), default=0)
+        for ids, kept in self._kept.items():
+            if len(ids) <= len(prompt_ids) and (best is None or len(ids) > len(best)) and len(ids) >= end \
+                    and kept.media == media and ids == tuple(prompt_ids[:len(ids)]):
                 best = ids
         if best is None:
             return 0, None
@@ -71,13 +78,14 @@ class PrefixCache:
         self._bytes -= kept.nbytes
         return len(best), kept
 
-    def keep(self, prompt_ids: list[int], cache: object, logits: torch.Tensor) -> bool:
+    def keep(self, prompt_ids: list[int], cache: object, logits: torch.Tensor, media: tuple = (),
+             state: dict | None = None) -> bool:
         """Keeps a copy of the state after `prompt_ids`, before decoding changes it; False when the
-        prompt alone is longer than the whole bound."""
+        prompt alone is longer than the whole bound. `media`, `state`: as in Kept."""
         if len(prompt_ids) > self.max_tokens:
             return False
         key = tuple(prompt_ids)
-        nbytes = tensor_bytes(cache) + logits.nbytes
+        nbytes = tensor_bytes(cache) + logits.nbytes + tensor_bytes(state)
         if nbytes > self.max_bytes:
             return False
         if key in self._kept:
@@ -87,7 +95,7 @@ class PrefixCache:
             oldest, gone = self._kept.popitem(last=False)
             self._tokens -= len(oldest)
             self._bytes -= gone.nbytes
-        self._kept[key] = Kept(copy.deepcopy(cache), logits.clone(), nbytes)
+        self._kept[key] = Kept(copy.deepcopy(cache), logits.clone(), nbytes, media, copy.deepcopy(state))
         self._tokens += len(key)
         self._bytes += nbytes
         return True

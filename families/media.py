@@ -167,3 +167,16 @@ def noted_in_tool_results(messages: list[dict], accepted: frozenset[str]) -> lis
             message = {**message, "content": content}
         out.append(message)
     return out
+
+
+def token_runs(ids: list[int], media_ids: dict[int, str]) -> list[tuple[int, int]]:
+    """(offset, length) of each run of media placeholder tokens in a prompt: one per item, in the
+    items' order, as the processor writes them."""
+    runs: list[tuple[int, int]] = []
+    for i, token_id in enumerate(ids):
+        if token_id in media_ids:
+            if runs and sum(runs[-1]) == i:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+    return runs

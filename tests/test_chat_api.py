@@ -220,12 +220,19 @@ def test_template_refusal_is_a_400(server):
 
 
 def test_a_prompt_longer_than_the_context_names_both_numbers(server):
-    status, error = chat(server, messages=[{"role": "user", "content": "word " * 2000}])
+    # Rendered, then counted: one token a word (five bytes a token, under the bound that counts
+    # before rendering, families/prompt_length.py).
+    status, error = chat(server, messages=[{"role": "user", "content": "word " * (CONTEXT + 10)}])
     assert status == 400 and error["error"]["code"] == "context_length_exceeded"
     message = error["error"]["message"]
     assert f"maximum context length is {CONTEXT} tokens" in message
     prompt_tokens = int(message.split("resulted in ")[1].split(" tokens")[0])
     assert prompt_tokens > CONTEXT
+    # Far past it: found before rendering, with a lower bound.
+    status, error = chat(server, messages=[{"role": "user", "content": "word " * (CONTEXT * 4)}])
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded"
+    at_least = int(error["error"]["message"].split("resulted in at least ")[1].split(" tokens")[0])
+    assert CONTEXT < at_least <= CONTEXT * 4 + 20
 
 
 def test_max_tokens_that_cannot_fit(server):

@@ -248,3 +248,59 @@ def test_an_image_a_tool_returned_reaches_the_model(served):
         assert prompt.index("<tool_response>") < prompt.index("<|vision_start|>") < prompt.index("</tool_response>")
     else:
         assert prompt.index("<tool_response|>") < prompt.index("<|turn>user\n<|image>")
+
+
+def generated_for(folder, messages: list[dict]) -> tuple[list[int], list[float]]:
+    """transformers' own greedy tokens for a conversation (PIL images in its parts), and their logprobs."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from looptrace.families import family_for_config
+    from looptrace.families.processor import load_image_processor
+
+    family = family_for_config(json.loads((folder / "config.json").read_text()))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = load_image_processor(folder, family.processor_class, tokenizer, {})
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt", enable_thinking=False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    logprobs = [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(out.scores, tokens)]
+    return tokens, logprobs
+
+
+def test_the_next_turn_reuses_the_image_s_state_and_another_image_does_not(served):
+    # An agent's screenshot stays in every later turn: the prefix cache keeps the state after it, keyed
+    # by the image's digest as well as the ids (the same text with another image is not a hit).
+    _, folder, app = served
+    red, green = png(), png(color=(20, 200, 40))
+    first = [{"role": "user", "content": [{"type": "text", "text": "Describe it."},
+                                          {"type": "image_url", "image_url": {"url": data_url(red)}}]}]
+    status, answer, _ = post(app, "/v1/chat/completions", {**chat_body([]), "messages": first})
+    assert status == 200, answer
+    # The next step of a tool loop: this prompt starts with the last one (test_prefix_cache.py).
+    call = {"id": "c1", "type": "function", "function": {"name": "zoom", "arguments": "{}"}}
+    second = [*first, {"role": "assistant", "content": "", "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": "c1", "content": "zoomed"}]
+    status, answer, trace = post(app, "/v1/chat/completions", {**chat_body([]), "messages": second})
+    assert status == 200, answer
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= item["offset"] + item["tokens"], (cached, item)
+    decode = next(s for s in trace["spans"] if s["name"] == "decode")
+    image = Image.open(io.BytesIO(red)).convert("RGB")
+    as_hf = [{"role": "user", "content": [{"type": "text", "text": "Describe it."}, {"type": "image", "image": image}]},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "zoom", "arguments": {}}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "zoomed"}]
+    tokens, logprobs = generated_for(folder, as_hf)
+    assert [t["id"] for t in decode["tokens"]] == tokens
+    assert [t["logprob"] for t in decode["tokens"]] == pytest.approx(logprobs, abs=1e-3)
+
+    other = json.loads(json.dumps(second).replace(data_url(red), data_url(green)))
+    status, answer, _ = post(app, "/v1/chat/completions", {**chat_body([]), "messages": other})
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] < item["offset"] + 1

@@ -22,6 +22,7 @@ from looptrace.families.media import (
     media_parts,
     noted_in_tool_results,
     thumbnail,
+    token_runs,
     with_decoded,
 )
 
@@ -214,8 +215,13 @@ class Generation:
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
+        media_key = ()
+        if self.rendered.media is not None:  # which item fills which tokens: part of what the prompt is
+            runs = token_runs(self.prompt_ids, family.media_ids)
+            media_key = tuple((*run, part.info.get("sha256", "")) for run, part in zip(runs, self.media_parts))
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
-                                     keep_at=self.rendered.history_length, media=self.rendered.media)
+                                     keep_at=self.rendered.history_length, media=self.rendered.media,
+                                     media_key=media_key)
         observer.submitted(self, self._decode)
 
         if self.forced_text:

@@ -30,6 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
 from looptrace.backends.jsontext import dumps
+from looptrace.families.media import token_runs
 from looptrace.trace_store import tokens as token_events
 from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK
 
@@ -420,14 +421,7 @@ def _template_hash(tokenizer) -> str:
 def _media_items(runtime, ids: list[int], parts: list, content: bool) -> list[dict]:
     """Each attached item as the trace keeps it: what it was, and the run of media tokens it became
     (the processor writes one run per item, in the items' order)."""
-    media = runtime.family.media_ids
-    runs: list[tuple[int, int]] = []
-    for i, token_id in enumerate(ids):
-        if token_id in media:
-            if runs and runs[-1][0] + runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((i, 1))
+    runs = token_runs(ids, runtime.family.media_ids)
     items = []
     for n, part in enumerate(parts):
         info = dict(part.info)
