@@ -51,4 +51,5 @@ def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_le
     # Loaded by the backend on its decode thread, the one thread that will ever run it.
     return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device, media=media), vocab,
                         max_queue=settings.max_queue, graph_max_length=graph_length,
-                        prefix_cache_tokens=settings.prefix_cache_tokens)
+                        prefix_cache_tokens=settings.prefix_cache_tokens,
+                        prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2))

@@ -21,7 +21,7 @@ import torch
 from .base import BackendError, Busy, DecodeRequest
 from .detokenize import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
-from .prefix_cache import PrefixCache
+from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Penalties, generator_for, next_token
 
 log = logging.getLogger("looptrace")
@@ -73,7 +73,7 @@ class LocalBackend:
     route = None
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
-                 prefix_cache_tokens: int = 0) -> None:
+                 prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES) -> None:
         """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
 
         Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
@@ -83,7 +83,7 @@ class LocalBackend:
         self.vocab = vocab
         self.max_queue = max_queue
         self.running = 0
-        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.prefix_cache = PrefixCache(prefix_cache_tokens, prefix_cache_bytes) if prefix_cache_tokens > 0 else None
         self._jobs: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="looptrace-decode", daemon=True)
         self._worker.start()

@@ -287,6 +287,7 @@ async def server_state(session: aiohttp.ClientSession, url: str) -> dict:
     if "prefix_cache" in health:  # the local backend's kept states: memory that grows until the cache is full
         state["prefix_cache_prompts"] = health["prefix_cache"]["prompts"]
         state["prefix_cache_tokens"] = health["prefix_cache"]["tokens"]
+        state["prefix_cache_mb"] = round(health["prefix_cache"].get("bytes", 0) / 1024**2, 1)
     return state
 
 
@@ -493,13 +494,19 @@ def start_servers(args: argparse.Namespace, logs: Path) -> list[Target]:
     steps = int(args.replay_rate * args.minutes * 60 * 1.1) + 1000
     replay = logs / "steps.jsonl"
     replay.write_text((json.dumps({"text": ANSWER}) + "\n") * steps)
-    common = ("--served-model-name", MODEL, "--log-level", "warning")
+    # The store's size bound past what the run writes (about 1.2 GB at 100 requests a second for 30
+    # minutes): retention would otherwise rightly drop the oldest traces, and "one trace per request"
+    # could not be checked. The local backend's prefix cache at 512 MB, so that its plateau (each
+    # prompt's state is ~1.1 MB here, most of it the last logits over a 248k vocabulary) comes
+    # within the run; at the default 2048 MB it comes after ~1,900 prompts.
+    common = ("--served-model-name", MODEL, "--log-level", "warning", "--trace-max-mb", "8192")
     targets = []
     if args.replay_streams:
         server = Server(checkpoint, "--backend", "replay", "--replay", str(replay), *common, log_dir=logs)
         targets.append(Target("replay", server, args.replay_streams, None, args.replay_rate))
     if args.local_streams:
-        server = Server(checkpoint, "--backend", "local", *common, log_dir=logs)
+        server = Server(checkpoint, "--backend", "local", "--prefix-cache-mb", str(args.prefix_cache_mb), *common,
+                        log_dir=logs)
         targets.append(Target("local", server, args.local_streams, LOCAL_TOKENS, None))
     return targets
 
@@ -571,6 +578,7 @@ def main() -> None:
     parser.add_argument("--replay-rate", type=float, default=100,
                         help="requests a second over all replay streams (bounds the store's growth)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--prefix-cache-mb", type=float, default=512, help="the local server's prefix cache bound")
     args = parser.parse_args()
     if args.replay_rate <= 0:
         parser.error("--replay-rate must be positive: the replay needs a recorded step per request")

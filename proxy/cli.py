@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefix-cache-tokens", type=int, default=65536, metavar="N",
                        help="local backend: keep the model's state after recent prompts, up to N tokens in all, so a "
                        "conversation's next turn prefills only what is new (0: off; default 65536)")
+    serve.add_argument("--prefix-cache-mb", type=float, default=2048, metavar="MB",
+                       help="local backend: the prefix cache's bound in memory as well, its tensors counted (default 2048)")
     serve.add_argument("--media-max-mb", type=float, default=20, metavar="MB",
                        help="the largest attached item, as sent (default 20)")
     serve.add_argument("--media-max-pixels", type=int, default=33_554_432, metavar="N",
@@ -71,7 +73,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         host=args.host, port=args.port, served_model_name=args.served_model_name,
         revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
         max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue,
-        prefix_cache_tokens=args.prefix_cache_tokens, backend=args.backend, replay=args.replay,
+        prefix_cache_tokens=args.prefix_cache_tokens, prefix_cache_mb=args.prefix_cache_mb, backend=args.backend,
+        replay=args.replay,
         media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
