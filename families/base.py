@@ -108,7 +108,9 @@ class Family:
         """`processor`: the checkpoint's processor for images (families/processor.py), or None."""
         self.tokenizer = tokenizer
         self.processor = processor
-        self.media_kinds = frozenset({"image"}) if processor is not None else frozenset()
+        extractor = getattr(processor, "feature_extractor", None)
+        self.audio_rate = getattr(extractor, "sampling_rate", 0)
+        self.media_kinds = frozenset() if processor is None else frozenset({"image", "audio"} if extractor else {"image"})
         self.generation_config = generation_config or {}
         tok = getattr(tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
         tok = tok if hasattr(tok, "convert_tokens_to_ids") else tokenizer

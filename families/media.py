@@ -1,4 +1,5 @@
-"""Media a client attached, decoded for the checkpoint's processor: images with pillow.
+"""Media a client attached, decoded for the checkpoint's processor: images with pillow, audio with
+PyAV (FFmpeg's decoders: WAV, MP3, FLAC, Ogg, …), mono at the processor's sampling rate.
 
 The API layer finds the parts and their bytes (`MediaPart`); decoding happens here, on the
 rendering thread, never on the event loop. Every limit has a flag (proxy/settings.py) and going past
@@ -35,13 +36,14 @@ class MediaLimits:
     max_bytes: int = 20 * 1024**2  # per item, as sent (after base64)
     max_pixels: int = 33_554_432  # per image: a 5K or 6K screenshot fits, a decompression bomb does not
     max_items: int = 16  # per request
+    max_audio_seconds: float = 30.0  # per clip: Gemma 4's audio encoder reads 30 s (750 tokens of 40 ms)
 
 
 @dataclass(slots=True)
 class MediaPart:
     """One attached item as the client sent it: what it is, its base64 text, and where it was."""
 
-    kind: str  # "image"
+    kind: str  # "image" | "audio"
     encoded: str  # base64, as in the data URL
     param: str  # e.g. messages[1].content[0].image_url.url
     mime: str = ""  # as the data URL declared it
@@ -57,13 +59,7 @@ def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
     except ImportError as exc:
         raise MediaError("This server cannot decode images: install looptrace[media] (pillow).", part.param,
                          code="media_unsupported") from exc
-    if len(part.encoded) * 3 // 4 > limits.max_bytes + 3:
-        raise MediaError(f"The image at {part.param} is about {len(part.encoded) * 3 // 4:,} bytes; the limit is "
-                         f"{limits.max_bytes:,} (--media-max-mb).", part.param, code="media_too_large")
-    try:
-        data = base64.b64decode(part.encoded, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise MediaError(f"The image at {part.param} is not valid base64 ({exc}).", part.param) from exc
+    data = _bytes(part, limits, "image")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         width, height = image.size  # from the header, before any pixel is decoded
@@ -82,6 +78,57 @@ def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
     part.info = {"format": fmt, "width": image.width, "height": image.height, "bytes": len(data),
                  "sha256": hashlib.sha256(data).hexdigest()}
     return image
+
+
+def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
+    """The part as mono float32 samples at `rate`, as the processor's feature extractor reads them."""
+    try:
+        import av
+        import numpy as np
+    except ImportError as exc:
+        raise MediaError("This server cannot decode audio: install looptrace[media] (av).", part.param,
+                         code="media_unsupported") from exc
+    data = _bytes(part, limits, "audio clip")
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise MediaError(f"The audio at {part.param} holds no audio stream.", part.param)
+            stream = container.streams.audio[0]
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            chunks, samples, most = [], 0, int(limits.max_audio_seconds * rate)
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray()[0])
+                    samples += chunks[-1].shape[0]
+                if samples > most:  # decoding stops here: a long clip costs no more than the limit
+                    raise MediaError(f"The audio at {part.param} is longer than {limits.max_audio_seconds:g} s "
+                                     "(--media-max-audio-seconds).", part.param, code="media_too_large")
+            chunks += [out.to_ndarray()[0] for out in resampler.resample(None)]
+            fmt = container.format.name
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        raise MediaError(f"The audio at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
+                         part.param) from exc
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    if audio.size == 0:
+        raise MediaError(f"The audio at {part.param} holds no samples.", part.param)
+    if audio.size > int(limits.max_audio_seconds * rate):
+        raise MediaError(f"The audio at {part.param} is longer than {limits.max_audio_seconds:g} s "
+                         "(--media-max-audio-seconds).", part.param, code="media_too_large")
+    part.info = {"format": fmt, "seconds": round(audio.size / rate, 3), "sampling_rate": rate, "bytes": len(data),
+                 "sha256": hashlib.sha256(data).hexdigest()}
+    return audio
+
+
+def _bytes(part: MediaPart, limits: MediaLimits, what: str) -> bytes:
+    if len(part.encoded) * 3 // 4 > limits.max_bytes + 3:
+        raise MediaError(f"The {what} at {part.param} is about {len(part.encoded) * 3 // 4:,} bytes; the limit is "
+                         f"{limits.max_bytes:,} (--media-max-mb).", part.param, code="media_too_large")
+    try:
+        return base64.b64decode(part.encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaError(f"The {what} at {part.param} is not valid base64 ({exc}).", part.param) from exc
 
 
 def _rgb(image):

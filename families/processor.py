@@ -3,9 +3,9 @@
 `AutoProcessor` cannot build Gemma 4's or Qwen3.5's processor without torchvision: their video
 processors import it, and the processor refuses an empty video slot. The image processors have
 PIL backends (transformers' `image_processing_pil_*`), so the processor is built here from the
-checkpoint's image processor and tokenizer, with the video slot left empty: images work through
-the processor's own code (its token counts, its chat template handling), video is refused until it
-has a route of its own.
+checkpoint's image processor, audio feature extractor (where it has one) and tokenizer, with the
+video slot left empty: images and audio work through the processor's own code (its token counts,
+its chat template handling), video is refused until it has a route of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class _ImagesOnly:
 
 
 def load_image_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict) -> Any | None:
-    """The processor for images, or None when the checkpoint has no image preprocessing config (a
+    """The processor for images (and audio, where the checkpoint has a feature extractor), or None when the checkpoint has no image preprocessing config (a
     text-only checkpoint) or this transformers lacks the class."""
     import transformers
     from transformers import AutoImageProcessor
@@ -48,9 +48,20 @@ def load_image_processor(folder: str | Path, processor_class: str, tokenizer: An
     kwargs: dict = {"image_processor": images, "tokenizer": tokenizer, "video_processor": None,
                     "chat_template": tokenizer.chat_template}
     if "feature_extractor" in base.__init__.__code__.co_varnames:
-        kwargs["feature_extractor"] = None
+        kwargs["feature_extractor"] = _feature_extractor(folder, load_kwargs)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError, AttributeError) as exc:
         log.warning("%s: images are not supported: the processor could not be built (%s)", folder, exc)
+        return None
+
+
+def _feature_extractor(folder: str | Path, load_kwargs: dict) -> Any | None:
+    """The checkpoint's audio feature extractor, when its processor config has one (Gemma 4's)."""
+    from transformers import AutoFeatureExtractor
+
+    try:
+        return AutoFeatureExtractor.from_pretrained(folder, **load_kwargs)
+    except (OSError, ValueError, ImportError) as exc:
+        log.debug("%s: no audio feature extractor (%s)", folder, exc)
         return None

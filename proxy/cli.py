@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the most pixels an attached image may have (default 33,554,432: 8K)")
     serve.add_argument("--media-max-items", type=int, default=16, metavar="N",
                        help="the most items one request may attach (default 16)")
+    serve.add_argument("--media-max-audio-seconds", type=float, default=30, metavar="S",
+                       help="the longest audio clip (default 30: what Gemma 4's audio encoder reads)")
     serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
                        help="local: decode here with transformers; replay: serve recorded output (--replay); "
                        "vllm: forward token ids to a vLLM server (--vllm-url)")
@@ -76,6 +78,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         prefix_cache_tokens=args.prefix_cache_tokens, prefix_cache_mb=args.prefix_cache_mb, backend=args.backend,
         replay=args.replay,
         media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
+        media_max_audio_seconds=args.media_max_audio_seconds,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,

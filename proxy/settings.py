@@ -26,6 +26,7 @@ class Settings:
     media_max_mb: float = 20.0
     media_max_pixels: int = 33_554_432
     media_max_items: int = 16
+    media_max_audio_seconds: float = 30.0
     backend: str = "local"  # local | replay | vllm
     replay: str | None = None  # the recorded steps, for --backend replay
     vllm_url: str | None = None  # the vLLM server, for --backend vllm

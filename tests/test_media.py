@@ -304,3 +304,126 @@ def test_the_next_turn_reuses_the_image_s_state_and_another_image_does_not(serve
     status, answer, _ = post(app, "/v1/chat/completions", {**chat_body([]), "messages": other})
     assert status == 200, answer
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] < item["offset"] + 1
+
+
+# -- audio: Gemma 4 with an audio tower (tiny_media.gemma4_with_audio) --
+
+def wav(seconds=1.5, rate=16000, hz=440.0) -> bytes:
+    """A mono 16-bit WAV: at the feature extractor's rate, so its samples are known exactly."""
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(rate * seconds)) / rate
+    samples = (0.4 * np.sin(2 * np.pi * hz * t) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return out.getvalue()
+
+
+def samples_of(data: bytes):
+    import wave
+
+    import numpy as np
+
+    with wave.open(io.BytesIO(data)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+
+
+@pytest.fixture(scope="module")
+def with_audio(tmp_path_factory):
+    from tiny_media import gemma4_with_audio
+
+    folder = gemma4_with_audio()
+    app = AppThread(Settings(model=str(folder), served_model_name="m", media_max_audio_seconds=2,
+                             trace_db=str(tmp_path_factory.mktemp("audio") / "traces.sqlite3"))).start()
+    yield folder, app
+    app.stop()
+
+
+def audio_expected(folder, samples) -> tuple[list[int], float, int]:
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from looptrace.families.processor import load_image_processor
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = load_image_processor(folder, "Gemma4Processor", tokenizer, {})
+    inputs = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "Transcribe."}, {"type": "audio", "audio": samples}]}],
+        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", enable_thinking=False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True)
+    prompt = inputs["input_ids"][0].tolist()
+    tokens = out.sequences[0, len(prompt):].tolist()
+    audio_id = tokenizer.convert_tokens_to_ids("<|audio|>")
+    return tokens, torch.log_softmax(out.scores[0][0].float(), -1)[tokens[0]].item(), prompt.count(audio_id)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_audio_reaches_the_model_as_generate_reads_it(with_audio, api):
+    folder, app = with_audio
+    data = wav()
+    expected, first_logprob, audio_tokens = audio_expected(folder, samples_of(data))
+    assert audio_tokens == 38  # ceil(1,500 ms / 40 ms), as the processor counts
+    _, other_logprob, _ = audio_expected(folder, samples_of(wav(hz=880.0)))
+    assert abs(other_logprob - first_logprob) > 1e-4  # the sound matters to the model
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
+    if api == "chat":
+        body = chat_body([{"type": "text", "text": "Transcribe."}, part])
+        status, answer, trace = post(app, "/v1/chat/completions", body)
+    else:
+        status, answer, trace = post(app, "/v1/responses", {
+            "model": "m", "max_output_tokens": NEW_TOKENS, "temperature": 0, "reasoning": {"effort": "none"},
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Transcribe."}, part]}]})
+    assert status == 200, answer
+    decode = next(s for s in trace["spans"] if s["name"] == "decode")
+    assert [t["id"] for t in decode["tokens"]] == expected
+    assert decode["tokens"][0]["logprob"] == pytest.approx(first_logprob, abs=1e-3)
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert (item["kind"], item["mime"], item["seconds"], item["sampling_rate"], item["tokens"]) == (
+        "audio", "audio/wav", 1.5, 16000, 38)
+    assert render["looptrace.prompt.media.audio_tokens"] == 38
+
+
+def test_compressed_audio_is_decoded_and_resampled(with_audio):
+    import av
+    import numpy as np
+
+    _, app = with_audio
+    # Stereo at the encoders' own rates, in the sample layouts they take (planar or interleaved).
+    for fmt, codec, rate, layout in (("flac", "flac", 44100, "s16"), ("ogg", "libopus", 48000, "flt"),
+                                     ("mp3", "libmp3lame", 44100, "fltp")):
+        tone = np.stack([0.3 * np.sin(2 * np.pi * 330 * np.arange(int(rate * 1.2)) / rate)] * 2)
+        samples = tone.T.reshape(1, -1) if layout in ("s16", "flt") else tone  # interleaved: one row
+        samples = (samples * 32767).astype("<i2") if layout == "s16" else samples.astype(np.float32)
+        out = io.BytesIO()
+        with av.open(out, "w", format=fmt) as container:
+            stream = container.add_stream(codec, rate=rate, layout="stereo")
+            frame = av.AudioFrame.from_ndarray(samples, format=layout, layout="stereo")
+            frame.sample_rate = rate
+            for packet in [*stream.encode(frame), *stream.encode(None)]:
+                container.mux(packet)
+        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(out.getvalue()).decode(), "format": fmt}}
+        status, answer, trace = post(app, "/v1/chat/completions", chat_body([part]))
+        assert status == 200, (fmt, answer)
+        (item,) = json.loads(next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+                             ["looptrace.prompt.media"])
+        assert item["seconds"] == pytest.approx(1.2, abs=0.06) and item["sampling_rate"] == 16000, (fmt, item)
+
+
+def test_bad_audio_is_a_400_naming_its_part(with_audio):
+    _, app = with_audio
+    for audio, code in (({"data": base64.b64encode(b"not audio at all").decode(), "format": "wav"}, "invalid_media"),
+                        ({"data": base64.b64encode(wav(seconds=3)).decode(), "format": "wav"}, "media_too_large"),
+                        ({"data": base64.b64encode(wav()).decode()}, "missing_required_parameter")):
+        status, error = app.call("POST", "/v1/chat/completions",
+                                 chat_body([{"type": "input_audio", "input_audio": audio}]))
+        assert status == 400 and error["error"]["code"] == code, error
+        assert error["error"]["param"].startswith("messages[0].content[0].input_audio"), error

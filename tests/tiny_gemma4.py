@@ -161,8 +161,8 @@ def _round_up(n: int, multiple: int = 128) -> int:
 def gemma4_config_dict(tokenizer_size: int, token_ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
     """Config of the tiny Gemma 4: E2B-style text model (per-layer inputs, KV sharing) at toy width.
 
-    Overrides go into text_config, except `vision_config` (a dict merged into it) and the build
-    settings `seed` and `init_std`. Changing num_hidden_layers without layer_types alternates
+    Overrides go into text_config, except `vision_config` (a dict merged into it), `audio_config`
+    (the audio tower's, or None for none) and the build settings `seed` and `init_std`. Changing num_hidden_layers without layer_types alternates
     sliding and full attention, ending with full attention.
     """
     overrides = dict(overrides)
@@ -179,6 +179,7 @@ def gemma4_config_dict(tokenizer_size: int, token_ids: dict[str, int], **overrid
         "position_embedding_size": 1024,
         **overrides.pop("vision_config", {}),
     }
+    audio = overrides.pop("audio_config", None)  # None: no audio tower (tiny_media.py gives one)
     text = {
         "vocab_size": vocab,
         "vocab_size_per_layer_input": vocab,
@@ -229,7 +230,7 @@ def gemma4_config_dict(tokenizer_size: int, token_ids: dict[str, int], **overrid
         "tie_word_embeddings": True,
         "text_config": text,
         "vision_config": vision,
-        "audio_config": None,
+        "audio_config": audio,
     }
 
 

@@ -19,8 +19,7 @@ QWEN3_5_PREPROCESSOR = {
     "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
     "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
 }
-# google/gemma-4-* processor_config.json (image part; the audio and video parts need what this server
-# does not read yet).
+# google/gemma-4-* processor_config.json: the image part, and (GEMMA4_AUDIO) the audio part.
 GEMMA4_PROCESSOR = {
     "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750,
     "image_processor": {
@@ -29,6 +28,20 @@ GEMMA4_PROCESSOR = {
         "image_seq_length": 280, "max_soft_tokens": 280, "patch_size": 16, "pooling_kernel_size": 3,
         "resample": 3, "rescale_factor": 1 / 255,
     },
+}
+GEMMA4_AUDIO = {
+    "feature_extractor": {
+        "feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128, "sampling_rate": 16000,
+        "frame_length": 320, "hop_length": 160, "fft_length": 512, "max_frequency": 8000.0, "mel_floor": 0.001,
+        "padding_side": "right", "input_scale_factor": 1.0,
+    },
+    "audio_ms_per_token": 40,
+}
+# A toy audio tower of Gemma 4's architecture (its conformer, chunked attention, subsampling).
+GEMMA4_AUDIO_TOWER = {
+    "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "subsampling_conv_channels": [128, 4],
+    "conv_kernel_size": 5, "output_proj_dims": 32, "attention_chunk_size": 12, "attention_context_left": 13,
+    "attention_context_right": 0,
 }
 FILES = {"qwen3_5": ("preprocessor_config.json", QWEN3_5_PREPROCESSOR),
          "gemma4": ("processor_config.json", GEMMA4_PROCESSOR)}
@@ -46,3 +59,20 @@ def with_images(base: Path, family: str) -> Path:
         return {}
 
     return cached(f"{family}-tiny-images", {"base": base.name, "config": config}, build)
+
+
+def gemma4_with_audio() -> Path:
+    """The tiny Gemma 4 with an audio tower too, and its image and audio preprocessing."""
+    from tiny_gemma4 import gemma4_checkpoint
+
+    base = gemma4_checkpoint(audio_config=GEMMA4_AUDIO_TOWER)
+    config = {**GEMMA4_PROCESSOR, **GEMMA4_AUDIO}
+
+    def build(out: Path) -> dict:
+        for item in base.iterdir():
+            if item.name != BUILD_INFO and not item.name.startswith("."):
+                os.symlink(item, out / item.name)
+        (out / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return {}
+
+    return cached("gemma4-tiny-audio", {"base": base.name, "config": config}, build)

@@ -34,9 +34,17 @@ def media_part(part: dict, param: str) -> dict:
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
     rendering thread (families/media.py)."""
     kind = part.get("type")
-    if kind == "input_audio":
-        raise invalid(f"Audio input ('{param}') is not supported by this server yet.", param=param,
-                      code="media_unsupported")
+    if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
+        audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
+        where = f"{param}.input_audio" if audio is not part else param
+        data, fmt = audio.get("data"), audio.get("format")
+        if not isinstance(data, str):
+            raise invalid(f"Invalid type for '{where}.data': expected a base64 string.", param=f"{where}.data",
+                          code="invalid_type")
+        if not isinstance(fmt, str) or not fmt:
+            raise invalid(f"Missing required parameter: '{where}.format' (wav, mp3, flac, ogg, ...).",
+                          param=f"{where}.format", code="missing_required_parameter")
+        return {"type": "audio", "media": MediaPart("audio", data, f"{where}.data", f"audio/{fmt.lower()[:16]}")}
     if kind == "image_url":  # Chat Completions: {"url": ...} (or the URL alone)
         image = part.get("image_url")
         url, where = (image.get("url"), f"{param}.image_url.url") if isinstance(image, dict) else (image, f"{param}.image_url")
@@ -54,9 +62,11 @@ def media_part(part: dict, param: str) -> dict:
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
     mime, encoded = _data_url(url, where)
+    if mime.startswith("audio/") and kind in ("file", "input_file"):
+        return {"type": "audio", "media": MediaPart("audio", encoded, where, mime)}
     if not mime.startswith("image/"):
-        raise invalid(f"'{where}' is {mime or 'of no declared type'}; only images are taken as attachments here.",
-                      param=where, code="media_unsupported")
+        raise invalid(f"'{where}' is {mime or 'of no declared type'}; only images and audio are taken as attachments "
+                      "here.", param=where, code="media_unsupported")
     return {"type": "image", "media": MediaPart("image", encoded, where, mime)}
 
 

@@ -18,6 +18,7 @@ from looptrace.families.base import THOUGHT, Rendered
 from looptrace.families.media import (
     MediaError,
     MediaPart,
+    decode_audio,
     decode_image,
     media_parts,
     noted_in_tool_results,
@@ -200,10 +201,13 @@ class Generation:
         decoded = {}
         for part in parts:
             try:
-                image = decoded[id(part)] = decode_image(part, limits)
+                if part.kind == "audio":
+                    decoded[id(part)] = decode_audio(part, limits, runtime.family.audio_rate)
+                else:
+                    image = decoded[id(part)] = decode_image(part, limits)
+                    part.info["thumbnail"] = thumbnail(image)  # a few kB, for the trace (when it keeps content)
             except MediaError as exc:
                 raise Refused(str(exc), param=exc.param, code=exc.code) from exc
-            part.info["thumbnail"] = thumbnail(image)  # a few kB, for the trace (when it keeps content)
         self.media_parts = parts
         return with_decoded(messages, decoded)
 

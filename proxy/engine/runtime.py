@@ -46,7 +46,7 @@ class Runtime:
     def media_limits(self) -> MediaLimits:
         s = self.settings
         return MediaLimits(max_bytes=int(s.media_max_mb * 1024**2), max_pixels=s.media_max_pixels,
-                           max_items=s.media_max_items)
+                           max_items=s.media_max_items, max_audio_seconds=s.media_max_audio_seconds)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._load())
@@ -100,7 +100,7 @@ class Runtime:
             processor = load_image_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor)
         if processor is not None:
-            log.info("%s: takes images (%s)", source, type(processor.image_processor).__name__)
+            log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
         self.vocab = Vocabulary(tokenizer)
         if not self.settings.max_model_len:
