@@ -46,8 +46,10 @@ class MediaPart:
     kind: str  # "image" | "audio"
     encoded: str  # base64, as in the data URL
     param: str  # e.g. messages[1].content[0].image_url.url
-    mime: str = ""  # as the data URL declared it
+    mime: str = ""  # as the data URL declared it (or the server that served it)
     info: dict = field(default_factory=dict)  # filled once decoded: format, size, bytes, sha256
+    url: str = ""  # an http(s) URL to fetch (proxy/api/media_fetch.py), instead of `encoded`
+    raw: bytes | None = None  # its bytes, once fetched
 
 
 def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
@@ -122,6 +124,8 @@ def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
 
 
 def _bytes(part: MediaPart, limits: MediaLimits, what: str) -> bytes:
+    if part.raw is not None:  # fetched, within the limit
+        return part.raw
     if len(part.encoded) * 3 // 4 > limits.max_bytes + 3:
         raise MediaError(f"The {what} at {part.param} is about {len(part.encoded) * 3 // 4:,} bytes; the limit is "
                          f"{limits.max_bytes:,} (--media-max-mb).", part.param, code="media_too_large")

@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the most pixels an attached image may have (default 33,554,432: 8K)")
     serve.add_argument("--media-max-items", type=int, default=16, metavar="N",
                        help="the most items one request may attach (default 16)")
+    serve.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+                       help="hosts whose http(s) media URLs may be fetched (exact names; an IP or localhost only "
+                       "when listed as itself); none by default: media comes as data URLs")
+    serve.add_argument("--media-fetch-timeout", type=float, default=10, metavar="S",
+                       help="seconds one media fetch may take, all of it (default 10)")
     serve.add_argument("--media-max-audio-seconds", type=float, default=30, metavar="S",
                        help="the longest audio clip (default 30: what Gemma 4's audio encoder reads)")
     serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
@@ -78,7 +83,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         prefix_cache_tokens=args.prefix_cache_tokens, prefix_cache_mb=args.prefix_cache_mb, backend=args.backend,
         replay=args.replay,
         media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
-        media_max_audio_seconds=args.media_max_audio_seconds,
+        media_max_audio_seconds=args.media_max_audio_seconds, allowed_media_domains=args.allowed_media_domains,
+        media_fetch_timeout=args.media_fetch_timeout,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,

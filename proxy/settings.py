@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-0.8B"
 
@@ -27,6 +27,8 @@ class Settings:
     media_max_pixels: int = 33_554_432
     media_max_items: int = 16
     media_max_audio_seconds: float = 30.0
+    allowed_media_domains: list[str] = field(default_factory=list)  # hosts media URLs may be fetched from
+    media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
     backend: str = "local"  # local | replay | vllm
     replay: str | None = None  # the recorded steps, for --backend replay
     vllm_url: str | None = None  # the vLLM server, for --backend vllm

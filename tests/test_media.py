@@ -427,3 +427,119 @@ def test_bad_audio_is_a_400_naming_its_part(with_audio):
                                  chat_body([{"type": "input_audio", "input_audio": audio}]))
         assert status == 400 and error["error"]["code"] == code, error
         assert error["error"]["param"].startswith("messages[0].content[0].input_audio"), error
+
+
+# -- URLs: fetched only from the hosts --allowed-media-domains lists --
+
+@pytest.fixture(scope="module")
+def files():
+    """A plain HTTP server on 127.0.0.1 serving an image, a redirect, a text file and a large body."""
+    import http.server
+    import threading
+
+    body = png()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            routes = {"/red.png": (200, "image/png", body), "/moved": (302, "text/plain", b""),
+                      "/page.txt": (200, "text/plain", b"hello"), "/big.png": (200, "image/png", b"x" * 2_000_000),
+                      "/missing.png": (404, "text/plain", b"")}
+            status, mime, data = routes.get(self.path, (404, "text/plain", b""))
+            self.send_response(status)
+            self.send_header("Content-Type", mime)
+            if status == 302:
+                self.send_header("Location", "/red.png")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", body
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fetching(qwen3_5_dir, tmp_path_factory):
+    folder = with_images(qwen3_5_dir, "qwen3_5")
+    app = AppThread(Settings(model=str(folder), served_model_name="m", allowed_media_domains=["127.0.0.1"],
+                             media_max_mb=1, trace_db=str(tmp_path_factory.mktemp("fetch") / "traces.sqlite3"))).start()
+    yield app
+    app.stop()
+
+
+def test_an_image_url_from_a_listed_host_is_fetched(fetching, files):
+    import hashlib
+
+    base, body = files
+    for part in ({"type": "image_url", "image_url": {"url": f"{base}/red.png"}},):
+        status, answer, trace = post(fetching, "/v1/chat/completions", chat_body([part]))
+        assert status == 200, answer
+        (item,) = json.loads(next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+                             ["looptrace.prompt.media"])
+        assert (item["sha256"], item["mime"], item["url"]) == (hashlib.sha256(body).hexdigest(), "image/png",
+                                                               f"{base}/red.png")
+    status, answer, _ = post(fetching, "/v1/responses", {"model": "m", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": [{"type": "input_image", "image_url": f"{base}/red.png"}]}]})
+    assert status == 200, answer
+
+
+@pytest.mark.parametrize(("path", "code", "says"), [
+    ("/moved", "media_fetch_failed", "redirects are not followed"), ("/missing.png", "media_fetch_failed", "404"),
+    ("/page.txt", "invalid_media", "text/plain"), ("/big.png", "media_too_large", "--media-max-mb")])
+def test_a_fetch_that_fails_is_a_400_naming_the_part(fetching, files, path, code, says):
+    base, _ = files
+    status, error = fetching.call("POST", "/v1/chat/completions", chat_body(
+        [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": base + path}}]))
+    assert status == 400 and error["error"]["code"] == code and says in error["error"]["message"], error
+    assert error["error"]["param"] == "messages[0].content[1].image_url.url"
+
+
+def test_hosts_not_listed_are_never_fetched(fetching, files, served):
+    base, _ = files
+    port = base.rsplit(":", 1)[1]
+    for url in (f"http://localhost:{port}/red.png", f"http://127.0.0.2:{port}/red.png", "http://example.com/x.png"):
+        status, error = fetching.call("POST", "/v1/chat/completions", chat_body(
+            [{"type": "image_url", "image_url": {"url": url}}]))
+        assert status == 400 and error["error"]["code"] == "media_unsupported", error
+        assert "--allowed-media-domains" in error["error"]["message"]
+    _, _, app = served  # a server that lists none fetches nothing, not even from this machine
+    status, error = app.call("POST", "/v1/chat/completions", chat_body(
+        [{"type": "image_url", "image_url": {"url": f"{base}/red.png"}}]))
+    assert status == 400 and "(none)" in error["error"]["message"], error
+
+
+def test_a_listed_name_that_resolves_to_a_private_address_is_refused():
+    # DNS rebinding: a listed public name pointed at this machine. Only a host listed as itself (an
+    # IP, or localhost) may reach a loopback or private address.
+    import asyncio
+
+    from looptrace.proxy.api.media_fetch import _CheckedResolver
+
+    class Fixed(_CheckedResolver):
+        def __init__(self, allowed, addresses):
+            super().__init__(allowed)
+            self._addresses = addresses
+
+        async def resolve(self, host, port=0, family=0):
+            self._inner.resolve = self._fake
+            return await super().resolve(host, port, family)
+
+        async def _fake(self, host, port, family):
+            return [{"host": a, "port": port, "hostname": host} for a in self._addresses]
+
+    async def resolved(allowed, host, addresses):
+        try:
+            return [a["host"] for a in await Fixed(frozenset(allowed), addresses).resolve(host, 80)]
+        except OSError:
+            return None
+
+    run = asyncio.run
+    assert run(resolved({"media.example"}, "media.example", ["127.0.0.1"])) is None
+    assert run(resolved({"media.example"}, "media.example", ["10.1.2.3", "93.184.216.34"])) == ["93.184.216.34"]
+    assert run(resolved({"media.example"}, "media.example", ["169.254.169.254"])) is None  # cloud metadata
+    assert run(resolved({"127.0.0.1"}, "127.0.0.1", ["127.0.0.1"])) == ["127.0.0.1"]
+    assert run(resolved({"localhost"}, "localhost", ["127.0.0.1"])) == ["127.0.0.1"]

@@ -15,6 +15,7 @@ from ..observe.request_trace import RequestTrace
 from .clients import conversation_id, request_attributes
 from .errors import failure_of, model_not_found
 from .keys import RUNTIME, TELEMETRY
+from .media_fetch import fetch_media
 
 
 @asynccontextmanager
@@ -40,6 +41,9 @@ async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: 
     if model != runtime.model_name:
         raise model_not_found(model, runtime.model_name)
     trace.checked()
+    settings = runtime.settings
+    await fetch_media(request.messages, frozenset(h.lower() for h in settings.allowed_media_domains),
+                      runtime.media_limits, settings.media_fetch_timeout)
     generation = Generation(runtime, request, observer=trace)
     await generation.prepare()
     return generation

@@ -61,6 +61,9 @@ def media_part(part: dict, param: str) -> dict:
         url, where = holder.get("file_data"), f"{param}.file_data"
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
+    if kind in ("image_url", "input_image") and url.startswith(("http://", "https://")):
+        # Fetched, if its host is listed, before the request is prepared (media_fetch.py).
+        return {"type": "image", "media": MediaPart("image", "", where, url=url)}
     mime, encoded = _data_url(url, where)
     if mime.startswith("audio/") and kind in ("file", "input_file"):
         return {"type": "audio", "media": MediaPart("audio", encoded, where, mime)}
@@ -82,8 +85,9 @@ def _data_url(url: str, where: str) -> tuple[str, str]:
     """(MIME type, base64 text) of a `data:` URL; anything else is refused, never fetched."""
     if not url.startswith("data:"):
         scheme = url.split(":", 1)[0][:16] if ":" in url else "none"
-        raise invalid(f"'{where}': only data URLs (data:image/png;base64,...) are read; this server fetches no "
-                      f"URLs (scheme {scheme!r}).", param=where, code="media_unsupported")
+        raise invalid(f"'{where}': only data URLs (data:image/png;base64,...) and, from the hosts "
+                      f"--allowed-media-domains lists, http(s) URLs are read (scheme {scheme!r}).", param=where,
+                      code="media_unsupported")
     header, sep, encoded = url[5:].partition(",")
     if not sep or not header.endswith(";base64"):
         raise invalid(f"'{where}': a data URL must be base64 (data:MIME;base64,...).", param=where,

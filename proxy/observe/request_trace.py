@@ -428,6 +428,8 @@ def _media_items(runtime, ids: list[int], parts: list, content: bool) -> list[di
         thumbnail = info.pop("thumbnail", None)
         offset, length = runs[n] if n < len(runs) else (None, 0)
         item = {"kind": part.kind, "mime": part.mime, "param": part.param, **info, "tokens": length, "offset": offset}
+        if part.url:
+            item["url"] = part.url
         if content and thumbnail:
             item["thumbnail"] = "data:image/jpeg;base64," + base64.b64encode(thumbnail).decode()
         items.append(item)
