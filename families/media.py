@@ -1,23 +1,13 @@
-"""Media a client attached, decoded for the checkpoint's processor: images with pillow, audio with
-PyAV (FFmpeg's decoders: WAV, MP3, FLAC, Ogg, …), mono at the processor's sampling rate.
-
-The API layer finds the parts and their bytes (`MediaPart`); decoding happens here, on the
-rendering thread, never on the event loop. Every limit has a flag (proxy/settings.py) and going past
-one is a `MediaError` naming the limit and the part, which the server answers with a 400, as it does
-a corrupt or undecodable item. pillow is an optional extra (`looptrace[media]`): without it, media
-is a 400 saying what to install, never a 500.
+"""Media a client attached: the parts as the API layer found them (`MediaPart`), their limits, and
+where they sit in a conversation (in Hugging Face's message format, as the processor reads it).
+Decoding them is media_decode.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 # What a model reads in the place of an item it cannot take, where refusing would end an agent's
 # session for something the client did not choose to send it (a tool's output, a system prompt).
 NOTE = "[an image or file was attached here; this server reads text only]"
@@ -33,7 +23,7 @@ class MediaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MediaLimits:
-    max_bytes: int = 20 * 1024**2  # per item, as sent (after base64)
+    max_bytes: int = 20 * 1024**2  # per item: its bytes (base64 decoded, or as fetched)
     max_pixels: int = 33_554_432  # per image: a 5K or 6K screenshot fits, a decompression bomb does not
     max_items: int = 16  # per request
     max_audio_seconds: float = 30.0  # per clip: Gemma 4's audio encoder reads 30 s (750 tokens of 40 ms)
@@ -50,112 +40,6 @@ class MediaPart:
     info: dict = field(default_factory=dict)  # filled once decoded: format, size, bytes, sha256
     url: str = ""  # an http(s) URL to fetch (proxy/api/media_fetch.py), instead of `encoded`
     raw: bytes | None = None  # its bytes, once fetched
-
-
-def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
-    """The part as an RGB PIL image: EXIF orientation applied, palette and alpha flattened onto
-    white, an animated image's first frame (a screenshot or diagram is what agents send; a video
-    goes in as a video)."""
-    try:
-        from PIL import Image, ImageOps, UnidentifiedImageError
-    except ImportError as exc:
-        raise MediaError("This server cannot decode images: install looptrace[media] (pillow).", part.param,
-                         code="media_unsupported") from exc
-    data = _bytes(part, limits, "image")
-    try:
-        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-        width, height = image.size  # from the header, before any pixel is decoded
-        if width * height > limits.max_pixels:
-            raise MediaError(f"The image at {part.param} is {width}×{height} pixels; the limit is "
-                             f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param, code="media_too_large")
-        fmt = image.format
-        image.seek(0)
-        image = ImageOps.exif_transpose(image)
-        image = _rgb(image)
-    except MediaError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
-    part.info = {"format": fmt, "width": image.width, "height": image.height, "bytes": len(data),
-                 "sha256": hashlib.sha256(data).hexdigest()}
-    return image
-
-
-def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
-    """The part as mono float32 samples at `rate`, as the processor's feature extractor reads them."""
-    try:
-        import av
-        import numpy as np
-    except ImportError as exc:
-        raise MediaError("This server cannot decode audio: install looptrace[media] (av).", part.param,
-                         code="media_unsupported") from exc
-    data = _bytes(part, limits, "audio clip")
-    try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise MediaError(f"The audio at {part.param} holds no audio stream.", part.param)
-            stream = container.streams.audio[0]
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            chunks, samples, most = [], 0, int(limits.max_audio_seconds * rate)
-            for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray()[0])
-                    samples += chunks[-1].shape[0]
-                if samples > most:  # decoding stops here: a long clip costs no more than the limit
-                    raise MediaError(f"The audio at {part.param} is longer than {limits.max_audio_seconds:g} s "
-                                     "(--media-max-audio-seconds).", part.param, code="media_too_large")
-            chunks += [out.to_ndarray()[0] for out in resampler.resample(None)]
-            fmt = container.format.name
-    except MediaError:
-        raise
-    except (av.error.FFmpegError, ValueError, IndexError) as exc:
-        raise MediaError(f"The audio at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
-    audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-    if audio.size == 0:
-        raise MediaError(f"The audio at {part.param} holds no samples.", part.param)
-    if audio.size > int(limits.max_audio_seconds * rate):
-        raise MediaError(f"The audio at {part.param} is longer than {limits.max_audio_seconds:g} s "
-                         "(--media-max-audio-seconds).", part.param, code="media_too_large")
-    part.info = {"format": fmt, "seconds": round(audio.size / rate, 3), "sampling_rate": rate, "bytes": len(data),
-                 "sha256": hashlib.sha256(data).hexdigest()}
-    return audio
-
-
-def _bytes(part: MediaPart, limits: MediaLimits, what: str) -> bytes:
-    if part.raw is not None:  # fetched, within the limit
-        return part.raw
-    if len(part.encoded) * 3 // 4 > limits.max_bytes + 3:
-        raise MediaError(f"The {what} at {part.param} is about {len(part.encoded) * 3 // 4:,} bytes; the limit is "
-                         f"{limits.max_bytes:,} (--media-max-mb).", part.param, code="media_too_large")
-    try:
-        return base64.b64decode(part.encoded, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise MediaError(f"The {what} at {part.param} is not valid base64 ({exc}).", part.param) from exc
-
-
-def _rgb(image):
-    from PIL import Image
-
-    if image.mode == "RGB":
-        return image
-    if image.mode == "P":
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA") or (image.mode == "RGBa"):
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
-        return background
-    return image.convert("RGB")
-
-
-def thumbnail(image, side: int = 128, quality: int = 70) -> bytes:
-    """A small JPEG of the image for the trace: a few kilobytes, enough to recognise it."""
-    copy = image.copy()
-    copy.thumbnail((side, side))
-    out = io.BytesIO()
-    copy.save(out, "JPEG", quality=quality)
-    return out.getvalue()
 
 
 def media_parts(messages: list[dict]) -> list[MediaPart]:

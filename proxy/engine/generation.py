@@ -15,17 +15,8 @@ from typing import AsyncIterator, NamedTuple
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
 from looptrace.families.base import THOUGHT, Rendered
-from looptrace.families.media import (
-    MediaError,
-    MediaPart,
-    decode_audio,
-    decode_image,
-    media_parts,
-    noted_in_tool_results,
-    thumbnail,
-    token_runs,
-    with_decoded,
-)
+from looptrace.families.media import MediaError, MediaPart, media_parts, noted_in_tool_results, token_runs, with_decoded
+from looptrace.families.media_decode import decode_audio, decode_image, thumbnail
 
 from .errors import Refused
 from .runtime import Runtime
