@@ -119,13 +119,13 @@ class ChatML(Family):
         False: {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
     }
 
-    def __init__(self, tokenizer, generation_config: dict | None = None) -> None:
+    def __init__(self, tokenizer, generation_config: dict | None = None, processor=None) -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not chat_template_is_chatml(template):
             raise UnsupportedModel(
                 "this checkpoint's chat template does not write ChatML turns (<|im_start|>), "
                 "so its tool-call and reasoning format is unknown here")
-        super().__init__(tokenizer, generation_config)
+        super().__init__(tokenizer, generation_config, processor)
 
     def prompt_leaves_thinking(self, prompt: str) -> bool:
         return prompt.rstrip().endswith("<think>")

@@ -98,7 +98,7 @@ class Runtime:
         processor = None
         if family_cls.processor_class and not checkpoint.gguf_file:
             processor = load_image_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
-        self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor)
+        self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
