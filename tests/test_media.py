@@ -71,9 +71,9 @@ def post(app, path: str, body: dict) -> tuple[int, dict, dict | None]:
     return status, answer, app.stored(f"/v1/traces/{newest}")
 
 
-def expected_tokens(folder, image: Image.Image, text: str) -> tuple[list[int], float, int]:
-    """What transformers itself generates from the processor's inputs: the tokens, the first one's
-    logprob, and the image tokens the processor wrote."""
+def generated_for(folder, messages: list[dict]) -> tuple[list[int], list[float], list[int]]:
+    """What transformers itself generates for a conversation (PIL images and audio samples in its
+    parts), from the checkpoint's processor: the greedy tokens, their logprobs, and the prompt ids."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from looptrace.families import family_for_config
@@ -82,19 +82,31 @@ def expected_tokens(folder, image: Image.Image, text: str) -> tuple[list[int], f
     family = family_for_config(json.loads((folder / "config.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     processor = load_image_processor(folder, family.processor_class, tokenizer, {})
-    inputs = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image", "image": image}]}],
-        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", enable_thinking=False)
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt", enable_thinking=False)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
                              output_scores=True, return_dict_in_generate=True)
     prompt = inputs["input_ids"][0].tolist()
     tokens = out.sequences[0, len(prompt):].tolist()
-    first = torch.log_softmax(out.scores[0][0].float(), -1)[tokens[0]].item()
-    image_ids = {i for t, i in ((t, tokenizer.convert_tokens_to_ids(t)) for t in family.media_tokens)
-                 if family.media_tokens[t] == "image"}
-    return tokens, first, sum(1 for i in prompt if i in image_ids)
+    logprobs = [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(out.scores, tokens)]
+    return tokens, logprobs, prompt
+
+
+def media_tokens(folder, prompt: list[int], kind: str) -> int:
+    from transformers import AutoTokenizer
+
+    from looptrace.families import family_for_config
+
+    family = family_for_config(json.loads((folder / "config.json").read_text()))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = {tokenizer.convert_tokens_to_ids(t) for t, k in family.media_tokens.items() if k == kind}
+    return sum(1 for i in prompt if i in ids)
+
+
+def asking(text: str, kind: str, item) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": text}, {"type": kind, kind: item}]}]
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -102,12 +114,13 @@ def test_an_image_reaches_the_model_as_generate_reads_it(served, api):
     _, folder, app = served
     data = png()
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    expected, first_logprob, image_tokens = expected_tokens(folder, image, "What is this?")
+    expected, logprobs, prompt = generated_for(folder, asking("What is this?", "image", image))
+    image_tokens = media_tokens(folder, prompt, "image")
     assert image_tokens > 16 and len(set(expected)) > 1
     # The pixels matter to the model: another image, another distribution (so equality below means
     # the image reached prefill, not only its placeholder tokens).
-    _, other_logprob, _ = expected_tokens(folder, Image.new("RGB", (64, 48), (0, 255, 0)), "What is this?")
-    assert abs(other_logprob - first_logprob) > 1e-4
+    _, other, _ = generated_for(folder, asking("What is this?", "image", Image.new("RGB", (64, 48), (0, 255, 0))))
+    assert abs(other[0] - logprobs[0]) > 1e-4
     if api == "chat":
         status, answer, trace = post(app, "/v1/chat/completions", chat_body(
             [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": data_url(data)}}]))
@@ -119,7 +132,7 @@ def test_an_image_reaches_the_model_as_generate_reads_it(served, api):
     assert status == 200, answer
     decode = next(s for s in trace["spans"] if s["name"] == "decode")
     assert [t["id"] for t in decode["tokens"]] == expected
-    assert decode["tokens"][0]["logprob"] == pytest.approx(first_logprob, abs=1e-3)
+    assert decode["tokens"][0]["logprob"] == pytest.approx(logprobs[0], abs=1e-3)
     render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
     (item,) = json.loads(render["looptrace.prompt.media"])
     assert (item["kind"], item["mime"], item["width"], item["height"], item["bytes"]) == ("image", "image/png", 64, 48,
@@ -250,27 +263,6 @@ def test_an_image_a_tool_returned_reaches_the_model(served):
         assert prompt.index("<tool_response|>") < prompt.index("<|turn>user\n<|image>")
 
 
-def generated_for(folder, messages: list[dict]) -> tuple[list[int], list[float]]:
-    """transformers' own greedy tokens for a conversation (PIL images in its parts), and their logprobs."""
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-
-    from looptrace.families import family_for_config
-    from looptrace.families.processor import load_image_processor
-
-    family = family_for_config(json.loads((folder / "config.json").read_text()))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    processor = load_image_processor(folder, family.processor_class, tokenizer, {})
-    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           return_tensors="pt", enable_thinking=False)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
-                             output_scores=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    logprobs = [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(out.scores, tokens)]
-    return tokens, logprobs
-
-
 def test_the_next_turn_reuses_the_image_s_state_and_another_image_does_not(served):
     # An agent's screenshot stays in every later turn: the prefix cache keeps the state after it, keyed
     # by the image's digest as well as the ids (the same text with another image is not a hit).
@@ -296,7 +288,7 @@ def test_the_next_turn_reuses_the_image_s_state_and_another_image_does_not(serve
              {"role": "assistant", "content": "", "tool_calls": [
                  {"id": "c1", "type": "function", "function": {"name": "zoom", "arguments": {}}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "zoomed"}]
-    tokens, logprobs = generated_for(folder, as_hf)
+    tokens, logprobs, _ = generated_for(folder, as_hf)
     assert [t["id"] for t in decode["tokens"]] == tokens
     assert [t["logprob"] for t in decode["tokens"]] == pytest.approx(logprobs, abs=1e-3)
 
@@ -345,34 +337,14 @@ def with_audio(tmp_path_factory):
     app.stop()
 
 
-def audio_expected(folder, samples) -> tuple[list[int], float, int]:
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-
-    from looptrace.families.processor import load_image_processor
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    processor = load_image_processor(folder, "Gemma4Processor", tokenizer, {})
-    inputs = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "text", "text": "Transcribe."}, {"type": "audio", "audio": samples}]}],
-        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", enable_thinking=False)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
-                             output_scores=True, return_dict_in_generate=True)
-    prompt = inputs["input_ids"][0].tolist()
-    tokens = out.sequences[0, len(prompt):].tolist()
-    audio_id = tokenizer.convert_tokens_to_ids("<|audio|>")
-    return tokens, torch.log_softmax(out.scores[0][0].float(), -1)[tokens[0]].item(), prompt.count(audio_id)
-
-
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_audio_reaches_the_model_as_generate_reads_it(with_audio, api):
     folder, app = with_audio
     data = wav()
-    expected, first_logprob, audio_tokens = audio_expected(folder, samples_of(data))
-    assert audio_tokens == 38  # ceil(1,500 ms / 40 ms), as the processor counts
-    _, other_logprob, _ = audio_expected(folder, samples_of(wav(hz=880.0)))
-    assert abs(other_logprob - first_logprob) > 1e-4  # the sound matters to the model
+    expected, logprobs, prompt = generated_for(folder, asking("Transcribe.", "audio", samples_of(data)))
+    assert media_tokens(folder, prompt, "audio") == 38  # ceil(1,500 ms / 40 ms), as the processor counts
+    _, other, _ = generated_for(folder, asking("Transcribe.", "audio", samples_of(wav(hz=880.0))))
+    assert abs(other[0] - logprobs[0]) > 1e-4  # the sound matters to the model
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
     if api == "chat":
         body = chat_body([{"type": "text", "text": "Transcribe."}, part])
@@ -384,7 +356,7 @@ def test_audio_reaches_the_model_as_generate_reads_it(with_audio, api):
     assert status == 200, answer
     decode = next(s for s in trace["spans"] if s["name"] == "decode")
     assert [t["id"] for t in decode["tokens"]] == expected
-    assert decode["tokens"][0]["logprob"] == pytest.approx(first_logprob, abs=1e-3)
+    assert decode["tokens"][0]["logprob"] == pytest.approx(logprobs[0], abs=1e-3)
     render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
     (item,) = json.loads(render["looptrace.prompt.media"])
     assert (item["kind"], item["mime"], item["seconds"], item["sampling_rate"], item["tokens"]) == (
