@@ -105,7 +105,8 @@ class Family:
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
 
     def __init__(self, tokenizer: Any, generation_config: dict | None = None, processor: Any = None) -> None:
-        """`processor`: the checkpoint's processor for images (families/processor.py), or None."""
+        """`processor`: the checkpoint's processor for images, and audio where it has a feature extractor
+        (families/processor.py), or None for a model that reads text only."""
         self.tokenizer = tokenizer
         self.processor = processor
         extractor = getattr(processor, "feature_extractor", None)

@@ -202,6 +202,7 @@ BAD = {
     "not base64 data URL": ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}}, "invalid_media"),
     "a PDF": ({"type": "file", "file": {"file_data": data_url(b"%PDF-1.4", "application/pdf")}}, "media_unsupported"),
     "audio": ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "media_unsupported"),
+    "video": ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "media_unsupported"),
 }
 
 

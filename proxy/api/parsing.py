@@ -13,7 +13,7 @@ from .validation import embedded_json, field, in_range
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
 
-MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file")
+MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file", "video_url")
 MEDIA_NOTE = NOTE  # what an item in a system prompt or an assistant's words becomes
 
 
@@ -34,6 +34,9 @@ def media_part(part: dict, param: str) -> dict:
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
     rendering thread (families/media.py)."""
     kind = part.get("type")
+    if kind == "video_url":
+        raise invalid(f"Video input ('{param}') is not supported by this server yet: send frames as images.",
+                      param=param, code="media_unsupported")
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
         where = f"{param}.input_audio" if audio is not part else param
