@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from relay import one_stream  # bench/ is on the path only from here
+
 ANSWER = "Sure, here it is.<|im_end|>"
 MESSAGES = [{"role": "user", "content": "Say something short."}]
 
@@ -47,25 +49,6 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if line.startswith(prefix + " "):
             return float(line.split()[-1])
     return 0.0
-
-
-async def one_request(session: aiohttp.ClientSession, url: str, body: dict) -> int:
-    """Streams one answer to its end; returns its completion tokens (from the usage chunk)."""
-    usage, buffer = 0, b""
-    async with session.post(url, json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"answered {response.status}: {await response.text()}")
-        async for block in response.content.iter_any():
-            lines = (buffer + block).split(b"\n")
-            buffer = lines.pop()
-            for line in lines:
-                if line.startswith(b"data: {"):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        raise RuntimeError(f"an error frame: {chunk}")
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]["completion_tokens"]
-    return usage
 
 
 async def drive(url: str, body: dict, streams: int, seconds: float, rate: float | None,
@@ -90,7 +73,8 @@ async def drive(url: str, body: dict, streams: int, seconds: float, rate: float 
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 elif time.perf_counter() >= end:
                     return
-                tokens.append(await one_request(session, url + "/v1/chat/completions", body))
+                _, _, usage, _ = await one_stream(session, url + "/v1/chat/completions", body)
+                tokens.append(usage or 0)
 
         watcher = asyncio.create_task(watch())
         await asyncio.gather(*(client() for _ in range(streams)))

@@ -94,6 +94,14 @@ def generated_for(folder, messages: list[dict]) -> tuple[list[int], list[float],
     return tokens, logprobs, prompt
 
 
+def decoded_as(trace: dict, tokens: list[int], logprobs: list[float], how_many: int = 1) -> None:
+    """The trace's decode span holds transformers' tokens, and its first `how_many` logprobs."""
+    decode = next(s for s in trace["spans"] if s["name"] == "decode")
+    assert [t["id"] for t in decode["tokens"]] == tokens
+    got = [t["logprob"] for t in decode["tokens"]][:how_many]
+    assert got == pytest.approx(logprobs[:how_many], abs=1e-3)
+
+
 def media_tokens(folder, prompt: list[int], kind: str) -> int:
     from transformers import AutoTokenizer
 
@@ -130,9 +138,7 @@ def test_an_image_reaches_the_model_as_generate_reads_it(served, api):
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
                                                     {"type": "input_image", "image_url": data_url(data)}]}]})
     assert status == 200, answer
-    decode = next(s for s in trace["spans"] if s["name"] == "decode")
-    assert [t["id"] for t in decode["tokens"]] == expected
-    assert decode["tokens"][0]["logprob"] == pytest.approx(logprobs[0], abs=1e-3)
+    decoded_as(trace, expected, logprobs)
     render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
     (item,) = json.loads(render["looptrace.prompt.media"])
     assert (item["kind"], item["mime"], item["width"], item["height"], item["bytes"]) == ("image", "image/png", 64, 48,
@@ -140,6 +146,9 @@ def test_an_image_reaches_the_model_as_generate_reads_it(served, api):
     assert item["tokens"] == image_tokens and item["offset"] > 0
     assert item["thumbnail"].startswith("data:image/jpeg;base64,") and len(item["thumbnail"]) < 8000
     assert render["looptrace.prompt.media.image_tokens"] == image_tokens
+    # A fork would give the model the image's tokens without its pixels: refused, saying so.
+    status, error = app.call("POST", f"/v1/traces/{trace['trace_id']}/fork", {"index": 0, "token_id": expected[0]})
+    assert status == 400 and error["error"]["code"] == "trace_with_media", error
     root = next(s for s in trace["spans"] if not s["parent_span_id"])["attributes"]
     assert '"modality":"image"' in root["gen_ai.input.messages"].replace(" ", "")
     assert 'looptrace_media_items_total{kind="image",model="m"}' in _metrics(app) or \
@@ -283,15 +292,13 @@ def test_the_next_turn_reuses_the_image_s_state_and_another_image_does_not(serve
     (item,) = json.loads(render["looptrace.prompt.media"])
     cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= item["offset"] + item["tokens"], (cached, item)
-    decode = next(s for s in trace["spans"] if s["name"] == "decode")
     image = Image.open(io.BytesIO(red)).convert("RGB")
     as_hf = [{"role": "user", "content": [{"type": "text", "text": "Describe it."}, {"type": "image", "image": image}]},
              {"role": "assistant", "content": "", "tool_calls": [
                  {"id": "c1", "type": "function", "function": {"name": "zoom", "arguments": {}}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "zoomed"}]
     tokens, logprobs, _ = generated_for(folder, as_hf)
-    assert [t["id"] for t in decode["tokens"]] == tokens
-    assert [t["logprob"] for t in decode["tokens"]] == pytest.approx(logprobs, abs=1e-3)
+    decoded_as(trace, tokens, logprobs, how_many=len(logprobs))
 
     other = json.loads(json.dumps(second).replace(data_url(red), data_url(green)))
     status, answer, _ = post(app, "/v1/chat/completions", {**chat_body([]), "messages": other})
@@ -355,9 +362,7 @@ def test_audio_reaches_the_model_as_generate_reads_it(with_audio, api):
             "model": "m", "max_output_tokens": NEW_TOKENS, "temperature": 0, "reasoning": {"effort": "none"},
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "Transcribe."}, part]}]})
     assert status == 200, answer
-    decode = next(s for s in trace["spans"] if s["name"] == "decode")
-    assert [t["id"] for t in decode["tokens"]] == expected
-    assert decode["tokens"][0]["logprob"] == pytest.approx(logprobs[0], abs=1e-3)
+    decoded_as(trace, expected, logprobs)
     render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
     (item,) = json.loads(render["looptrace.prompt.media"])
     assert (item["kind"], item["mime"], item["seconds"], item["sampling_rate"], item["tokens"]) == (

@@ -122,6 +122,10 @@ def _original(trace: dict, runtime: Runtime) -> Original:
                        "whose tokens would mean something else.", param="trace_id", code="model_mismatch")
     render = spans.get("render", {}).get("attributes", {})
     tokens = spans.get("decode", {}).get("tokens", [])
+    if render.get("looptrace.prompt.media"):
+        raise invalid("This trace's prompt held images or audio, whose bytes a trace does not keep: its media tokens "
+                      "alone would mean nothing to the model, so it cannot be run again.", param="trace_id",
+                      code="trace_with_media")
     ids = render.get("looptrace.prompt.ids")
     if ids is None or any("id" not in t for t in tokens):
         raise invalid("This trace was recorded with --no-trace-content: its token ids were not kept, so it "

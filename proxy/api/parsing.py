@@ -95,7 +95,8 @@ def _data_url(url: str, where: str) -> tuple[str, str]:
     if not sep or not header.endswith(";base64"):
         raise invalid(f"'{where}': a data URL must be base64 (data:MIME;base64,...).", param=where,
                       code="invalid_media")
-    return header[: -len(";base64")].split(";", 1)[0].strip().lower(), encoded
+    # The declared type is the client's string: kept short, it is only shown (escaped) and compared.
+    return header[: -len(";base64")].split(";", 1)[0].strip().lower()[:64], encoded
 
 
 def temperature_and_top_p(body: dict) -> tuple[float | None, float | None]:

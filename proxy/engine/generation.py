@@ -100,6 +100,7 @@ class Generation:
         self.text: list[str] = []
         self.finish_reason: str | None = None
         self.media_parts: list[MediaPart] = []  # the attached items, decoded (their info filled)
+        self.media_runs: list[tuple[int, int]] = []  # (offset, length) of the tokens each one became
         self._decode: DecodeRequest | None = None
 
     # -- before any byte goes to the client: everything that can refuse the request --
@@ -137,6 +138,8 @@ class Generation:
                 self.forced_ids = runtime.encode(self.forced_text)
         ids = rendered.ids + self.forced_ids
         self.rendered, self.prompt_ids = rendered, ids
+        if self.media_parts:  # found once, here: the prefix cache's key and the trace both read them
+            self.media_runs = token_runs(ids, family.media_ids)
         limit = runtime.max_model_len
         room = limit - len(ids)
         # A prompt refused for its length is traced by its size, not its text: what a refused request
@@ -210,10 +213,8 @@ class Generation:
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
-        media_key = ()
-        if self.rendered.media is not None:  # which item fills which tokens: part of what the prompt is
-            runs = token_runs(self.prompt_ids, family.media_ids)
-            media_key = tuple((*run, part.info.get("sha256", "")) for run, part in zip(runs, self.media_parts))
+        # Which item fills which tokens: part of what the prompt is.
+        media_key = tuple((*run, part.info.get("sha256", "")) for run, part in zip(self.media_runs, self.media_parts))
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
                                      keep_at=self.rendered.history_length, media=self.rendered.media,
                                      media_key=media_key)

@@ -30,7 +30,6 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
 from looptrace.backends.jsontext import dumps
-from looptrace.families.media import token_runs
 from looptrace.trace_store import tokens as token_events
 from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK
 
@@ -126,12 +125,12 @@ class RequestTrace(Observer):
         }
         if rendered.merged_system:
             attributes["looptrace.prompt.merged_system_messages"] = rendered.merged_system
-        for kind, count in _media_counts(runtime, ids).items():
-            attributes[f"looptrace.prompt.media.{kind}_tokens"] = count
-        if generation.media_parts:
-            items = _media_items(runtime, ids, generation.media_parts, content)
+        if generation.media_parts:  # a prompt of text alone holds no media tokens: a typed one is text
+            items = _media_items(generation, content)
             attributes["looptrace.prompt.media"] = dumps(items)
             for item in items:
+                key = f"looptrace.prompt.media.{item['kind']}_tokens"
+                attributes[key] = attributes.get(key, 0) + item["tokens"]
                 self.metrics.media_items.labels(self._label, item["kind"]).inc()
                 self.metrics.media_tokens.labels(self._label, item["kind"]).inc(item["tokens"])
         if generation.forced_ids:  # the answer's forced opening, at the end of the prompt ids
@@ -418,12 +417,12 @@ def _template_hash(tokenizer) -> str:
     return hashlib.sha256(template.encode()).hexdigest()
 
 
-def _media_items(runtime, ids: list[int], parts: list, content: bool) -> list[dict]:
+def _media_items(generation: Generation, content: bool) -> list[dict]:
     """Each attached item as the trace keeps it: what it was, and the run of media tokens it became
     (the processor writes one run per item, in the items' order)."""
-    runs = token_runs(ids, runtime.family.media_ids)
+    runs = generation.media_runs
     items = []
-    for n, part in enumerate(parts):
+    for n, part in enumerate(generation.media_parts):
         info = dict(part.info)
         thumbnail = info.pop("thumbnail", None)
         offset, length = runs[n] if n < len(runs) else (None, 0)
@@ -434,16 +433,3 @@ def _media_items(runtime, ids: list[int], parts: list, content: bool) -> list[di
             item["thumbnail"] = "data:image/jpeg;base64," + base64.b64encode(thumbnail).decode()
         items.append(item)
     return items
-
-
-def _media_counts(runtime, ids: list[int]) -> dict[str, int]:
-    media = runtime.family.media_ids
-    if not media:
-        return {}
-    counts = {kind: 0 for kind in media.values()}
-    for token_id in ids:
-        kind = media.get(token_id)
-        if kind:
-            counts[kind] += 1
-    return counts
-

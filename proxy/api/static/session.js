@@ -171,7 +171,10 @@ export class SessionView {
     const box = h("div", {class: "new"});
     const messages = step.new_messages;
     if (!messages) {
-      box.append(h("p", {class: "note"}, step.new_from === undefined ? "Messages not recorded (--no-trace-content)." : ""));
+      const refused = step.error || (step.http_status && step.http_status >= 400);
+      box.append(h("p", {class: "note"}, step.new_from !== undefined ? ""
+        : refused ? "Messages not kept: the request was refused before they reached the model (see its error)."
+        : "Messages not recorded (--no-trace-content)."));
       return box;
     }
     box.append(h("h4", {}, "New in the prompt", h("span", {class: "note"}, step.new_from ? ` from message ${step.new_from + 1}` : "")));
