@@ -23,9 +23,10 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .media import has_media, lift_from_tool_results
+from .media import MediaPart, has_media, lift_from_tool_results, video_metadata
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
+from .video_processor import sampler
 
 THOUGHT = "thought"
 CONTENT = "content"
@@ -105,13 +106,17 @@ class Family:
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
 
     def __init__(self, tokenizer: Any, generation_config: dict | None = None, processor: Any = None) -> None:
-        """`processor`: the checkpoint's processor for images, and audio where it has a feature extractor
-        (families/processor.py), or None for a model that reads text only."""
+        """`processor`: the checkpoint's processor for images, and video and audio where it has their
+        processors (families/processor.py), or None for a model that reads text only."""
         self.tokenizer = tokenizer
         self.processor = processor
         extractor = getattr(processor, "feature_extractor", None)
         self.audio_rate = getattr(extractor, "sampling_rate", 0)
-        self.media_kinds = frozenset() if processor is None else frozenset({"image", "audio"} if extractor else {"image"})
+        self.video_processor = getattr(processor, "video_processor", None)
+        kinds = {"image", "audio" if extractor else "", "video" if self.video_processor else ""} - {""}
+        self.media_kinds = frozenset() if processor is None else frozenset(kinds)
+        # How the processor samples a video's frames, so that only those are decoded.
+        self.sample_video = sampler(self.video_processor) if self.video_processor is not None else None
         self.generation_config = generation_config or {}
         tok = getattr(tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
         tok = tok if hasattr(tok, "convert_tokens_to_ids") else tokenizer
@@ -147,6 +152,9 @@ class Family:
             extra["return_tensors"] = "pt"
             if not self.tool_result_media:
                 messages = lift_from_tool_results(messages)
+            messages, videos = video_metadata(messages)
+            if videos:  # frames were sampled while decoding, as the processor samples them
+                extra["processor_kwargs"] = {"video_metadata": videos, "do_sample_frames": False}
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.
@@ -166,9 +174,18 @@ class Family:
             ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor batches
         # Decoded from the ids, so the stored prompt is exactly what the model read.
         text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        media = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")} if with_media else None
+        media = {k: v for k, v in encoded.items()
+                 if k not in ("input_ids", "attention_mask", "video_metadata")} if with_media else None
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
                         history_length=len(ids) - self._transient_tail_length(text, ids), media=media)
+
+    def runs_of(self, part: MediaPart) -> int:
+        """How many runs of placeholder tokens an item becomes: a video one per frame, or per
+        temporal patch of frames (Qwen3.5's two), with each one's timestamp between them."""
+        if part.kind != "video":
+            return 1
+        step = getattr(self.video_processor, "temporal_patch_size", None) or 1
+        return -(-part.info["frames"] // step)
 
     def tokens_beyond(self, messages: list[dict], limit: int) -> int:
         """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0."""

@@ -27,13 +27,14 @@ class MediaLimits:
     max_pixels: int = 33_554_432  # per image: a 5K or 6K screenshot fits, a decompression bomb does not
     max_items: int = 16  # per request
     max_audio_seconds: float = 30.0  # per clip: Gemma 4's audio encoder reads 30 s (750 tokens of 40 ms)
+    max_video_frames: int = 64  # per video, as the processor samples it: Gemma 4 takes 32, Qwen3.5 2 a second
 
 
 @dataclass(slots=True)
 class MediaPart:
     """One attached item as the client sent it: what it is, its base64 text, and where it was."""
 
-    kind: str  # "image" | "audio"
+    kind: str  # "image" | "audio" | "video"
     encoded: str  # base64, as in the data URL
     param: str  # e.g. messages[1].content[0].image_url.url
     mime: str = ""  # as the data URL declared it (or the server that served it)
@@ -50,16 +51,43 @@ def media_parts(messages: list[dict]) -> list[MediaPart]:
 
 def with_decoded(messages: list[dict], decoded: dict[int, Any]) -> list[dict]:
     """The conversation with each item's part holding its decoded form (`decoded`: id(part) → it),
-    as the processor's chat template reads it: {"type": "image", "image": PIL image}."""
+    as the processor's chat template reads it: {"type": "image", "image": PIL image}; a video's
+    part also holds its metadata (`video_metadata()` takes it out)."""
     out = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list) and any(isinstance(p, dict) and "media" in p for p in content):
-            content = [{"type": p["media"].kind, p["media"].kind: decoded[id(p["media"])]}
+            content = [_decoded_part(p["media"], decoded[id(p["media"])])
                        if isinstance(p, dict) and isinstance(p.get("media"), MediaPart) else p for p in content]
             message = {**message, "content": content}
         out.append(message)
     return out
+
+
+def _decoded_part(part: MediaPart, value: Any) -> dict:
+    if part.kind == "video":
+        frames, metadata = value
+        return {"type": "video", "video": frames, "video_metadata": metadata}
+    return {"type": part.kind, part.kind: value}
+
+
+def video_metadata(messages: list[dict]) -> tuple[list[dict], list[Any]]:
+    """The conversation without its videos' metadata, and the metadata in the videos' order, as the
+    processor takes it (beside the messages, one per video)."""
+    found: list[Any] = []
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and "video_metadata" in p for p in content):
+            parts = []
+            for p in content:
+                if isinstance(p, dict) and "video_metadata" in p:
+                    found.append(p["video_metadata"])
+                    p = {k: v for k, v in p.items() if k != "video_metadata"}
+                parts.append(p)
+            message = {**message, "content": parts}
+        out.append(message)
+    return out, found
 
 
 def has_media(messages: list[dict]) -> bool:
@@ -104,9 +132,24 @@ def noted_in_tool_results(messages: list[dict], accepted: frozenset[str]) -> lis
     return out
 
 
+def item_tokens(ids: list[int], media_ids: dict[int, str], runs_per_item: list[int]) -> list[tuple[int, int, int]]:
+    """(offset, span, tokens) of each item in a prompt: where its first run of placeholder tokens
+    starts, how far its last one ends from there, and how many placeholders it became. An image or
+    a clip is one run; a video one per frame (Gemma 4) or per pair of frames (Qwen3.5), with the
+    frames' timestamps between them."""
+    runs = token_runs(ids, media_ids)
+    out = []
+    for count in runs_per_item:
+        mine, runs = runs[:count], runs[count:]
+        if mine:
+            out.append((mine[0][0], sum(mine[-1]) - mine[0][0], sum(n for _, n in mine)))
+        else:
+            out.append((0, 0, 0))
+    return out
+
+
 def token_runs(ids: list[int], media_ids: dict[int, str]) -> list[tuple[int, int]]:
-    """(offset, length) of each run of media placeholder tokens in a prompt: one per item, in the
-    items' order, as the processor writes them."""
+    """(offset, length) of each run of media placeholder tokens in a prompt, in order."""
     runs: list[tuple[int, int]] = []
     for i, token_id in enumerate(ids):
         if token_id in media_ids:

@@ -1,5 +1,6 @@
 """Attached items decoded for the checkpoint's processor: images with pillow, audio with PyAV
-(FFmpeg's decoders: WAV, MP3, FLAC, Ogg, …), mono at the processor's sampling rate.
+(FFmpeg's decoders: WAV, MP3, FLAC, Ogg, …), mono at the processor's sampling rate, and video with
+PyAV, keeping only the frames the processor samples.
 
 Called on the rendering thread, never on the event loop. Every limit has a flag (proxy/settings.py)
 and going past one is a `MediaError` naming the limit and the part, which the server answers with a
@@ -13,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import io
+from collections.abc import Callable
 from typing import Any
 
 from .media import MediaError, MediaLimits, MediaPart
@@ -91,6 +93,63 @@ def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
     return audio
 
 
+def decode_video(part: MediaPart, limits: MediaLimits, sample: Callable[[int, float, int, int], Any]) -> tuple:
+    """The part as (frames, metadata): the frames `sample(total frames, fps, width, height)` picks
+    (transformers' VideoMetadata, its frames_indices set) as a uint8 array (frames, height, width, 3).
+    Only those frames are converted; the count comes from a first pass that reads packets only."""
+    try:
+        import av
+        import numpy as np
+    except ImportError as exc:
+        raise MediaError("This server cannot decode video: install looptrace[media] (av).", part.param,
+                         code="media_unsupported") from exc
+    data = _bytes(part, limits, "video")
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.video:
+                raise MediaError(f"The video at {part.param} holds no video stream.", part.param)
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            if width * height > limits.max_pixels:
+                raise MediaError(f"The video at {part.param} is {width}×{height} pixels a frame; the limit is "
+                                 f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param,
+                                 code="media_too_large")
+            rate = stream.average_rate or stream.guessed_rate
+            fps = float(rate) if rate else 0.0
+            total = sum(1 for packet in container.demux(stream) if packet.size)
+            fmt = stream.codec_context.name  # h264, vp9, …: the container's name is a list (mov,mp4,…)
+        if total == 0:
+            raise MediaError(f"The video at {part.param} holds no frames.", part.param)
+        if fps <= 0:
+            raise MediaError(f"The video at {part.param} declares no frame rate.", part.param)
+        metadata = sample(total, fps, width, height)
+        wanted = [int(i) for i in metadata.frames_indices]
+        if len(wanted) > limits.max_video_frames:
+            raise MediaError(f"The video at {part.param} is {total / fps:.1f} s; the model's processor samples "
+                             f"{len(wanted)} frames from it and the limit is {limits.max_video_frames} "
+                             "(--media-max-video-frames).", part.param, code="media_too_large")
+        keep, frames = set(wanted), {}
+        with av.open(io.BytesIO(data), mode="r") as container:
+            for index, frame in enumerate(container.decode(container.streams.video[0])):
+                if index in keep:
+                    frames[index] = frame.to_ndarray(format="rgb24")
+                if index >= wanted[-1]:
+                    break
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        raise MediaError(f"The video at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
+                         part.param) from exc
+    if len(frames) < len(wanted):  # fewer frames decoded than packets counted (a damaged stream)
+        raise MediaError(f"The video at {part.param} could not be decoded: {len(frames)} of its {total} frames "
+                         "were readable.", part.param)
+    video = np.stack([frames[i] for i in wanted])
+    part.info = {"format": fmt, "width": width, "height": height, "frames": len(wanted), "total_frames": total,
+                 "fps": round(fps, 3), "seconds": round(total / fps, 3), "bytes": len(data),
+                 "sha256": hashlib.sha256(data).hexdigest()}
+    return video, metadata
+
+
 def _bytes(part: MediaPart, limits: MediaLimits, what: str) -> bytes:
     if part.raw is not None:  # fetched, within the limit
         return part.raw
@@ -118,8 +177,11 @@ def _rgb(image):
 
 
 def thumbnail(image, side: int = 128, quality: int = 70) -> bytes:
-    """A small JPEG of the image for the trace: a few kilobytes, enough to recognise it."""
-    copy = image.copy()
+    """A small JPEG of the image (or of a video frame's array) for the trace: a few kilobytes,
+    enough to recognise it."""
+    from PIL import Image
+
+    copy = image.copy() if isinstance(image, Image.Image) else Image.fromarray(image)
     copy.thumbnail((side, side))
     out = io.BytesIO()
     copy.save(out, "JPEG", quality=quality)

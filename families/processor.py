@@ -1,11 +1,12 @@
 """The checkpoint's own multimodal processor, built so that it runs without torchvision.
 
 `AutoProcessor` cannot build Gemma 4's or Qwen3.5's processor without torchvision: their video
-processors import it, and the processor refuses an empty video slot. The image processors have
-PIL backends (transformers' `image_processing_pil_*`), so the processor is built here from the
-checkpoint's image processor, audio feature extractor (where it has one) and tokenizer, with the
-video slot left empty: images and audio work through the processor's own code (its token counts,
-its chat template handling), video is refused until it has a route of its own.
+processors import it, and the processor checks its video slot against torchvision's classes. The
+image processors have PIL backends (transformers' `image_processing_pil_*`), and the video
+processors run with torch alone (video_processor.py), so the processor is built here from the
+checkpoint's image processor, video processor and audio feature extractor (where it has them) and
+tokenizer: every item goes through the processor's own code (its token counts, its chat template
+handling).
 """
 
 from __future__ import annotations
@@ -14,22 +15,30 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .video_processor import load_video_processor
+
 log = logging.getLogger("looptrace")
 
 
-class _ImagesOnly:
-    """Lets the processor's video and audio slots be None (the video slot's class check looks for
-    torchvision's base class)."""
+class _OptionalSlots:
+    """Lets the processor's video and audio slots be empty, and takes a video processor built
+    without torchvision (the slot's class check looks its class up through torchvision's)."""
 
     def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
         if name in ("video_processor", "feature_extractor") and arg is None:
             return None
+        if name == "video_processor":
+            from transformers.video_processing_utils import BaseVideoProcessor
+
+            if isinstance(arg, BaseVideoProcessor):
+                return None
         return super().check_argument_for_proper_class(name, arg)
 
 
-def load_image_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict) -> Any | None:
-    """The processor for images (and audio, where the checkpoint has a feature extractor), or None when the checkpoint has no image preprocessing config (a
-    text-only checkpoint) or this transformers lacks the class."""
+def load_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict) -> Any | None:
+    """The processor for images, and video and audio where the checkpoint has their configs, or
+    None when the checkpoint has no image preprocessing config (a text-only checkpoint) or this
+    transformers lacks the class."""
     import transformers
     from transformers import AutoImageProcessor
 
@@ -44,8 +53,9 @@ def load_image_processor(folder: str | Path, processor_class: str, tokenizer: An
     except (OSError, ValueError) as exc:  # no preprocessor_config.json / processor_config.json
         log.debug("%s: no image processor (%s)", folder, exc)
         return None
-    cls = type(processor_class, (_ImagesOnly, base), {})
-    kwargs: dict = {"image_processor": images, "tokenizer": tokenizer, "video_processor": None,
+    cls = type(processor_class, (_OptionalSlots, base), {})
+    kwargs: dict = {"image_processor": images, "tokenizer": tokenizer,
+                    "video_processor": load_video_processor(folder, processor_class, load_kwargs),
                     "chat_template": tokenizer.chat_template}
     if "feature_extractor" in base.__init__.__code__.co_varnames:
         kwargs["feature_extractor"] = _feature_extractor(folder, load_kwargs)

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds one media fetch may take, all of it (default 10)")
     serve.add_argument("--media-max-audio-seconds", type=float, default=30, metavar="S",
                        help="the longest audio clip (default 30: what Gemma 4's audio encoder reads)")
+    serve.add_argument("--media-max-video-frames", type=int, default=64, metavar="N",
+                       help="the most frames the model's processor may sample from one video (default 64; Gemma 4 "
+                       "samples 32, Qwen3.5 two a second)")
     serve.add_argument("--backend", choices=["local", "replay", "vllm"], default="local",
                        help="local: decode here with transformers; replay: serve recorded output (--replay); "
                        "vllm: forward token ids to a vLLM server (--vllm-url)")
@@ -83,7 +86,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         prefix_cache_tokens=args.prefix_cache_tokens, prefix_cache_mb=args.prefix_cache_mb, backend=args.backend,
         replay=args.replay,
         media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
-        media_max_audio_seconds=args.media_max_audio_seconds, allowed_media_domains=args.allowed_media_domains,
+        media_max_audio_seconds=args.media_max_audio_seconds, media_max_video_frames=args.media_max_video_frames,
+        allowed_media_domains=args.allowed_media_domains,
         media_fetch_timeout=args.media_fetch_timeout,
         vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,

@@ -27,6 +27,7 @@ class Settings:
     media_max_pixels: int = 33_554_432
     media_max_items: int = 16
     media_max_audio_seconds: float = 30.0
+    media_max_video_frames: int = 64
     allowed_media_domains: list[str] = field(default_factory=list)  # hosts media URLs may be fetched from
     media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
     backend: str = "local"  # local | replay | vllm

@@ -43,7 +43,7 @@ def data_url(data: bytes, mime="image/png") -> str:
 def served(request, tmp_path_factory):
     folder = with_images(request.getfixturevalue(f"{request.param}_dir"), request.param)
     app = AppThread(Settings(model=str(folder), served_model_name="m", media_max_items=3, media_max_pixels=1_000_000,
-                             trace_db=str(tmp_path_factory.mktemp("media") / "traces.sqlite3"))).start()
+                             media_max_video_frames=32, trace_db=str(tmp_path_factory.mktemp("media") / "traces.sqlite3"))).start()
     yield request.param, folder, app
     app.stop()
 
@@ -71,19 +71,22 @@ def post(app, path: str, body: dict) -> tuple[int, dict, dict | None]:
     return status, answer, app.stored(f"/v1/traces/{newest}")
 
 
-def generated_for(folder, messages: list[dict]) -> tuple[list[int], list[float], list[int]]:
-    """What transformers itself generates for a conversation (PIL images and audio samples in its
-    parts), from the checkpoint's processor: the greedy tokens, their logprobs, and the prompt ids."""
+def generated_for(folder, messages: list[dict], **processor_kwargs) -> tuple[list[int], list[float], list[int]]:
+    """What transformers itself generates for a conversation (PIL images, audio samples and video
+    frames in its parts), from the checkpoint's processor: the greedy tokens, their logprobs, and the
+    prompt ids."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from looptrace.families import family_for_config
-    from looptrace.families.processor import load_image_processor
+    from looptrace.families.processor import load_processor
 
     family = family_for_config(json.loads((folder / "config.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    processor = load_image_processor(folder, family.processor_class, tokenizer, {})
+    processor = load_processor(folder, family.processor_class, tokenizer, {})
     inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           return_tensors="pt", enable_thinking=False)
+                                           return_tensors="pt", enable_thinking=False,
+                                           processor_kwargs=processor_kwargs or None)
+    inputs.pop("video_metadata", None)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
@@ -211,7 +214,8 @@ BAD = {
     "not base64 data URL": ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}}, "invalid_media"),
     "a PDF": ({"type": "file", "file": {"file_data": data_url(b"%PDF-1.4", "application/pdf")}}, "media_unsupported"),
     "audio": ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "media_unsupported"),
-    "video": ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "media_unsupported"),
+    "a corrupt video": ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "invalid_media"),
+    "an image as video": ({"type": "video_url", "video_url": {"url": data_url(png())}}, "media_unsupported"),
 }
 
 
@@ -521,3 +525,110 @@ def test_a_listed_name_that_resolves_to_a_private_address_is_refused():
     assert run(resolved({"media.example"}, "media.example", ["169.254.169.254"])) is None  # cloud metadata
     assert run(resolved({"127.0.0.1"}, "127.0.0.1", ["127.0.0.1"])) == ["127.0.0.1"]
     assert run(resolved({"localhost"}, "localhost", ["127.0.0.1"])) == ["127.0.0.1"]
+
+
+# -- video: both families; frames decoded with av, only those the processor samples --
+
+def mp4(frames: int = 40, fps: int = 10, width: int = 64, height: int = 48, codec: str = "libx264") -> bytes:
+    """A clip whose frames differ (a line moves across, the red rises): which are sampled matters."""
+    import av
+    import numpy as np
+
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            pixels = np.zeros((height, width, 3), np.uint8)
+            pixels[..., 0] = i * 255 // frames
+            pixels[:, (i * 3) % width] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+def every_frame(data: bytes):
+    """All of a clip's frames and its metadata, for the processor to sample from itself."""
+    import av
+    import numpy as np
+    from transformers.video_utils import VideoMetadata
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
+        fps = float(stream.average_rate)
+    return frames, VideoMetadata(total_num_frames=len(frames), fps=fps, width=frames.shape[2], height=frames.shape[1])
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_video_reaches_the_model_as_generate_reads_it(served, api):
+    family, folder, app = served
+    data = mp4()
+    frames, metadata = every_frame(data)
+    # transformers samples the frames itself here (Gemma 4: 32 of the 40; Qwen3.5: 2 a second, 8);
+    # the server decodes only those it will sample: the prompts must be the same ids.
+    expected, logprobs, prompt = generated_for(folder, asking("Describe.", "video", frames), video_metadata=[metadata])
+    video_tokens = media_tokens(folder, prompt, "video")
+    sampled = 32 if family == "gemma4" else 8
+    per_frame = video_tokens // (sampled if family == "gemma4" else sampled // 2)
+    assert video_tokens == per_frame * (sampled if family == "gemma4" else sampled // 2) and per_frame > 1
+    reversed_frames, _ = every_frame(data)
+    _, other, _ = generated_for(folder, asking("Describe.", "video", reversed_frames[::-1].copy()),
+                                video_metadata=[metadata])
+    assert abs(other[0] - logprobs[0]) > 1e-5  # the frames matter to the model, and their order
+    if api == "chat":
+        status, answer, trace = post(app, "/v1/chat/completions", chat_body(
+            [{"type": "text", "text": "Describe."},
+             {"type": "video_url", "video_url": {"url": data_url(data, "video/mp4")}}]))
+    else:
+        status, answer, trace = post(app, "/v1/responses", {
+            "model": "m", "max_output_tokens": NEW_TOKENS, "temperature": 0, "reasoning": {"effort": "none"},
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Describe."},
+                                                    {"type": "input_file", "file_data": data_url(data, "video/mp4")}]}]})
+    assert status == 200, answer
+    decoded_as(trace, expected, logprobs)
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert (item["kind"], item["mime"], item["frames"], item["total_frames"], item["fps"], item["seconds"],
+            item["width"], item["height"]) == ("video", "video/mp4", sampled, 40, 10.0, 4.0, 64, 48)
+    assert item["tokens"] == video_tokens and item["span"] > video_tokens  # timestamps between the frames
+    assert item["thumbnail"].startswith("data:image/jpeg;base64,")
+    assert render["looptrace.prompt.media.video_tokens"] == video_tokens
+
+
+def test_a_short_clip_gives_every_frame(served):
+    # Gemma 4 samples 32 frames: a clip of 6 gives its 6 (transformers would refuse it); Qwen3.5
+    # samples 2 a second, at least 4.
+    family, _, app = served
+    status, answer, trace = post(app, "/v1/chat/completions", chat_body(
+        [{"type": "video_url", "video_url": {"url": data_url(mp4(frames=6, fps=3), "video/mp4")}}]))
+    assert status == 200, answer
+    (item,) = json.loads(next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+                         ["looptrace.prompt.media"])
+    assert (item["frames"], item["total_frames"]) == ((6, 6) if family == "gemma4" else (4, 6))
+
+
+def test_bad_video_is_a_400_naming_its_part(served):
+    family, _, app = served
+    cases = [
+        (data_url(mp4()[:300], "video/mp4"), "invalid_media", "could not be decoded"),
+        (data_url(wav(), "video/mp4"), "invalid_media", "no video stream"),
+        (data_url(mp4(width=1100, height=1000, frames=2), "video/mp4"), "media_too_large", "--media-max-pixels"),
+    ]
+    if family == "qwen3_5":  # 2 frames a second of 30 s is 60, past this server's 32 (Gemma 4 takes 32 of any)
+        cases.append((data_url(mp4(frames=300, fps=10), "video/mp4"), "media_too_large", "--media-max-video-frames"))
+    for url, code, says in cases:
+        for api in ("chat", "responses"):
+            if api == "chat":
+                status, error = app.call("POST", "/v1/chat/completions", chat_body(
+                    [{"type": "text", "text": "hi"}, {"type": "video_url", "video_url": {"url": url}}]))
+                param = "messages[0].content[1].video_url.url"
+            else:
+                status, error = app.call("POST", "/v1/responses", {"model": "m", "input": [
+                    {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                                 {"type": "input_file", "file_data": url}]}]})
+                param = "input[0].content[1].file_data"
+            assert status == 400 and error["error"]["code"] == code and says in error["error"]["message"], (says, error)
+            assert error["error"]["param"] == param, error

@@ -338,6 +338,7 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
 
     from PIL import Image
 
+    from test_media import mp4
     from tiny_media import with_images
 
     replay = tmp_path / "steps.jsonl"
@@ -348,7 +349,8 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
     Image.new("RGB", (64, 48), (220, 30, 30)).save(picture, "PNG")
     url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
     status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}},
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(mp4()).decode()}}]}]})
     assert status == 200, answer
     session = until(lambda: next(iter(stored(server, "/v1/sessions")["data"]), None))
     p = page.page
@@ -356,12 +358,13 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
     enter_key(p)
     step = p.locator("li.step").first
     step.wait_for()
-    assert "[image image/png]" in step.inner_text()
+    assert "[image image/png]" in step.inner_text() and "[video video/mp4]" in step.inner_text()
     step.get_by_role("button", name="Exact prompt").click()
-    p.locator(".media-strip img").wait_for()
-    assert p.evaluate("document.querySelector('.media-strip img').naturalWidth") > 0
-    caption = p.locator(".media-strip figcaption").inner_text()
-    assert caption.startswith("image · 64×48 · PNG") and "tokens from token" in caption, caption
+    p.locator(".media-strip img").first.wait_for()
+    assert p.evaluate("[...document.querySelectorAll('.media-strip img')].map(i => i.naturalWidth)") == [64, 64]
+    image, video = p.locator(".media-strip figcaption").all_inner_texts()
+    assert image.startswith("image · 64×48 · PNG") and "tokens from token" in image, image
+    assert video.startswith("video · 64×48 · 8 of 40 frames, 4 s · h264") and "tokens from token" in video, video
     p.screenshot(path=str(tmp_path / "media.png"))
     if os.environ.get("LOOPTRACE_SCREENSHOTS"):
         p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "media.png"))

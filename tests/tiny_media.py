@@ -1,7 +1,7 @@
 """The tiny checkpoints with their image preprocessing, as the real ones ship it.
 
 The tiny Qwen3.5 and Gemma 4 are saved with their vision towers; what makes a checkpoint take images
-is its processor config. The real checkpoints' values are written beside the same files (linked,
+is its processor configs (images, video). The real checkpoints' values are written beside the same files (linked,
 not copied), so the weights are the tiny ones and text decodes exactly as without.
 """
 
@@ -43,22 +43,38 @@ GEMMA4_AUDIO_TOWER = {
     "conv_kernel_size": 5, "output_proj_dims": 32, "attention_chunk_size": 12, "attention_context_left": 13,
     "attention_context_right": 0,
 }
-FILES = {"qwen3_5": ("preprocessor_config.json", QWEN3_5_PREPROCESSOR),
-         "gemma4": ("processor_config.json", GEMMA4_PROCESSOR)}
+# Qwen/Qwen3.5-* video_preprocessor_config.json (its sampling: 2 frames a second, 4 to 768).
+QWEN3_5_VIDEO = {
+    "processor_class": "Qwen3VLProcessor", "video_processor_type": "Qwen3VLVideoProcessor",
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}
+# google/gemma-4-* processor_config.json, its video part: 32 frames of at most 70 soft tokens.
+GEMMA4_VIDEO = {
+    "video_processor": {
+        "video_processor_type": "Gemma4VideoProcessor", "do_convert_rgb": True, "do_normalize": True,
+        "do_rescale": True, "do_resize": True, "do_sample_frames": True, "image_mean": [0.0, 0.0, 0.0],
+        "image_std": [1.0, 1.0, 1.0], "max_soft_tokens": 70, "num_frames": 32, "patch_size": 16,
+        "pooling_kernel_size": 3, "resample": 3, "rescale_factor": 1 / 255, "return_metadata": False,
+    },
+}
+FILES = {"qwen3_5": {"preprocessor_config.json": QWEN3_5_PREPROCESSOR, "video_preprocessor_config.json": QWEN3_5_VIDEO},
+         "gemma4": {"processor_config.json": {**GEMMA4_PROCESSOR, **GEMMA4_VIDEO}}}
 
 
 def with_images(base: Path, family: str) -> Path:
-    """`base` (a tiny checkpoint folder) and its family's image processor config."""
-    name, config = FILES[family]
+    """`base` (a tiny checkpoint folder) and its family's image and video processor configs."""
+    files = FILES[family]
 
     def build(out: Path) -> dict:
         for item in base.iterdir():
             if item.name != BUILD_INFO and not item.name.startswith("."):  # its own info is written after
                 os.symlink(item, out / item.name)
-        (out / name).write_text(json.dumps(config, indent=2) + "\n")
+        for name, config in files.items():
+            (out / name).write_text(json.dumps(config, indent=2) + "\n")
         return {}
 
-    return cached(f"{family}-tiny-images", {"base": base.name, "config": config}, build)
+    return cached(f"{family}-tiny-images", {"base": base.name, "files": files}, build)
 
 
 def gemma4_with_audio() -> Path:
@@ -66,7 +82,7 @@ def gemma4_with_audio() -> Path:
     from tiny_gemma4 import gemma4_checkpoint
 
     base = gemma4_checkpoint(audio_config=GEMMA4_AUDIO_TOWER)
-    config = {**GEMMA4_PROCESSOR, **GEMMA4_AUDIO}
+    config = {**GEMMA4_PROCESSOR, **GEMMA4_AUDIO, **GEMMA4_VIDEO}
 
     def build(out: Path) -> dict:
         for item in base.iterdir():

@@ -34,9 +34,6 @@ def media_part(part: dict, param: str) -> dict:
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
     rendering thread (families/media.py)."""
     kind = part.get("type")
-    if kind == "video_url":
-        raise invalid(f"Video input ('{param}') is not supported by this server yet: send frames as images.",
-                      param=param, code="media_unsupported")
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
         where = f"{param}.input_audio" if audio is not part else param
@@ -48,9 +45,9 @@ def media_part(part: dict, param: str) -> dict:
             raise invalid(f"Missing required parameter: '{where}.format' (wav, mp3, flac, ogg, ...).",
                           param=f"{where}.format", code="missing_required_parameter")
         return {"type": "audio", "media": MediaPart("audio", data, f"{where}.data", f"audio/{fmt.lower()[:16]}")}
-    if kind == "image_url":  # Chat Completions: {"url": ...} (or the URL alone)
-        image = part.get("image_url")
-        url, where = (image.get("url"), f"{param}.image_url.url") if isinstance(image, dict) else (image, f"{param}.image_url")
+    if kind in ("image_url", "video_url"):  # Chat Completions (video as vLLM takes it): {"url": ...} or the URL
+        holder = part.get(kind)
+        url, where = (holder.get("url"), f"{param}.{kind}.url") if isinstance(holder, dict) else (holder, f"{param}.{kind}")
     elif kind == "input_image":  # Responses
         if part.get("file_id") is not None:
             raise invalid(f"'{param}.file_id': this server has no files API; send the image as a data URL in "
@@ -64,16 +61,19 @@ def media_part(part: dict, param: str) -> dict:
         url, where = holder.get("file_data"), f"{param}.file_data"
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
-    if kind in ("image_url", "input_image") and url.startswith(("http://", "https://")):
+    if kind in ("image_url", "input_image", "video_url") and url.startswith(("http://", "https://")):
         # Fetched, if its host is listed, before the request is prepared (media_fetch.py).
-        return {"type": "image", "media": MediaPart("image", "", where, url=url)}
+        media = "video" if kind == "video_url" else "image"
+        return {"type": media, "media": MediaPart(media, "", where, url=url)}
     mime, encoded = _data_url(url, where)
-    if mime.startswith("audio/") and kind in ("file", "input_file"):
-        return {"type": "audio", "media": MediaPart("audio", encoded, where, mime)}
-    if not mime.startswith("image/"):
-        raise invalid(f"'{where}' is {mime or 'of no declared type'}; only images and audio are taken as attachments "
-                      "here.", param=where, code="media_unsupported")
-    return {"type": "image", "media": MediaPart("image", encoded, where, mime)}
+    media = mime.split("/", 1)[0]
+    taken = {"image_url": ("image",), "input_image": ("image",), "video_url": ("video",)}.get(
+        kind, ("image", "audio", "video"))  # a file part may hold any of them
+    if media not in taken:
+        what = " or ".join(f"{t}s" for t in taken)
+        raise invalid(f"'{where}' is {mime or 'of no declared type'}; this part takes {what}.", param=where,
+                      code="media_unsupported")
+    return {"type": media, "media": MediaPart(media, encoded, where, mime)}
 
 
 def joined(parts: list) -> str | list[dict]:

@@ -15,8 +15,15 @@ from typing import AsyncIterator, NamedTuple
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
 from looptrace.families.base import THOUGHT, Rendered
-from looptrace.families.media import MediaError, MediaPart, media_parts, noted_in_tool_results, token_runs, with_decoded
-from looptrace.families.media_decode import decode_audio, decode_image, thumbnail
+from looptrace.families.media import (
+    MediaError,
+    MediaPart,
+    item_tokens,
+    media_parts,
+    noted_in_tool_results,
+    with_decoded,
+)
+from looptrace.families.media_decode import decode_audio, decode_image, decode_video, thumbnail
 
 from .errors import Refused
 from .runtime import Runtime
@@ -100,7 +107,7 @@ class Generation:
         self.text: list[str] = []
         self.finish_reason: str | None = None
         self.media_parts: list[MediaPart] = []  # the attached items, decoded (their info filled)
-        self.media_runs: list[tuple[int, int]] = []  # (offset, length) of the tokens each one became
+        self.media_runs: list[tuple[int, int, int]] = []  # (offset, span, count) of the tokens each one became
         self._decode: DecodeRequest | None = None
 
     # -- before any byte goes to the client: everything that can refuse the request --
@@ -139,7 +146,7 @@ class Generation:
         ids = rendered.ids + self.forced_ids
         self.rendered, self.prompt_ids = rendered, ids
         if self.media_parts:  # found once, here: the prefix cache's key and the trace both read them
-            self.media_runs = token_runs(ids, family.media_ids)
+            self.media_runs = item_tokens(ids, family.media_ids, [family.runs_of(p) for p in self.media_parts])
         limit = runtime.max_model_len
         room = limit - len(ids)
         # A prompt refused for its length is traced by its size, not its text: what a refused request
@@ -197,6 +204,9 @@ class Generation:
             try:
                 if part.kind == "audio":
                     decoded[id(part)] = decode_audio(part, limits, runtime.family.audio_rate)
+                elif part.kind == "video":
+                    video = decoded[id(part)] = decode_video(part, limits, runtime.family.sample_video)
+                    part.info["thumbnail"] = thumbnail(video[0][0])  # its first frame
                 else:
                     image = decoded[id(part)] = decode_image(part, limits)
                     part.info["thumbnail"] = thumbnail(image)  # a few kB, for the trace (when it keeps content)
@@ -214,7 +224,8 @@ class Generation:
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
         # Which item fills which tokens: part of what the prompt is.
-        media_key = tuple((*run, part.info.get("sha256", "")) for run, part in zip(self.media_runs, self.media_parts))
+        media_key = tuple((offset, span, part.info.get("sha256", ""))
+                          for (offset, span, _), part in zip(self.media_runs, self.media_parts))
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
                                      keep_at=self.rendered.history_length, media=self.rendered.media,
                                      media_key=media_key)

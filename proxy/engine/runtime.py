@@ -18,7 +18,7 @@ from looptrace.backends.vllm import Upstream, VLLMBackend
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
 from looptrace.families.media import MediaLimits
-from looptrace.families.processor import load_image_processor
+from looptrace.families.processor import load_processor
 from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings
@@ -46,7 +46,8 @@ class Runtime:
     def media_limits(self) -> MediaLimits:
         s = self.settings
         return MediaLimits(max_bytes=int(s.media_max_mb * 1024**2), max_pixels=s.media_max_pixels,
-                           max_items=s.media_max_items, max_audio_seconds=s.media_max_audio_seconds)
+                           max_items=s.media_max_items, max_audio_seconds=s.media_max_audio_seconds,
+                           max_video_frames=s.media_max_video_frames)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._load())
@@ -97,7 +98,7 @@ class Runtime:
         tokenizer = AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
         processor = None
         if family_cls.processor_class and not checkpoint.gguf_file:
-            processor = load_image_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
+            processor = load_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))

@@ -418,15 +418,17 @@ def _template_hash(tokenizer) -> str:
 
 
 def _media_items(generation: Generation, content: bool) -> list[dict]:
-    """Each attached item as the trace keeps it: what it was, and the run of media tokens it became
-    (the processor writes one run per item, in the items' order)."""
+    """Each attached item as the trace keeps it: what it was, and where the media tokens it became
+    start and how many they are (a video's are spread over its frames, between timestamps)."""
     runs = generation.media_runs
     items = []
     for n, part in enumerate(generation.media_parts):
         info = dict(part.info)
         thumbnail = info.pop("thumbnail", None)
-        offset, length = runs[n] if n < len(runs) else (None, 0)
+        offset, span, length = runs[n] if n < len(runs) else (None, 0, 0)
         item = {"kind": part.kind, "mime": part.mime, "param": part.param, **info, "tokens": length, "offset": offset}
+        if span != length:
+            item["span"] = span
         if part.url:
             item["url"] = part.url
         if content and thumbnail:

@@ -77,7 +77,9 @@ export async function promptView(traceId, previousId) {
 function mediaStrip(items) {
   return h("div", {class: "media-strip"}, items.map((m) => {
     const size = m.width ? `${m.width}×${m.height}` : "";
-    const caption = [m.kind, size, m.format || m.mime, m.bytes ? `${(m.bytes / 1024).toFixed(1)} kB` : "",
+    const length = m.frames ? `${m.frames} of ${m.total_frames} frames, ${m.seconds} s`
+      : m.seconds ? `${m.seconds} s` : "";
+    const caption = [m.kind, size, length, m.format || m.mime, m.bytes ? `${(m.bytes / 1024).toFixed(1)} kB` : "",
       `${m.tokens} tokens` + (m.offset != null ? ` from token ${m.offset}` : "")].filter(Boolean).join(" · ");
     const thumb = typeof m.thumbnail === "string" && m.thumbnail.startsWith("data:image/jpeg;base64,")
       ? h("img", {src: m.thumbnail, alt: `attached ${m.kind}`}) : h("span", {class: "note"}, "(no thumbnail kept)");
