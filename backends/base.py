@@ -67,6 +67,11 @@ class DecodeRequest:
     # model reads in prefill beside the ids; None for a prompt of text alone.
     media: dict | None = None
     media_key: tuple = ()  # (offset, length, sha256) of each item's tokens: what a prefix cache keys on
+    # For a server that expands media itself (vLLM): the prompt as the template writes it, each item
+    # one placeholder, and the items as (kind, data URL), in order. `prompt_ids` stays the expanded
+    # prompt, as this server's processor counts it.
+    template_ids: list[int] | None = None
+    media_urls: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Backend(Protocol):
@@ -74,6 +79,11 @@ class Backend(Protocol):
 
     name: str  # "local", "vllm", "replay": on /health and the decode span
     route: str | None  # how tokens are asked for, where a backend has several ways (vLLM's two routes)
+    # Whether the items go as they came (with the prompt as the template writes it) for the server
+    # behind to expand (vLLM), rather than as the processor's tensors.
+    expands_media: bool
+    # Why this backend cannot take media now, for the client's 400; "" when it can.
+    media_refusal: str
 
     @property
     def running(self) -> int:

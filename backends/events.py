@@ -26,6 +26,10 @@ class PrefillEvent(TypedDict):
     prompt_tokens: int
     cached_tokens: int | None  # None: the backend learns it only at the end (vLLM), and `done` says it
     seconds: float
+    # Where the server behind expanded media itself (vLLM), the prompt length it reports, and the
+    # first position where its prompt differs from the one this server rendered (None: the same).
+    upstream_prompt_tokens: int | None
+    upstream_differs_at: int | None
 
 
 class TokenEvent(TypedDict):
@@ -58,8 +62,15 @@ class DoneEvent(TypedDict):
 Event = PrefillEvent | TokenEvent | DoneEvent
 
 
-def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float) -> PrefillEvent:
-    return {"type": "prefill", "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "seconds": seconds}
+def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float, *,
+                  upstream_prompt: list[int] | None = None, rendered: list[int] | None = None) -> PrefillEvent:
+    differs_at = None
+    if upstream_prompt is not None and rendered is not None and upstream_prompt != rendered:
+        differs_at = next((i for i, (a, b) in enumerate(zip(upstream_prompt, rendered)) if a != b),
+                          min(len(upstream_prompt), len(rendered)))
+    return {"type": "prefill", "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "seconds": seconds,
+            "upstream_prompt_tokens": len(upstream_prompt) if upstream_prompt is not None else None,
+            "upstream_differs_at": differs_at}
 
 
 def token_event(index: int, token_id: int, piece: str, text: str, special: bool, logprob: float, rank: int | None,

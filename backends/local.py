@@ -71,6 +71,8 @@ Emit = Callable[[object], None]
 class LocalBackend:
     name = "local"
     route = None
+    expands_media = False
+    media_refusal = ""
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
                  prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES) -> None:

@@ -40,6 +40,8 @@ def read_steps(path: str | Path) -> list[dict]:
 class ReplayBackend:
     name = "replay"
     route = None
+    expands_media = False
+    media_refusal = ""
 
     def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
         self.vocab = vocab

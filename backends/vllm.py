@@ -41,9 +41,20 @@ class VLLMBackend:
         self.waiting = 0  # vLLM queues; nothing waits here
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=upstream.timeout, sock_read=upstream.timeout)
 
+    expands_media = True  # vLLM's own processor expands each item's placeholder
+
     @property
     def route(self) -> str:
         return self.upstream.route
+
+    @property
+    def media_refusal(self) -> str:
+        # Only the generate route takes items beside token ids (`content_parts`); /v1/completions' token
+        # prompts take none.
+        if self.upstream.route == protocol.GENERATE:
+            return ""
+        return (f"The vLLM server at {self.upstream.url} does not offer {protocol.GENERATE}, the route that takes "
+                "media beside token ids: start it with --enable-scale-out to send it images, audio or video.")
 
     def prefix_cache_stats(self) -> None:
         return None  # vLLM's own; its metrics say how it does
@@ -66,7 +77,7 @@ class VLLMBackend:
         vocab, stop_ids, cancel, timeout = self.vocab, request.stop_ids, request.cancel, up.timeout
         pieces, special = vocab.pieces, vocab.special
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
-        prefilled, cached = False, 0
+        prefilled, cached, upstream_prompt = False, 0, None
         spec: tuple[int, int, int] | None = None
         count, finish, reason, ended = 0, "", None, False
         response = None
@@ -99,6 +110,7 @@ class VLLMBackend:
                         ended = True
                         break
                     chunk = jsontext.loads(payload)
+                    upstream_prompt = chunk.get("prompt_token_ids") or upstream_prompt  # asked for with media
                     choices = chunk.get("choices")
                     if choices:
                         choice = choices[0]
@@ -109,7 +121,8 @@ class VLLMBackend:
                             if not prefilled:
                                 first_at = time.perf_counter()
                                 prefilled = True
-                                yield prefill_event(len(request.prompt_ids), None, first_at - started)
+                                yield prefill_event(len(request.prompt_ids), None, first_at - started,
+                                                    upstream_prompt=upstream_prompt, rendered=request.prompt_ids)
                             count += 1
                             if token_id in stop_ids:
                                 text, finish = "", "stop"

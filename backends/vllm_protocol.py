@@ -61,7 +61,7 @@ def completions_body(model: str, request: DecodeRequest, max_tokens: int) -> dic
 
 
 def generate_body(model: str, request: DecodeRequest, max_tokens: int) -> dict:
-    return {
+    body = {
         "model": model,
         "token_ids": request.prompt_ids,
         # looptrace decodes the text itself: the server need not.
@@ -70,6 +70,14 @@ def generate_body(model: str, request: DecodeRequest, max_tokens: int) -> dict:
         "stream_options": {"include_usage": True},
         "output_mode": "tokens",
     }
+    if request.media_urls:
+        # vLLM resolves `content_parts` (its serving code reads "type" and "url") and its processor
+        # expands each item's placeholder in `token_ids`, so those are the template's, unexpanded. It
+        # says what the prompt became in the first chunk (`prompt_token_ids`), compared with ours.
+        body["token_ids"] = request.template_ids
+        body["content_parts"] = [{"type": f"{kind}_url", "url": url} for kind, url in request.media_urls]
+        body["return_token_ids"] = True
+    return body
 
 
 def completions_tokens(choice: dict) -> list[tuple]:

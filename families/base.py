@@ -23,7 +23,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .media import MediaPart, has_media, lift_from_tool_results, video_metadata
+from .media import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
 from .video_processor import sampler
@@ -77,6 +77,9 @@ class Rendered:
     # The processor's tensors for the media in the prompt (pixel values, grids, token types), for
     # the model's prefill; None for a prompt of text alone.
     media: dict | None = None
+    # The prompt as the template alone writes it, each item one placeholder, for a server that
+    # expands the items itself (vLLM); None unless asked for and the prompt holds media.
+    template_ids: list[int] | None = None
 
 
 class Family:
@@ -139,8 +142,9 @@ class Family:
         return any(isinstance(a, str) and a.startswith(cls.architectures) for a in archs)
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
-               enable_thinking: bool | None = None) -> Rendered:
-        """Render with the checkpoint's own template; the text is decoded back from the ids."""
+               enable_thinking: bool | None = None, template_ids: bool = False) -> Rendered:
+        """Render with the checkpoint's own template; the text is decoded back from the ids.
+        `template_ids`: also the ids before the processor expands the items (Rendered.template_ids)."""
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         merged = 0
         if self.system_first_only:
@@ -155,12 +159,18 @@ class Family:
             messages, videos = video_metadata(messages)
             if videos:  # frames were sampled while decoding, as the processor samples them
                 extra["processor_kwargs"] = {"video_metadata": videos, "do_sample_frames": False}
+        unexpanded = None
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
             # so it cannot close a turn or open a tool call.
             encoded = (self.processor if with_media else self.tokenizer).apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
                 return_dict=True, sanitize_control_tokens=True, **extra)
+            if with_media and template_ids:  # the same template, each item left as its one placeholder
+                plain = {k: v for k, v in extra.items() if k not in ("return_tensors", "processor_kwargs")}
+                unexpanded = self.tokenizer.apply_chat_template(
+                    placeholders_only(messages), tools=tools or None, add_generation_prompt=True, tokenize=True,
+                    return_dict=True, sanitize_control_tokens=True, **plain)["input_ids"]
         except TemplateError as exc:
             raise RenderError(exc.message or str(exc)) from exc
         except ValueError as exc:  # an empty conversation, say
@@ -177,7 +187,8 @@ class Family:
         media = {k: v for k, v in encoded.items()
                  if k not in ("input_ids", "attention_mask", "video_metadata")} if with_media else None
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
-                        history_length=len(ids) - self._transient_tail_length(text, ids), media=media)
+                        history_length=len(ids) - self._transient_tail_length(text, ids), media=media,
+                        template_ids=list(unexpanded) if unexpanded is not None else None)
 
     def runs_of(self, part: MediaPart) -> int:
         """How many runs of placeholder tokens an item becomes: a video one per frame, or per

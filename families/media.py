@@ -42,6 +42,13 @@ class MediaPart:
     url: str = ""  # an http(s) URL to fetch (proxy/api/media_fetch.py), instead of `encoded`
     raw: bytes | None = None  # its bytes, once fetched
 
+    def data_url(self) -> str:
+        """The item as a data URL (a fetched one too: the server it goes on to need not fetch it)."""
+        import base64
+
+        encoded = base64.b64encode(self.raw).decode() if self.raw is not None else self.encoded
+        return f"data:{self.mime or 'application/octet-stream'};base64,{encoded}"
+
 
 def media_parts(messages: list[dict]) -> list[MediaPart]:
     """The attached items of a conversation, in order (the API layer put them in as parts)."""
@@ -88,6 +95,23 @@ def video_metadata(messages: list[dict]) -> tuple[list[dict], list[Any]]:
             message = {**message, "content": parts}
         out.append(message)
     return out, found
+
+
+def placeholders_only(messages: list[dict]) -> list[dict]:
+    """The conversation with each decoded item's part reduced to its type ({"type": "image"}): what
+    a template needs to write the item's placeholder, without the item."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in MEDIA_TYPES for p in content):
+            content = [{"type": p["type"]} if isinstance(p, dict) and p.get("type") in MEDIA_TYPES else p
+                       for p in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+MEDIA_TYPES = ("image", "video", "audio")
 
 
 def has_media(messages: list[dict]) -> bool:

@@ -43,7 +43,9 @@ FILES = (
     "vllm/entrypoints/scale_out/token_in_token_out/protocol.py",  # GenerateRequest, GenerateTokensStreamResponse
     "vllm/entrypoints/openai/chat_completion/protocol.py",  # ChatCompletionRequest, ChatCompletionStreamResponse
     "vllm/sampling_params.py",  # SamplingParams
+    "vllm/entrypoints/scale_out/token_in_token_out/serving.py",  # how the generate route reads content_parts
 )
+SERVING = FILES[-1]
 KEY = "protocol-key"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -176,6 +178,28 @@ def test_generate_request_fields_are_vllms(vllm_models):
     assert (sampling["logprobs"], sampling["max_tokens"], sampling["temperature"]) == (5, 7, 0.7)
     assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (1.5, 0.0)
     assert body["output_mode"] == "tokens" and sampling["detokenize"] is False
+
+
+def test_media_goes_where_vllms_serving_code_reads_it(vllm_models):
+    request = sample_request()
+    request.template_ids = [1, 9, 3]
+    request.media_urls = [("image", "data:image/png;base64,AA=="), ("video", "data:video/mp4;base64,AA=="),
+                          ("audio", "data:audio/wav;base64,AA==")]
+    body = protocol.generate_body("m", request, 7)
+    check(vllm_models, "GenerateRequest", body, "/inference/v1/generate body with media")
+    assert body["token_ids"] == [1, 9, 3] and body["return_token_ids"] is True
+    # The generate route's handler (serving.py) loops over request.content_parts, reading keys with
+    # part.get(...) and comparing the type with constants: ours must be among them.
+    source = (packaged.vllm_sources("vllm-protocol", VLLM_VERSION, FILES) / SERVING).read_text()
+    loop = next(node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.For)
+                and ast.unparse(node.iter) == "request.content_parts")
+    keys = {call.args[0].value for call in ast.walk(loop) if isinstance(call, ast.Call)
+            and ast.unparse(call.func) == "part.get" and isinstance(call.args[0], ast.Constant)}
+    types = {c.value for node in ast.walk(loop) if isinstance(node, ast.Compare) and ast.unparse(node.left) == "ptype"
+             for c in node.comparators if isinstance(c, ast.Constant)}
+    assert {"type", "url"} <= keys and types == {"image_url", "audio_url", "video_url"}, (keys, types)
+    for part in body["content_parts"]:
+        assert set(part) <= keys and part["type"] in types, part
 
 
 def test_neutral_settings_are_what_vllm_counts_as_off(vllm_models):

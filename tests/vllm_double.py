@@ -2,7 +2,7 @@
 
 An aiohttp app that answers what looptrace asks of vLLM: GET /health, GET /v1/models,
 POST /v1/completions (token-id prompts, streamed) and POST /inference/v1/generate
-(output_mode "tokens", streamed). Tokens come from a small transformers checkpoint or, with --fast,
+(output_mode "tokens", streamed; media in `content_parts`, expanded as vLLM does). Tokens come from a small transformers checkpoint or, with --fast,
 from a fixed cycle of ordinary tokens sent as fast as the event loop allows (for relay benchmarks:
 no model time). bench/_vllm_chat.py adds vLLM's /v1/chat/completions, for the relay benchmark.
 
@@ -23,7 +23,8 @@ Switches for tests, under /double/ (no part of vLLM):
       malformed     sends a chunk whose `choices` is a string after N tokens
       delay         waits {"seconds": T} before each token
   POST /double/config {"scale_out": "on"|"off"|"absent", "max_model_len": enforced limit,
-                       "root": reported root, "spec_tokens": K (fake speculative decoding)}
+                       "root": reported root, "spec_tokens": K (fake speculative decoding),
+                       "media_delta": N (each item's expansion N tokens longer than the processor's)}
   GET /double/requests: each generation request (path, trace and auth headers, body, tokens sent,
       usage and metrics sent, outcome); POST /double/reset forgets them, the armed switch and the
       prefix cache.
@@ -148,6 +149,81 @@ class ModelEngine:
         return token, float(chosen), rank, list(zip(top.indices.tolist(), top.values.tolist()))
 
 
+class Media:
+    """What vLLM's generate route does with `content_parts`: each item fetched from its data URL
+    (the serving code reads "type" and "url" and takes image_url, audio_url and video_url, skipping
+    any other type) and its placeholder token in `token_ids` replaced, in order, by the ids the
+    checkpoint's processor expands it into (vLLM's prompt updates work on ids, the replacement
+    tokenized alone). The model here reads the expanded ids only: the double has no vision tower."""
+
+    def __init__(self, path: Path, tokenizer) -> None:
+        self.path, self.tokenizer, self._processor = path, tokenizer, None
+        self.delta = 0  # /double/config media_delta: tokens added to every expansion (a differing server)
+
+    def processor(self):
+        if self._processor is None:
+            from looptrace.families import family_for_config
+            from looptrace.families.processor import load_processor
+
+            family = family_for_config(json.loads((self.path / "config.json").read_text()))
+            self._processor = load_processor(self.path, family.processor_class, self.tokenizer, {})
+            if self._processor is None:
+                raise Refusal(error_response(f"{self.path} is not a multimodal model", param="content_parts"))
+        return self._processor
+
+    def expanded(self, prompt: list[int], parts: list) -> list[int]:
+        processor = self.processor()
+        tokens = {"image_url": getattr(processor, "image_token", None), "video_url": getattr(processor, "video_token", None),
+                  "audio_url": getattr(processor, "audio_token", None)}
+        items = [p for p in parts if isinstance(p, dict) and tokens.get(p.get("type"))]
+        out, at = list(prompt), 0
+        for part in items:
+            token = tokens[part["type"]]
+            placeholder = self.tokenizer.convert_tokens_to_ids(token)
+            try:
+                at = out.index(placeholder, at)
+            except ValueError:
+                raise Refusal(error_response(f"Failed to apply prompt replacement for {part['type']}",
+                                             param="content_parts")) from None
+            replacement = self._expansion(processor, token, part["type"], part.get("url", ""))
+            replacement += replacement[-1:] * self.delta
+            out[at:at + 1] = replacement
+            at += len(replacement)
+        return out
+
+    def _expansion(self, processor, token: str, kind: str, url: str) -> list[int]:
+        import base64
+        import io
+
+        import av
+        import numpy as np
+
+        data = base64.b64decode(url.partition(",")[2])
+        if kind == "image_url":
+            from PIL import Image
+
+            inputs = processor(text=[token], images=[Image.open(io.BytesIO(data)).convert("RGB")])
+        elif kind == "video_url":
+            from transformers.video_utils import VideoMetadata
+
+            with av.open(io.BytesIO(data)) as container:
+                stream = container.streams.video[0]
+                frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
+                fps = float(stream.average_rate)
+            metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, width=frames.shape[2],
+                                     height=frames.shape[1])
+            inputs = processor(text=[token], videos=[frames], video_metadata=[metadata])
+        else:
+            rate = processor.feature_extractor.sampling_rate
+            with av.open(io.BytesIO(data)) as container:
+                resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+                samples = [out.to_ndarray()[0] for frame in container.decode(audio=0)
+                           for out in resampler.resample(frame)]
+            inputs = processor(text=[token], audio=[np.concatenate(samples)])
+        ids = inputs["input_ids"][0]
+        return list(ids.tolist() if hasattr(ids, "tolist") else ids)
+
+
 class FastEngine:
     """The same ordinary tokens over and over, no model: for measuring what sits in front."""
 
@@ -195,6 +271,7 @@ class Double:
         self.requests: collections.deque = collections.deque(maxlen=2000)
         self.seen_prompts: collections.deque = collections.deque(maxlen=64)
         self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
+        self.media = Media(path, self.tokenizer)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth], client_max_size=256 * 1024**2)
@@ -246,8 +323,10 @@ class Double:
             self.root = body["root"]
         if "spec_tokens" in body:
             self.spec_tokens = int(body["spec_tokens"])
+        if "media_delta" in body:
+            self.media.delta = int(body["media_delta"])
         return web.json_response({"scale_out": self.scale_out, "max_model_len": self.enforced_len, "root": self.root,
-                                  "spec_tokens": self.spec_tokens})
+                                  "spec_tokens": self.spec_tokens, "media_delta": self.media.delta})
 
     async def list_requests(self, request: web.Request) -> web.Response:
         return web.json_response(list(self.requests))
@@ -311,6 +390,9 @@ class Double:
                                          "'msg': 'Input should be a valid dictionary or object'}", "Bad Request",
                                          400, "body"))
         if generate_route:
+            if body.get("content_parts") and body.get("features"):
+                raise Refusal(error_response("content_parts and features are mutually exclusive", "Bad Request",
+                                             400, "body"))
             missing = [k for k in ("token_ids", "sampling_params") if k not in body]
             if missing:
                 lines = "".join(f"\n  {{'type': 'missing', 'loc': 'body.{k}', 'msg': 'Field required', "
@@ -319,6 +401,8 @@ class Double:
                 raise Refusal(error_response(f"{len(missing)} validation {label}:{lines}", "Bad Request", 400,
                                              f"body.{missing[0]}"))
             prompt, settings = body["token_ids"], dict(body["sampling_params"])
+            if body.get("content_parts") and isinstance(prompt, list):
+                prompt = self.media.expanded(prompt, body["content_parts"])
         else:
             prompt, settings = body.get("prompt"), body
             if isinstance(prompt, str):

@@ -134,7 +134,8 @@ class Generation:
                               code="context_length_exceeded")
             messages = self._decoded_media(request.messages)
             try:
-                rendered = family.render(messages, tools, request.enable_thinking)
+                rendered = family.render(messages, tools, request.enable_thinking,
+                                         template_ids=bool(self.media_parts) and runtime.backend.expands_media)
             except ValueError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
                               code="template_error") from exc
@@ -196,9 +197,9 @@ class Generation:
         if len(parts) > limits.max_items:
             raise Refused(f"This request attaches {len(parts)} items; the limit is {limits.max_items} "
                           "(--media-max-items).", param=parts[limits.max_items].param, code="media_too_large")
-        if runtime.backend.name == "vllm":
-            raise Refused("Media through --backend vllm is not supported yet: serve the model with the local backend "
-                          "to send it images.", param=parts[0].param, code="media_unsupported")
+        refusal = runtime.backend.media_refusal
+        if refusal:
+            raise Refused(refusal, param=parts[0].param, code="media_unsupported")
         decoded = {}
         for part in parts:
             try:
@@ -228,7 +229,9 @@ class Generation:
                           for (offset, span, _), part in zip(self.media_runs, self.media_parts))
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
                                      keep_at=self.rendered.history_length, media=self.rendered.media,
-                                     media_key=media_key)
+                                     media_key=media_key, template_ids=self.rendered.template_ids,
+                                     media_urls=[(p.kind, p.data_url()) for p in self.media_parts]
+                                     if self.rendered.template_ids is not None else [])
         observer.submitted(self, self._decode)
 
         if self.forced_text:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import time
 from collections import Counter
 from math import exp
@@ -37,6 +38,8 @@ from ..engine.generation import Generation, Observer
 from . import genai
 from .conversations import Conversations
 from .metrics import Metrics
+
+log = logging.getLogger("looptrace")
 
 
 class RequestTrace(Observer):
@@ -205,6 +208,13 @@ class RequestTrace(Observer):
             return
         attributes = {"looptrace.prefill.prompt_tokens": event["prompt_tokens"],
                       "looptrace.prefill.seconds": event["seconds"]}
+        if event.get("upstream_prompt_tokens") is not None:  # vLLM expanded the media itself
+            attributes["looptrace.prefill.upstream_prompt_tokens"] = event["upstream_prompt_tokens"]
+            if event["upstream_differs_at"] is not None:
+                attributes["looptrace.prefill.upstream_differs_at"] = event["upstream_differs_at"]
+                log.warning("the vLLM server expanded the media of request %s into another prompt than this "
+                            "server's processor (%d tokens, not %d; from token %d)", self.trace_id,
+                            event["upstream_prompt_tokens"], event["prompt_tokens"], event["upstream_differs_at"])
         if cached is not None:
             attributes["looptrace.prefill.cached_tokens"] = cached
             if cached:
