@@ -30,6 +30,11 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         # argmax returns the first maximum: equally likely tokens go lowest id first, as generate() does.
         return logits.argmax()
+    return torch.multinomial(probabilities(logits, params), 1, generator=generator)[0]
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampling request draws from: the logits after temperature, top-k and top-p."""
     scores = logits / params.temperature
     if 0 < params.top_k < scores.numel():
         kth = torch.topk(scores, params.top_k).values[-1]
@@ -42,7 +47,7 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         probs = probs / probs.sum()
-    return torch.multinomial(probs, 1, generator=generator)[0]
+    return probs
 
 
 class Penalties:
@@ -71,17 +76,54 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     Greedy needs no argmax of its own: the top five already hold the answer (argmax over the whole
     vocabulary, 90 µs on these CPUs, is only the fallback for a tie the five cannot settle).
     """
-    top = torch.topk(logits, min(TOP_N, logits.numel()))
-    norm = torch.logsumexp(logits, dim=-1)
-    n = top.indices.numel()
     if params.greedy and penalties is None:
+        top = torch.topk(logits, min(TOP_N, logits.numel()))
+        norm = torch.logsumexp(logits, dim=-1)
+        n = top.indices.numel()
         numbers = torch.cat((top.indices.double(), (top.values - norm).double())).tolist()
         ids, logprobs = [int(i) for i in numbers[:n]], numbers[n:]
         # topk leaves the order of equal values open; greedy takes the lowest id, as generate() does.
         tied = [i for i, lp in zip(ids, logprobs) if lp == logprobs[0]]
         token = min(tied) if len(tied) < n else int(logits.argmax())
         return Choice(token, logprobs[0], 1, ids, logprobs)
-    token = choose(logits if penalties is None else logits - penalties.offsets, params, generator)
+    return report(logits, choose(logits if penalties is None else logits - penalties.offsets, params, generator))
+
+
+def verified_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                   penalties: Penalties | None, draft: int, draft_probs: torch.Tensor | None = None) -> Choice:
+    """The target's token at a drafted position, reported as next_token reports it.
+
+    Greedy: its own choice (the draft stands when they agree). Sampling: speculative sampling, so
+    the token is distributed exactly as `choose` would draw it: the draft is kept with probability
+    min(1, p(draft) / q(draft)), else a token is drawn from the residual max(0, p - q), renormalised.
+    `draft_probs` is q, the drafter's distribution; None for a draft copied from the context (prompt
+    lookup), a certain proposal: q is 1 at the draft, and the residual is p without it."""
+    if params.greedy:
+        return next_token(logits, params, generator, penalties)
+    probs = probabilities(logits if penalties is None else logits - penalties.offsets, params)
+    p = probs[draft]
+    q = draft_probs[draft] if draft_probs is not None else torch.ones((), device=probs.device)
+    # One uniform draw per drafted position, compared on the device: no sync until the report below.
+    u = torch.rand((), generator=generator, device=probs.device)
+    if bool(u * q < p):  # u < p / q, without dividing by a q of 0
+        token = torch.tensor(draft, device=probs.device)
+    else:
+        if draft_probs is None:
+            residual = probs.clone()
+            residual[draft] = 0.0
+        else:
+            residual = (probs - draft_probs).clamp_(min=0.0)
+        total = residual.sum()
+        residual = residual / total if bool(total > 0) else probs  # p == q everywhere: nothing left to correct
+        token = torch.multinomial(residual, 1, generator=generator)[0]
+    return report(logits, token)
+
+
+def report(logits: torch.Tensor, token: torch.Tensor) -> Choice:
+    """A chosen token with the model's own view of it (T = 1): its logprob, rank and the top five."""
+    top = torch.topk(logits, min(TOP_N, logits.numel()))
+    norm = torch.logsumexp(logits, dim=-1)
+    n = top.indices.numel()
     chosen = logits[token]
     rank = (logits > chosen).sum() + 1
     numbers = torch.cat((
