@@ -5,7 +5,8 @@ never asks which backend produced them. Once yielded, an event is a fact: nobody
 
     prefill  the prompt was read: prompt and cached tokens, seconds until the first token
     token    one generated token: its id, piece, text, whether special, and the model's own view of
-             it (p, logprob, rank, the five most likely tokens, at T = 1 whatever the sampling)
+             it (p, logprob, rank, the five most likely tokens, at T = 1 whatever the sampling);
+             with speculative decoding, whether it was drafted and the draft accepted
     done     the generation ended: why, how many tokens, decode speed, cached prompt tokens,
              speculative decoding counts
 
@@ -44,6 +45,10 @@ class TokenEvent(TypedDict):
     rank: int | None  # None: the server did not say, and the token is outside the top five
     top_ids: list[int]
     top_logprobs: list[float]
+    # Speculative decoding, where the backend knows it token by token (local): 1 when this position
+    # held a drafted token, and 1 when the draft stood (the token is the draft).
+    drafted: int
+    accepted: int
 
 
 class DoneEvent(TypedDict):
@@ -74,10 +79,10 @@ def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float,
 
 
 def token_event(index: int, token_id: int, piece: str, text: str, special: bool, logprob: float, rank: int | None,
-                top_ids: list[int], top_logprobs: list[float]) -> TokenEvent:
+                top_ids: list[int], top_logprobs: list[float], drafted: int = 0, accepted: int = 0) -> TokenEvent:
     return {"type": "token", "index": index, "id": token_id, "piece": piece, "text": text, "special": special,
             "logprob": logprob, "p": math.exp(logprob), "rank": rank, "top_ids": top_ids,
-            "top_logprobs": top_logprobs}
+            "top_logprobs": top_logprobs, "drafted": drafted, "accepted": accepted}
 
 
 def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int, cache_write_tokens: int = 0,

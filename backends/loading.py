@@ -9,6 +9,7 @@ import torch
 from .checkpoint import Checkpoint, fetch
 from .detokenize import Vocabulary
 from .local import LocalBackend
+from .speculative import SpeculativeConfig
 
 log = logging.getLogger("looptrace")
 
@@ -52,4 +53,6 @@ def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_le
     return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device, media=media), vocab,
                         max_queue=settings.max_queue, graph_max_length=graph_length,
                         prefix_cache_tokens=settings.prefix_cache_tokens,
-                        prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2))
+                        prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2),
+                        speculative=SpeculativeConfig.parse(settings.speculative_config)
+                        if settings.speculative_config else None)

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from functools import partial
 from typing import AsyncIterator, Callable
@@ -23,6 +24,7 @@ from .detokenize import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
 from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Penalties, generator_for, next_token
+from .speculative import Drafting, SpeculativeConfig
 
 log = logging.getLogger("looptrace")
 
@@ -75,7 +77,8 @@ class LocalBackend:
     media_refusal = ""
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
-                 prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES) -> None:
+                 prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES,
+                 speculative: SpeculativeConfig | None = None) -> None:
         """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
 
         Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
@@ -83,6 +86,7 @@ class LocalBackend:
         contend for the cores, which halved decode speed on these two-core machines.
         """
         self.vocab = vocab
+        self.speculative = speculative  # prompt lookup (speculative.py); None: plain decoding
         self.max_queue = max_queue
         self.running = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens, prefix_cache_bytes) if prefix_cache_tokens > 0 else None
@@ -176,8 +180,9 @@ class LocalBackend:
         reset_model_state(model)
 
         started = time.perf_counter()
+        # A captured graph decodes one token a step: speculative decoding, when on, runs without it.
         graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) \
-            if self.graphs and request.media is None else None
+            if self.graphs and request.media is None and self.speculative is None else None
         if graphed is not None:
             cached = written = 0
             logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
@@ -189,13 +194,19 @@ class LocalBackend:
             step = partial(decode_one_token, model, cache=cache)
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         choice = next_token(logits, sampling, generator, penalties)
+        if penalties is not None:  # the penalties count every token chosen, drafted ones as they are verified
+            penalties.add(choice.token_id)
         emit(prefill_event(len(request.prompt_ids), cached, time.perf_counter() - started))
+        drafting = Drafting(self.speculative, model, cache, request.prompt_ids, sampling, generator, penalties,
+                            self.device) if self.speculative is not None and graphed is None else None
 
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
         pieces, special = vocab.pieces, vocab.special
         first_at = time.perf_counter()
         count, finish = 0, ""
+        ready = deque([(choice, 0, 0)])  # chosen, not yet emitted: (choice, drafted, accepted)
         while True:
+            choice, drafted, accepted = ready.popleft()
             token_id = choice.token_id
             count += 1
             stop = token_id in stop_ids
@@ -207,15 +218,25 @@ class LocalBackend:
                     finish = "length" if count >= request.max_tokens else "cancelled"
                     text += detokenizer.flush()
             emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
-                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs))
+                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs,
+                             drafted, accepted))
             if finish:
                 break
-            if penalties is not None:
-                penalties.add(token_id)
-            logits = step(token_id)
-            choice = next_token(logits, sampling, generator, penalties)
+            if drafting is not None:
+                drafting.seen(token_id)
+                if not ready:  # one verification pass gives every token up to the first rejected draft
+                    ready.extend(drafting.step(token_id, request.max_tokens - count))
+            if not ready:
+                logits = step(token_id)
+                if drafting is not None:
+                    drafting.trim()
+                choice = next_token(logits, sampling, generator, penalties)
+                if penalties is not None:
+                    penalties.add(choice.token_id)
+                ready.append((choice, 0, 0))
+        spec = (drafting.drafts, drafting.drafted, drafting.accepted) if drafting is not None else (0, 0, 0)
         emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
-                        cache_write_tokens=written))
+                        cache_write_tokens=written, drafts=spec[0], drafted=spec[1], accepted=spec[2]))
 
     def _prefill(self, prompt_ids: list[int], keep_at: int | None, media: dict | None = None,
                  media_key: tuple = ()) -> tuple[int, int, torch.Tensor, object]:

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "conversation's next turn prefills only what is new (0: off; default 65536)")
     serve.add_argument("--prefix-cache-mb", type=float, default=2048, metavar="MB",
                        help="local backend: the prefix cache's bound in memory as well, its tensors counted (default 2048)")
+    serve.add_argument("--speculative-config", metavar="JSON",
+                       help="local backend: speculative decoding, as vLLM's flag: "
+                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4, "
+                       "\"prompt_lookup_min\": 2}' (prompt lookup, any model); off by default")
     serve.add_argument("--media-max-mb", type=float, default=20, metavar="MB",
                        help="the largest attached item, as sent (default 20)")
     serve.add_argument("--media-max-pixels", type=int, default=33_554_432, metavar="N",
@@ -84,6 +88,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         revision=args.revision, dtype=args.dtype, device=args.device, api_key=args.api_key or None,
         max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, max_queue=args.max_queue,
         prefix_cache_tokens=args.prefix_cache_tokens, prefix_cache_mb=args.prefix_cache_mb, backend=args.backend,
+        speculative_config=args.speculative_config,
         replay=args.replay,
         media_max_mb=args.media_max_mb, media_max_pixels=args.media_max_pixels, media_max_items=args.media_max_items,
         media_max_audio_seconds=args.media_max_audio_seconds, media_max_video_frames=args.media_max_video_frames,
@@ -104,6 +109,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--backend vllm needs --vllm-url URL")
     if args.tokenizer and args.backend != "vllm":
         parser.error("--tokenizer is for --backend vllm (elsewhere MODEL is the checkpoint, tokenizer included)")
+    if args.speculative_config:
+        if args.backend != "local":
+            parser.error("--speculative-config is for the local backend (a vLLM server takes its own "
+                         "--speculative-config)")
+        from looptrace.backends.speculative import SpeculativeConfig
+
+        try:
+            SpeculativeConfig.parse(args.speculative_config)
+        except ValueError as exc:
+            parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from aiohttp import web  # after the arguments: `looptrace --help` answers at once

@@ -1,0 +1,246 @@
+"""Speculative decoding for the local backend: drafts proposed cheaply, checked by the model in one
+forward pass, the cache cut back to what was accepted.
+
+`--speculative-config` is shaped as vLLM's flag. Two ways to draft:
+  ngram        prompt lookup: the tokens that followed the latest earlier occurrence of the output's
+               last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in the prompt or
+               the output so far. Any model; agents mostly write back what they have read.
+  draft_model  a smaller checkpoint with the same tokenizer drafts greedily (or by sampling, when the
+               request samples), with a cache of its own.
+The target verifies with sampling.verified_token: greedy keeps the longest agreeing prefix and then
+its own token; sampling accepts a draft with probability min(1, p/q), else draws from the residual,
+so the output is distributed exactly as plain decoding's.
+
+Rolling back (Rollback): attention layers are cut with the cache's own `crop`; sliding-window
+layers (Gemma 4) record their past so that `crop` can cut them too; linear-attention layers (Qwen3.5's
+Gated DeltaNet) cannot be cut, so their recurrent and convolution state is copied before verifying
+and, when a draft is rejected, put back and the accepted tokens run again.
+
+Drafting never costs much for long: a step whose drafts are all rejected pauses drafting for 1, 2,
+4 … 64 steps, and the draft length follows what was accepted (Backoff).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+METHODS = ("ngram", "draft_model", "mtp")
+KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"}
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 0
+    prompt_lookup_max: int = 0
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SpeculativeConfig:
+        """From --speculative-config's JSON, with vLLM's defaults (prompt lookup of 5 tokens when
+        neither bound is given); a ValueError says what is wrong."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--speculative-config is not JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        unknown = sorted(set(raw) - KEYS)
+        if unknown:
+            raise ValueError(f"--speculative-config: {', '.join(unknown)} not understood here (this server reads "
+                             f"{', '.join(sorted(KEYS))})")
+        method = raw.get("method") or ("draft_model" if raw.get("model") else None)
+        if method not in METHODS:
+            raise ValueError(f"--speculative-config: method must be one of {', '.join(METHODS)}, not {method!r}")
+        k = raw.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
+            raise ValueError("--speculative-config: num_speculative_tokens must be an integer from 1 to 32")
+        low, high = raw.get("prompt_lookup_min"), raw.get("prompt_lookup_max")
+        if method == "ngram":
+            low, high = (5, 5) if low is None and high is None else (low or high, high or low)
+            if not all(isinstance(v, int) and v >= 1 for v in (low, high)) or low > high:
+                raise ValueError("--speculative-config: prompt_lookup_min and prompt_lookup_max must be integers "
+                                 "with 1 <= min <= max")
+        if method == "draft_model" and not isinstance(raw.get("model"), str):
+            raise ValueError("--speculative-config: method draft_model needs a model (a checkpoint with the same "
+                             "tokenizer)")
+        if method == "mtp":
+            # transformers (5.24) loads Qwen3.5 checkpoints without their multi-token-prediction layers:
+            # it drops the `mtp.*` weights on load (_keys_to_ignore_on_load_unexpected).
+            raise ValueError("--speculative-config: method mtp is not available: transformers loads Qwen3.5 without "
+                             "its MTP head (it drops the mtp.* weights); use ngram or draft_model")
+        return cls(method, k, low or 0, high or 0, raw.get("model"))
+
+
+class PromptLookup:
+    """Drafts for prompt lookup: the tokens that followed the latest earlier occurrence of the last n
+    tokens. An index from each n-gram to where its latest occurrence ended is kept up to date as
+    tokens come, so a proposal costs a few dictionary lookups, not a search of the context.
+    (Written by hand: transformers' PromptLookupCandidateGenerator searches the whole context with
+    tensor ops every step, and takes the earliest occurrence.)"""
+
+    def __init__(self, ids: list[int], low: int, high: int) -> None:
+        self.ids: list[int] = []
+        self.low, self.high = low, high
+        self._ends: dict[tuple[int, ...], int] = {}
+        for token in ids:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        ids = self.ids
+        # The n-grams ending at the old last token are now "earlier": what follows them is known.
+        end = len(ids)
+        for n in range(self.low, min(self.high, end) + 1):
+            self._ends[tuple(ids[end - n:end])] = end
+        ids.append(token)
+
+    def propose(self, count: int) -> list[int]:
+        ids, ends = self.ids, self._ends
+        for n in range(min(self.high, len(ids)), self.low - 1, -1):
+            start = ends.get(tuple(ids[-n:]))
+            if start is not None:
+                return ids[start:start + count]
+        return []
+
+
+class Backoff:
+    """How many tokens to draft next: none for a while after a step whose drafts all failed (1, 2, 4 …
+    64 steps), and about one more than was last accepted."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.length = most
+        self._pause = 0
+        self._failures = 0
+
+    def next_length(self) -> int:
+        if self._pause:
+            self._pause -= 1
+            return 0
+        return self.length
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if accepted == 0:
+            self._failures += 1
+            self._pause = min(2 ** (self._failures - 1), 64)
+        else:
+            self._failures = 0
+        self.length = self.most if accepted == drafted else max(1, min(self.most, accepted + 1))
+
+
+class Rollback:
+    """Cuts a model's cache back after a verification pass: see the module's docstring."""
+
+    def __init__(self, cache) -> None:
+        from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+
+        self.cache = cache
+        layers = getattr(cache, "layers", [])
+        self.linear = [layer for layer in layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+        self.sliding = [layer for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
+        for layer in self.sliding:
+            layer.activate_past_recording()
+        self.attention = [layer for layer in layers if layer not in self.linear]
+        self._saved: list | None = None
+
+    def before(self) -> None:
+        """Called before a pass that may be cut back: the state that cannot be cut is copied."""
+        if self.linear:
+            self._saved = [({i: s.clone() for i, s in layer.conv_states.items() if s is not None},
+                            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None})
+                           for layer in self.linear]
+
+    def after(self, fed: int, kept: int) -> list[int] | None:
+        """After a pass of `fed` tokens of which the first `kept` stand: the attention layers are cut
+        to them. Returns None when that is all, or, where linear-attention state had to be put back,
+        the count of tokens to run again (the caller runs them: `replay`)."""
+        drop = fed - kept
+        if self.linear and drop:
+            for layer, (conv, recurrent) in zip(self.linear, self._saved):
+                for i, state in conv.items():
+                    layer.conv_states[i] = state
+                for i, state in recurrent.items():
+                    layer.recurrent_states[i] = state
+            for layer in self.attention:
+                layer.crop(-fed)  # back to before the pass: the kept tokens go in again
+            self._saved = None
+            return kept
+        for layer in self.attention:
+            layer.crop(-drop)  # crop(0) also trims a sliding window that recorded its past
+        self._saved = None
+        return None
+
+    def trim(self) -> None:
+        """After a plain one-token step: a sliding window that records its past is cut back to size."""
+        for layer in self.sliding:
+            layer.crop(0)
+
+
+def verify_pass(model, tokens: list[int], cache, device) -> torch.Tensor:
+    """The target's logits after each of `tokens` (the last accepted one, then the drafts): one row each."""
+    out = model(input_ids=torch.tensor([tokens], device=device), cache=cache, use_cache=True)
+    return out.logits[0].float()
+
+
+class Drafting:
+    """One request's speculative decoding: proposes drafts after each token, verifies them, and keeps
+    the counts the `done` event reports. Runs on the decode thread, with the request's cache."""
+
+    def __init__(self, config: SpeculativeConfig, model, cache, prompt_ids: list[int], sampling, generator,
+                 penalties, device) -> None:
+        self.model, self.cache, self.device = model, cache, device
+        self.sampling, self.generator, self.penalties = sampling, generator, penalties
+        self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.backoff = Backoff(config.num_speculative_tokens)
+        self.rollback = Rollback(cache)
+        self.drafts = self.drafted = self.accepted = 0
+
+    def seen(self, token: int) -> None:
+        """Every generated token, as it is emitted: the context drafts are looked up in."""
+        self.lookup.append(token)
+
+    def step(self, last: int, room: int) -> list[tuple]:
+        """After `last` (emitted, not yet in the cache): the next tokens as (choice, drafted,
+        accepted), one verification pass's worth; [] when there is nothing worth drafting (the
+        caller then takes a plain step). `room`: how many tokens may still be generated."""
+        length = min(self.backoff.next_length(), room - 1)
+        drafts = self.lookup.propose(length) if length > 0 else []
+        if not drafts:
+            return []
+        from .sampling import next_token, verified_token
+
+        sampling, generator, penalties = self.sampling, self.generator, self.penalties
+        self.rollback.before()
+        rows = verify_pass(self.model, [last, *drafts], self.cache, self.device)
+        out: list[tuple] = []
+        for row, draft in zip(rows, drafts):
+            choice = verified_token(row, sampling, generator, penalties, draft)
+            if penalties is not None:
+                penalties.add(choice.token_id)
+            stood = choice.token_id == draft
+            out.append((choice, 1, int(stood)))
+            if not stood:
+                break
+        else:  # every draft stood: the pass also gave the token after them
+            choice = next_token(rows[len(drafts)], sampling, generator, penalties)
+            if penalties is not None:
+                penalties.add(choice.token_id)
+            out.append((choice, 0, 0))
+        accepted = sum(stood for _, _, stood in out)
+        again = self.rollback.after(len(drafts) + 1, accepted + 1)
+        if again:  # linear-attention state was put back: the tokens that stand go in again
+            self.model(input_ids=torch.tensor([[last, *drafts[:accepted]]], device=self.device), cache=self.cache,
+                       use_cache=True, logits_to_keep=1)
+        self.backoff.record(len(drafts), accepted)
+        self.drafts += 1
+        self.drafted += len(drafts)
+        self.accepted += accepted
+        return out
+
+    def trim(self) -> None:
+        """After a plain step (see Rollback.trim)."""
+        self.rollback.trim()
