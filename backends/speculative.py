@@ -48,7 +48,7 @@ class SpeculativeConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--speculative-config is not JSON: {exc}") from exc
         if not isinstance(raw, dict):
-            raise ValueError("--speculative-config must be a JSON object")
+            raise ValueError("--speculative-config must be a JSON object")  # noqa: TRY004 - argparse reports ValueErrors
         unknown = sorted(set(raw) - KEYS)
         if unknown:
             raise ValueError(f"--speculative-config: {', '.join(unknown)} not understood here (this server reads "

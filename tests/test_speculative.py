@@ -114,7 +114,7 @@ def test_verified_output_is_the_plain_decoders(model, sampling, monkeypatch):
 def test_max_tokens_and_stops_hold_inside_a_verified_run(model, monkeypatch):
     # A run of accepted drafts is emitted token by token: max_tokens ends it exactly, and a stop
     # token among the drafts ends the generation there.
-    name, tokenizer, loaded = model
+    _, tokenizer, loaded = model
     prompt = prompt_of(tokenizer)
     greedy = SamplingParams(temperature=0)
     plain = LocalBackend(loaded, Vocabulary(tokenizer))
@@ -140,7 +140,7 @@ def test_max_tokens_and_stops_hold_inside_a_verified_run(model, monkeypatch):
 
 def test_sampling_runs_with_marks_and_counts(model, monkeypatch):
     # Sampling verifies by speculative sampling (its distribution: test_speculative_sampling.py).
-    name, tokenizer, loaded = model
+    _, tokenizer, loaded = model
     prompt = prompt_of(tokenizer)
     sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7)
     plain = LocalBackend(loaded, Vocabulary(tokenizer))
