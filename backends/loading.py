@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
 
-from .checkpoint import Checkpoint, fetch
+from .checkpoint import Checkpoint, fetch, read_config
 from .detokenize import Vocabulary
 from .local import LocalBackend
 from .speculative import SpeculativeConfig
@@ -49,10 +50,27 @@ def load_model(checkpoint: Checkpoint, *, dtype: str = "auto", device: str = "au
 def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_len: int, *,
                media: bool = False) -> LocalBackend:
     graph_length = 0 if settings.enforce_eager else max_model_len
+    speculative = SpeculativeConfig.parse(settings.speculative_config) if settings.speculative_config else None
+    drafter = None
+    if speculative is not None and speculative.method == "draft_model":
+        draft = read_config(speculative.model, None)
+        same_tokenizer(draft, vocab.tokenizer)
+        drafter = partial(load_model, draft, dtype=settings.dtype, device=settings.device)
     # Loaded by the backend on its decode thread, the one thread that will ever run it.
     return LocalBackend(lambda: load_model(checkpoint, dtype=settings.dtype, device=settings.device, media=media), vocab,
                         max_queue=settings.max_queue, graph_max_length=graph_length,
                         prefix_cache_tokens=settings.prefix_cache_tokens,
                         prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2),
-                        speculative=SpeculativeConfig.parse(settings.speculative_config)
-                        if settings.speculative_config else None)
+                        speculative=speculative, drafter=drafter)
+
+
+def same_tokenizer(draft: Checkpoint, tokenizer) -> None:
+    """A draft model must read and write the target's token ids: its vocabulary must be the same."""
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(fetch(draft), **draft.load_kwargs()).get_vocab()
+    ours = tokenizer.get_vocab()
+    if theirs != ours:
+        differ = len(set(theirs.items()) ^ set(ours.items()))
+        raise ValueError(f"--speculative-config: the draft model {draft.source} has another tokenizer than the "
+                         f"model's ({differ} entries differ): a draft model must share the model's tokenizer")

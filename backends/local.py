@@ -78,7 +78,7 @@ class LocalBackend:
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
                  prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None, drafter=None) -> None:
         """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
 
         Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
@@ -86,7 +86,7 @@ class LocalBackend:
         contend for the cores, which halved decode speed on these two-core machines.
         """
         self.vocab = vocab
-        self.speculative = speculative  # prompt lookup (speculative.py); None: plain decoding
+        self.speculative = speculative  # speculative.py; None: plain decoding
         self.max_queue = max_queue
         self.running = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens, prefix_cache_bytes) if prefix_cache_tokens > 0 else None
@@ -94,6 +94,8 @@ class LocalBackend:
         self._worker = threading.Thread(target=self._work, name="looptrace-decode", daemon=True)
         self._worker.start()
         self.model = model if isinstance(model, torch.nn.Module) else self.call(model)
+        # speculative draft_model: the smaller model that drafts, loaded on the same thread
+        self.drafter = drafter if drafter is None or isinstance(drafter, torch.nn.Module) else self.call(drafter)
         self.device = next(self.model.parameters()).device
         # On a GPU the decode step replays a captured CUDA graph (cuda_graph.py); elsewhere, plain calls.
         self.graphs = None
@@ -198,7 +200,7 @@ class LocalBackend:
             penalties.add(choice.token_id)
         emit(prefill_event(len(request.prompt_ids), cached, time.perf_counter() - started))
         drafting = Drafting(self.speculative, model, cache, request.prompt_ids, sampling, generator, penalties,
-                            self.device) if self.speculative is not None and graphed is None else None
+                            self.device, self.drafter) if self.speculative is not None and graphed is None else None
 
         detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
         pieces, special = vocab.pieces, vocab.special

@@ -190,10 +190,13 @@ class Drafting:
     the counts the `done` event reports. Runs on the decode thread, with the request's cache."""
 
     def __init__(self, config: SpeculativeConfig, model, cache, prompt_ids: list[int], sampling, generator,
-                 penalties, device) -> None:
+                 penalties, device, drafter=None) -> None:
         self.model, self.cache, self.device = model, cache, device
         self.sampling, self.generator, self.penalties = sampling, generator, penalties
-        self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
+        if drafter is not None:  # draft_model: proposals with the drafter's distribution
+            self.lookup = DraftModel(drafter, prompt_ids, sampling, generator, device)
+        else:
+            self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
         self.backoff = Backoff(config.num_speculative_tokens)
         self.rollback = Rollback(cache)
         self.drafts = self.drafted = self.accepted = 0
@@ -215,9 +218,10 @@ class Drafting:
         sampling, generator, penalties = self.sampling, self.generator, self.penalties
         self.rollback.before()
         rows = verify_pass(self.model, [last, *drafts], self.cache, self.device)
+        q = getattr(self.lookup, "probs", None)  # a drafter's distributions; None for copied drafts
         out: list[tuple] = []
-        for row, draft in zip(rows, drafts):
-            choice = verified_token(row, sampling, generator, penalties, draft)
+        for i, (row, draft) in enumerate(zip(rows, drafts)):
+            choice = verified_token(row, sampling, generator, penalties, draft, q[i] if q else None)
             if penalties is not None:
                 penalties.add(choice.token_id)
             stood = choice.token_id == draft
@@ -230,6 +234,8 @@ class Drafting:
                 penalties.add(choice.token_id)
             out.append((choice, 0, 0))
         accepted = sum(stood for _, _, stood in out)
+        if isinstance(self.lookup, DraftModel):
+            self.lookup.verified(accepted)
         again = self.rollback.after(len(drafts) + 1, accepted + 1)
         if again:  # linear-attention state was put back: the tokens that stand go in again
             self.model(input_ids=torch.tensor([[last, *drafts[:accepted]]], device=self.device), cache=self.cache,
@@ -243,3 +249,58 @@ class Drafting:
     def trim(self) -> None:
         """After a plain step (see Rollback.trim)."""
         self.rollback.trim()
+
+
+class DraftModel:
+    """Drafts from a smaller model with the same tokenizer, decoded with a cache of its own: greedy
+    for a greedy request, else drawn from its distribution q (kept in `probs` for the verification).
+    Its cache is cut back after each verification as the target's is (Rollback)."""
+
+    def __init__(self, model, prompt_ids: list[int], sampling, generator, device) -> None:
+        self.model, self.sampling, self.generator, self.device = model, sampling, generator, device
+        self.ids: list[int] = list(prompt_ids)
+        self.cache = None
+        self.rollback: Rollback | None = None
+        self.fed = 0  # how many of `ids` its cache holds
+        self.probs: list[torch.Tensor] | None = None
+        self._drafts: list[int] = []
+        # Its prefill waits for the first proposal: the first token goes out without waiting for it.
+
+    def append(self, token: int) -> None:
+        self.ids.append(token)
+
+    def propose(self, count: int) -> list[int]:
+        from .sampling import probabilities
+
+        logits = self._forward(self.ids[self.fed:])
+        self.fed = len(self.ids)
+        self.rollback.before()
+        drafts, probs = [], []
+        for i in range(count):
+            if self.sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probabilities(logits, self.sampling)
+                token = int(torch.multinomial(q, 1, generator=self.generator))
+                probs.append(q)
+            drafts.append(token)
+            if i < count - 1:  # the last draft's state is not needed unless it stands
+                logits = self._forward([token])
+        self._drafts, self.probs = drafts, probs or None
+        return drafts
+
+    def verified(self, accepted: int) -> None:
+        """`accepted` drafts stood: those its cache holds stay (they are the context now), the rest go."""
+        held = len(self._drafts) - 1
+        kept = min(accepted, held)
+        if self.rollback.after(held, kept) and kept:  # linear-attention state put back: they go in again
+            self._forward(self._drafts[:kept])
+        self.fed += kept
+
+    def _forward(self, tokens: list[int]) -> torch.Tensor:
+        out = self.model(input_ids=torch.tensor([tokens], device=self.device), cache=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        if self.cache is None:
+            self.cache = out.cache
+            self.rollback = Rollback(self.cache)
+        return out.logits[0, -1].float()

@@ -1,11 +1,13 @@
 """Speculative decoding on the local backend (issue 15): lossless, and traced token by token.
 
-The verification and rollback are checked with an oracle drafter: it proposes the plain decoder's
+Prompt lookup's verification and rollback are checked with an oracle drafter: it proposes the plain decoder's
 own next tokens with mistakes put in on purpose (a rejection mid-way, a first draft wrong, all
 right), so every path runs on every architecture: the tiny Qwen3.5 (its Gated DeltaNet state put
 back and the accepted tokens run again), the tiny Gemma 4 well past its 32-token sliding window,
 and SmolLM2 (plain attention). Greedy output must be the plain decoder's token for token. Prompt
-lookup itself, on real copying, is checked end to end with SmolLM2 (test_speculative_serving.py).
+lookup itself, on real copying, is checked end to end with SmolLM2 (test_speculative_serving.py). A
+draft model is checked with the tiny model drafting for itself, its weights nudged so that it mostly
+agrees: its own cache is cut back too.
 """
 
 from __future__ import annotations
@@ -195,6 +197,7 @@ def test_backoff_pauses_after_failures_and_follows_acceptance():
                                                         "x not understood"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "min <= max"),
     ('{"method": "mtp", "num_speculative_tokens": 1}', "MTP head"),
+    ('{"method": "draft_model", "num_speculative_tokens": 1}', "needs a model"),
 ])
 def test_a_bad_config_says_what_is_wrong(text, says):
     with pytest.raises(ValueError, match=says):
@@ -205,3 +208,51 @@ def test_vllms_defaults():
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}').prompt_lookup_min == 5
     config = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (4, 4)
+
+
+# -- draft_model: a smaller model drafts; here the tiny model with its weights slightly moved --
+
+DRAFTING = SpeculativeConfig.parse('{"method": "draft_model", "model": "drafter", "num_speculative_tokens": 4}')
+
+
+def nudged(folder, scale: float = 0.01):
+    """The checkpoint with every matrix moved by `scale` of its spread: a drafter that mostly agrees."""
+    drafter = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for weight in drafter.parameters():
+            if weight.dim() > 1:
+                weight.add_(torch.randn(weight.shape, generator=generator) * weight.std() * scale)
+    return drafter
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
+def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family):
+    folder = request.getfixturevalue(f"{family}_dir")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = prompt_of(tokenizer)
+    greedy = SamplingParams(temperature=0)
+    plain = LocalBackend(target, Vocabulary(tokenizer))
+    truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset())))]
+    asyncio.run(plain.close())
+    spec = LocalBackend(target, Vocabulary(tokenizer), speculative=DRAFTING, drafter=nudged(folder))
+    events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset()))
+    got = tokens(events)
+    assert [e["id"] for e in got] == truth
+    marks = "".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in got)
+    assert "AAAA." in marks and "Ax" in marks, marks  # whole drafts stood, others were cut mid-way
+    assert events[-1]["accepted"] == marks.count("A")
+    # Sampling: drafts drawn from the drafter's q, corrected to the target's p.
+    sampled = collect(spec, DecodeRequest(prompt, 32, SamplingParams(temperature=0.9, top_k=50, seed=3), frozenset()))
+    assert len(tokens(sampled)) == 32 and sampled[-1]["drafted"] > 0
+    asyncio.run(spec.close())
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir):
+    from looptrace.backends.checkpoint import read_config
+    from looptrace.backends.loading import same_tokenizer
+
+    same_tokenizer(read_config(str(qwen3_5_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        same_tokenizer(read_config(str(gemma4_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))

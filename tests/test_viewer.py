@@ -368,3 +368,41 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
     p.screenshot(path=str(tmp_path / "media.png"))
     if os.environ.get("LOOPTRACE_SCREENSHOTS"):
         p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "media.png"))
+
+
+def test_drafted_tokens_are_marked_and_say_whether_the_draft_stood(serve, qwen3_5_dir, tmp_path, page):
+    # Speculative decoding with a draft model: the tiny Qwen3.5 drafting for itself with its weights
+    # nudged, so some drafts stand and some are rejected; the page marks both and says which.
+    from transformers import AutoTokenizer
+
+    drafter = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for weight in drafter.parameters():
+            if weight.dim() > 1:
+                weight.add_(torch.randn(weight.shape, generator=generator) * weight.std() * 0.01)
+    drafter.save_pretrained(tmp_path / "drafter")
+    AutoTokenizer.from_pretrained(qwen3_5_dir).save_pretrained(tmp_path / "drafter")
+    config = json.dumps({"method": "draft_model", "model": str(tmp_path / "drafter"), "num_speculative_tokens": 4})
+    server = serve(str(qwen3_5_dir), "--served-model-name", "tiny-qwen", "--speculative-config", config, api_key=KEY)
+    ask(server, "drafts", "Name a colour.", max_tokens=48)
+    trace_id = stored(server, "/v1/sessions/drafts")["steps"][0]["trace_id"]
+    tokens = stored(server, f"/v1/traces/{trace_id}/tokens")["tokens"]
+    stood = [i for i, t in enumerate(tokens) if t["drafted"] and t["accepted"]]
+    rejected = [i for i, t in enumerate(tokens) if t["drafted"] and not t["accepted"]]
+    assert stood and rejected
+    p = open_session(page, server, "drafts")
+    shown = p.locator("li.step .tokens").first
+    assert shown.locator(".tok.drafted-accepted[data-i]").count() == len(stood)
+    assert shown.locator(".tok.drafted[data-i]").count() == len(rejected)
+    assert f"drafts {len(stood)}/" in p.locator("li.step").first.inner_text()
+    tip = p.locator("#tip")
+    shown.locator(f".tok[data-i='{rejected[0]}']").hover()
+    tip.wait_for()
+    assert "the draft was rejected: this is the model's own token" in tip.inner_text()
+    shown.locator(f".tok[data-i='{stood[0]}']").hover()
+    p.wait_for_function("document.getElementById('tip').innerText.includes('yes: the draft stood')")
+    assert f"{stood[0]} · id {tokens[stood[0]]['id']}" in tip.inner_text()
+    p.screenshot(path=str(tmp_path / "drafts.png"))
+    if os.environ.get("LOOPTRACE_SCREENSHOTS"):
+        p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "drafts.png"))

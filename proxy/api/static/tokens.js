@@ -42,7 +42,9 @@ export function legend() {
     h("span", {class: "legend-title"}, "p(token)"),
     BINS.map(([, cls, label]) => h("span", {class: `tok ${cls}`}, label)),
     h("span", {class: "tok flag"}, "unsure tool-call argument"),
-    h("span", {class: "tok special"}, "special token"));
+    h("span", {class: "tok special"}, "special token"),
+    h("span", {class: "tok drafted-accepted"}, "drafted, and the draft stood"),
+    h("span", {class: "tok drafted"}, "the model's own where a draft was rejected"));
 }
 
 function tokenText(token) {
@@ -157,7 +159,7 @@ export function showTip(token, anchor, index) {
     ["channel", CHANNELS[token.channel] || token.channel || "–"],
   ];
   if (token.special) rows.push(["special", "yes"]);
-  if (token.drafted) rows.push(["drafted", token.accepted ? "yes, accepted" : "yes, rejected"]);
+  if (token.drafted) rows.push(["drafted", token.accepted ? "yes: the draft stood" : "the draft was rejected: this is the model's own token"]);
   if (flagged(token)) rows.push(["flag", `unsure: p ${percent(token.p)}, lead over the runner-up ${percent(margin(token))}`]);
   tip.replaceChildren(
     h("dl", {}, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
