@@ -152,3 +152,23 @@ def test_no_content_and_replay_cannot_fork(qwen3_5_dir, tmp_path, replay_app):
     trace_id = replay_app.stored("/v1/sessions/replayed")["steps"][0]["trace_id"]
     status, error = replay_app.call("POST", f"/v1/traces/{trace_id}/fork", {"index": 0, "token_id": 1})
     assert status == 400 and error["error"]["code"] == "fork_unsupported"
+
+
+def test_a_trace_continued_from_the_clients_traceparent_forks(local_app, original):
+    # A client that sends a traceparent (its own tracing) makes looptrace's request span a child of
+    # the client's span: the request is found by its mark, not as the span without a parent.
+    _, _, tokens = original
+    trace_id = "5b8efff798038103d269b633813fc60c"
+    client_span = "eee19b7ec3c1b174"
+    status, answer = local_app.call("POST", "/v1/chat/completions", {
+        "model": "tiny-qwen", "messages": ASK, "max_tokens": 4, "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False}}, {"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert status == 200, answer
+    trace = local_app.stored(f"/v1/traces/{trace_id}")
+    request = next(s for s in trace["spans"] if "looptrace.endpoint" in s["attributes"])
+    assert request["parent_span_id"] == client_span
+    status, fork = local_app.call("POST", f"/v1/traces/{trace_id}/fork", {"index": 0, "token_id": tokens[0]["top_ids"][1]})
+    assert status == 200, fork
+    link = next(s for s in local_app.stored(f"/v1/traces/{fork['looptrace']['trace_id']}")["spans"]
+                if s["parent_span_id"] is None)["links"][0]
+    assert (link["trace_id"], link["span_id"]) == (trace_id, request["span_id"])

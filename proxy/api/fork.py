@@ -17,6 +17,7 @@ from typing import NamedTuple
 from aiohttp import web
 
 from looptrace.backends.jsontext import loads
+from looptrace.trace_store.schema import request_span
 
 from ..engine.generation import Generation, GenerationRequest, StoredPrompt
 from ..engine.runtime import Runtime
@@ -114,7 +115,7 @@ class Original(NamedTuple):
 def _original(trace: dict, runtime: Runtime) -> Original:
     """What the stored request ran, or a 4xx saying why this trace cannot be forked."""
     spans = {s["name"]: s for s in trace["spans"] if s["name"] in ("render", "decode")}
-    root = next((s for s in trace["spans"] if not s["parent_span_id"]), None)
+    root = request_span(trace["spans"])
     attrs = root["attributes"] if root else {}
     model = attrs.get("gen_ai.request.model")
     if model != runtime.model_name:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from looptrace.backends.detokenize import Vocabulary
 from looptrace.backends.jsontext import dumps
+from looptrace.trace_store.schema import request_span
 from looptrace.trace_store.sqlite import SQLiteTraceStore
 
 from .errors import APIError, invalid
@@ -64,7 +65,8 @@ async def get_prompt(request: web.Request) -> web.Response:
 def vocabulary_for(request: web.Request, trace: dict) -> Vocabulary | None:
     """The tokenizer a trace's ids mean something in: the served model's, if the trace is of it."""
     runtime = request.app[RUNTIME]
-    model = next((s["attributes"].get("gen_ai.request.model") for s in trace["spans"] if not s["parent_span_id"]), None)
+    root = request_span(trace["spans"])
+    model = root["attributes"].get("gen_ai.request.model") if root else None
     return runtime.vocab if runtime.status == "ready" and model == runtime.model_name else None
 
 

@@ -32,7 +32,7 @@ from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
 from looptrace.backends.jsontext import dumps
 from looptrace.trace_store import tokens as token_events
-from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK
+from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK, request_span
 
 from ..engine.generation import Generation, Observer
 from . import genai
@@ -100,7 +100,7 @@ class RequestTrace(Observer):
 
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         """This request runs a stored one again from its token `index`: linked to it, and saying where."""
-        root = next((s for s in original["spans"] if not s["parent_span_id"]), None)
+        root = request_span(original["spans"])
         if root is not None:
             context = SpanContext(int(original["trace_id"], 16), int(root["span_id"], 16), is_remote=True,
                                   trace_flags=TraceFlags(TraceFlags.SAMPLED))
