@@ -178,17 +178,21 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
     assert lookup.propose(3) == [2, 3, 7]  # the longest match wins, and may run into the output itself
 
 
-def test_backoff_pauses_after_failures_and_follows_acceptance():
+def test_backoff_pauses_after_failures_and_never_shortens():
     backoff = Backoff(4)
     assert backoff.next_length() == 4
     backoff.record(4, 1)
-    assert backoff.next_length() == 2
-    backoff.record(2, 0)
-    assert backoff.next_length() == 0 and backoff.next_length() == 1
-    backoff.record(1, 0)
-    assert [backoff.next_length() for _ in range(3)] == [0, 0, 1]
-    backoff.record(1, 1)
-    assert backoff.next_length() == 4
+    assert backoff.next_length() == 4  # a partial acceptance: a shorter pass would cost as much
+    backoff.record(4, 0)
+    assert [backoff.next_length() for _ in range(2)] == [0, 4]
+    backoff.record(4, 0)
+    assert [backoff.next_length() for _ in range(3)] == [0, 0, 4]
+    backoff.record(4, 4)  # a success ends the run of failures
+    backoff.record(4, 0)
+    assert [backoff.next_length() for _ in range(2)] == [0, 4]
+    for _ in range(10):
+        backoff.record(4, 0)
+    assert [backoff.next_length() for _ in range(65)] == [0] * 64 + [4]  # at most 64 steps without drafting
 
 
 @pytest.mark.parametrize(("text", "says"), [
