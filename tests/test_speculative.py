@@ -260,3 +260,44 @@ def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir
     same_tokenizer(read_config(str(qwen3_5_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
     with pytest.raises(ValueError, match="another tokenizer"):
         same_tokenizer(read_config(str(gemma4_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
+
+
+def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypatch):
+    # Qwen3.5 keeps the image's rope offset on the model: verification passes must read positions as
+    # plain steps do.
+    import json
+
+    from PIL import Image
+    from tiny_media import with_images
+    from transformers import AutoModelForImageTextToText
+
+    from looptrace.families import family_for_config
+    from looptrace.families.processor import load_processor
+
+    folder = with_images(qwen3_5_dir, "qwen3_5")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    family_cls = family_for_config(json.loads((folder / "config.json").read_text()))
+    family = family_cls(tokenizer, processor=load_processor(folder, family_cls.processor_class, tokenizer, {}))
+    rendered = family.render([{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image", "image": Image.new("RGB", (64, 48), (200, 30, 30))}]}],
+        None, False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    greedy = SamplingParams(temperature=0)
+
+    def request():
+        return DecodeRequest(rendered.ids, 40, greedy, frozenset(), media=rendered.media)
+
+    plain = LocalBackend(model, Vocabulary(tokenizer))
+    truth = [e["id"] for e in tokens(collect(plain, request()))]
+    asyncio.run(plain.close())
+
+    class Drafted(Drafting):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.lookup = Oracle(rendered.ids, truth, {0: 2, 1: None})
+
+    monkeypatch.setattr(local_module, "Drafting", Drafted)
+    spec = LocalBackend(model, Vocabulary(tokenizer), speculative=NGRAM)
+    events = collect(spec, request())
+    asyncio.run(spec.close())
+    assert [e["id"] for e in tokens(events)] == truth and events[-1]["accepted"] > 10

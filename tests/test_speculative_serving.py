@@ -83,6 +83,11 @@ def test_greedy_answers_are_plain_decodings(speculating, expected, api, stream):
     assert attributes["looptrace.spec.drafts"] > 0
 
 
+def test_health_says_how_it_speculates(speculating):
+    status, body = speculating.get("/health")
+    assert status == 200 and body["speculative"] == json.loads(CONFIG)
+
+
 def test_counters_and_the_dashboards_acceptance_panels(speculating, tmp_path):
     from prometheus import Prometheus
     from test_dashboards import DASHBOARDS, promql_targets

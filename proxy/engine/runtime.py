@@ -6,6 +6,7 @@ Requests that arrive while it loads wait for it; after a failed load they get a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -155,6 +156,9 @@ class Runtime:
             kept = self.backend.prefix_cache_stats()
             if kept is not None:
                 body["prefix_cache"] = kept
+            speculative = getattr(self.backend, "speculative", None)
+            if speculative is not None:  # as configured: the counts are in the traces and metrics
+                body["speculative"] = {k: v for k, v in dataclasses.asdict(speculative).items() if v}
         if self.reason:
             body["reason"] = self.reason
         if self.upstream is not None:  # where tokens come from, by which route, and whether it answers now
