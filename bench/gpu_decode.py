@@ -1,11 +1,16 @@
-"""Decode speed on a GPU: `generate()`, the local backend plain, and the backend replaying a CUDA graph.
+"""Decode speed on a GPU: `generate()`, the local backend plain, the backend replaying a CUDA graph, and
+the backend with speculative decoding (prompt lookup).
 
     python bench/gpu_decode.py --tokenizer DIR [--prompt 512] [--tokens 256] [--out result.json]
 
 Random weights of the Qwen3.5-0.8B architecture (24 layers: 18 Gated DeltaNet + 6 full attention,
 hidden 1024, 8 heads, 2 KV heads, head_dim 256, vocabulary 248,320) in bfloat16, a random 512-token
 prompt, 256 new tokens, greedy. Also measures the device's copy bandwidth, and from it the bound a
-decode step cannot beat: it must read every weight once per token. Prints one JSON object.
+decode step cannot beat: it must read every weight once per token. Speculation: what a verification
+pass of 1–9 tokens costs against a one-token step (what bounds its speed-up), and prompt lookup on a
+prompt that holds the model's own earlier answer (the prompt, that answer, the prompt again), its
+tokens compared with plain decoding's (bfloat16 passes of several tokens may round differently from
+single steps). Prints one JSON object.
 Written to run in a couple of minutes on a lent H200 with nothing installed but a carried wheel.
 """
 
@@ -172,7 +177,42 @@ def main() -> None:
         result["graph_greedy_unchanged"] = ids["graph"] == static
         asyncio.run(backend.close())
 
-    steps = [bandwidth, generate, eager] + ([graphed] if DEVICE == "cuda" else [])
+    def speculative() -> None:
+        from looptrace.backends.speculative import Rollback, SpeculativeConfig
+
+        # What a pass of n tokens costs, after the prompt, against one token (each pass undone after).
+        costs = {}
+        with torch.inference_mode():
+            cache = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True).cache
+            rollback = Rollback(cache)
+            for n in range(1, 10):
+                times = []
+                for _ in range(5):
+                    rollback.before()
+                    sync()
+                    started = time.perf_counter()
+                    model(input_ids=torch.tensor([prompt[:n]], device=DEVICE), cache=cache, use_cache=True)
+                    sync()
+                    times.append(time.perf_counter() - started)
+                    rollback.after(n, 0)
+                costs[n] = sorted(times)[2]
+        result["verify_pass_cost_vs_one_token"] = {n: round(t / costs[1], 2) for n, t in costs.items()}
+        copying = prompt + ids.get("eager", []) + prompt
+        config = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+        backend = LocalBackend(model, vocab)
+        time_backend(backend, prompt[:16], 4)
+        _, plain_rate, plain = time_backend(backend, copying, args.tokens)
+        backend.speculative = SpeculativeConfig.parse(config)
+        started = time.perf_counter()
+        _, rate, drafted = time_backend(backend, copying, args.tokens)
+        result.update(speculative_config=json.loads(config), speculative_prompt_tokens=len(copying),
+                      speculative_plain_decode_tok_s=round(plain_rate, 2), speculative_decode_tok_s=round(rate, 2),
+                      speculative_seconds=round(time.perf_counter() - started, 2),
+                      speculative_equals_plain_until=first_difference(drafted, plain),
+                      speculative_greedy_unchanged=drafted == plain)
+        asyncio.run(backend.close())
+
+    steps = [bandwidth, generate, eager] + ([graphed] if DEVICE == "cuda" else []) + [speculative]
     for step in steps:  # each reports its own failure; the others' figures still count
         try:
             step()
