@@ -54,12 +54,7 @@ def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
 
 def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
     """The part as mono float32 samples at `rate`, as the processor's feature extractor reads them."""
-    try:
-        import av
-        import numpy as np
-    except ImportError as exc:
-        raise MediaError("This server cannot decode audio: install looptrace[media] (av).", part.param,
-                         code="media_unsupported") from exc
+    av, np = _av(part, "audio")
     data = _bytes(part, limits, "audio clip")
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
@@ -97,12 +92,7 @@ def decode_video(part: MediaPart, limits: MediaLimits, sample: Callable[[int, fl
     """The part as (frames, metadata): the frames `sample(total frames, fps, width, height)` picks
     (transformers' VideoMetadata, its frames_indices set) as a uint8 array (frames, height, width, 3).
     Only those frames are converted; the count comes from a first pass that reads packets only."""
-    try:
-        import av
-        import numpy as np
-    except ImportError as exc:
-        raise MediaError("This server cannot decode video: install looptrace[media] (av).", part.param,
-                         code="media_unsupported") from exc
+    av, np = _av(part, "video")
     data = _bytes(part, limits, "video")
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
@@ -148,6 +138,17 @@ def decode_video(part: MediaPart, limits: MediaLimits, sample: Callable[[int, fl
                  "fps": round(fps, 3), "seconds": round(total / fps, 3), "bytes": len(data),
                  "sha256": hashlib.sha256(data).hexdigest()}
     return video, metadata
+
+
+def _av(part: MediaPart, what: str) -> tuple:
+    """PyAV and numpy, or a 400 saying what to install (never a 500 for a missing optional package)."""
+    try:
+        import av
+        import numpy as np
+    except ImportError as exc:
+        raise MediaError(f"This server cannot decode {what}: install looptrace[media] (av).", part.param,
+                         code="media_unsupported") from exc
+    return av, np
 
 
 def _bytes(part: MediaPart, limits: MediaLimits, what: str) -> bytes:
