@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import next_token, probabilities, verified_token
+
 METHODS = ("ngram", "draft_model", "mtp")
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"}
 
@@ -78,28 +80,28 @@ class SpeculativeConfig:
 
 class PromptLookup:
     """Drafts for prompt lookup: the tokens that followed the latest earlier occurrence of the last n
-    tokens. An index from each n-gram to where its latest occurrence ended is kept up to date as
-    tokens come, so a proposal costs a few dictionary lookups, not a search of the context.
+    tokens. An index from each n-gram to where its latest occurrence ended is brought up to date when
+    a proposal is asked for (not on the way to the first token, nor per token), so a proposal costs a
+    few dictionary lookups, not a search of the context.
     (Written by hand: transformers' PromptLookupCandidateGenerator searches the whole context with
     tensor ops every step, and takes the earliest occurrence.)"""
 
     def __init__(self, ids: list[int], low: int, high: int) -> None:
-        self.ids: list[int] = []
+        self.ids: list[int] = list(ids)
         self.low, self.high = low, high
         self._ends: dict[tuple[int, ...], int] = {}
-        for token in ids:
-            self.append(token)
+        self._indexed = 0  # the n-grams ending before this position are in the index
 
     def append(self, token: int) -> None:
-        ids = self.ids
-        # The n-grams ending at the old last token are now "earlier": what follows them is known.
-        end = len(ids)
-        for n in range(self.low, min(self.high, end) + 1):
-            self._ends[tuple(ids[end - n:end])] = end
-        ids.append(token)
+        self.ids.append(token)
 
     def propose(self, count: int) -> list[int]:
         ids, ends = self.ids, self._ends
+        # Every n-gram ending before the last token is "earlier": what follows it is known.
+        for end in range(max(self._indexed, 1), len(ids)):
+            for n in range(self.low, min(self.high, end) + 1):
+                ends[tuple(ids[end - n:end])] = end
+        self._indexed = len(ids)
         for n in range(min(self.high, len(ids)), self.low - 1, -1):
             start = ends.get(tuple(ids[-n:]))
             if start is not None:
@@ -123,7 +125,8 @@ class Backoff:
             return 0
         return self.most
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, accepted: int) -> None:
+        """After a pass: how many of its drafts stood."""
         if accepted == 0:
             self._failures += 1
             self._pause = min(2 ** (self._failures - 1), 64)
@@ -137,13 +140,12 @@ class Rollback:
     def __init__(self, cache) -> None:
         from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
-        self.cache = cache
         layers = getattr(cache, "layers", [])
         self.linear = [layer for layer in layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
         self.sliding = [layer for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
         for layer in self.sliding:
             layer.activate_past_recording()
-        self.attention = [layer for layer in layers if layer not in self.linear]
+        self.attention = [layer for layer in layers if not isinstance(layer, LinearAttentionCacheLayerMixin)]
         self._saved: list | None = None
 
     def before(self) -> None:
@@ -153,10 +155,10 @@ class Rollback:
                             {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None})
                            for layer in self.linear]
 
-    def after(self, fed: int, kept: int) -> list[int] | None:
+    def after(self, fed: int, kept: int) -> int | None:
         """After a pass of `fed` tokens of which the first `kept` stand: the attention layers are cut
         to them. Returns None when that is all, or, where linear-attention state had to be put back,
-        the count of tokens to run again (the caller runs them: `replay`)."""
+        the count of tokens the caller must run again."""
         drop = fed - kept
         if self.linear and drop:
             for layer, (conv, recurrent) in zip(self.linear, self._saved):
@@ -213,8 +215,6 @@ class Drafting:
         drafts = self.lookup.propose(length) if length > 0 else []
         if not drafts:
             return []
-        from .sampling import next_token, verified_token
-
         sampling, generator, penalties = self.sampling, self.generator, self.penalties
         self.rollback.before()
         rows = verify_pass(self.model, [last, *drafts], self.cache, self.device)
@@ -240,7 +240,7 @@ class Drafting:
         if again:  # linear-attention state was put back: the tokens that stand go in again
             self.model(input_ids=torch.tensor([[last, *drafts[:accepted]]], device=self.device), cache=self.cache,
                        use_cache=True, logits_to_keep=1)
-        self.backoff.record(len(drafts), accepted)
+        self.backoff.record(accepted)
         self.drafts += 1
         self.drafted += len(drafts)
         self.accepted += accepted
@@ -270,8 +270,6 @@ class DraftModel:
         self.ids.append(token)
 
     def propose(self, count: int) -> list[int]:
-        from .sampling import probabilities
-
         logits = self._forward(self.ids[self.fed:])
         self.fed = len(self.ids)
         self.rollback.before()

@@ -116,7 +116,7 @@ class Family:
         extractor = getattr(processor, "feature_extractor", None)
         self.audio_rate = getattr(extractor, "sampling_rate", 0)
         self.video_processor = getattr(processor, "video_processor", None)
-        kinds = {"image", "audio" if extractor else "", "video" if self.video_processor else ""} - {""}
+        kinds = {"image"} | ({"audio"} if extractor else set()) | ({"video"} if self.video_processor else set())
         self.media_kinds = frozenset() if processor is None else frozenset(kinds)
         # How the processor samples a video's frames, so that only those are decoded.
         self.sample_video = sampler(self.video_processor) if self.video_processor is not None else None

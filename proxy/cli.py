@@ -38,12 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="local backend: the prefix cache's bound in memory as well, its tensors counted (default 2048)")
     serve.add_argument("--speculative-config", metavar="JSON",
                        help="local backend: speculative decoding, as vLLM's flag: "
-                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4, "
+                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, \"prompt_lookup_max\": 4, "
                        "\"prompt_lookup_min\": 2}' (prompt lookup, any model); off by default")
     serve.add_argument("--media-max-mb", type=float, default=20, metavar="MB",
                        help="the largest attached item, as sent (default 20)")
     serve.add_argument("--media-max-pixels", type=int, default=33_554_432, metavar="N",
-                       help="the most pixels an attached image may have (default 33,554,432: 8K)")
+                       help="the most pixels an attached image (or a video's frame) may have (default 33,554,432: 8K)")
     serve.add_argument("--media-max-items", type=int, default=16, metavar="N",
                        help="the most items one request may attach (default 16)")
     serve.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",

@@ -181,17 +181,17 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
 def test_backoff_pauses_after_failures_and_never_shortens():
     backoff = Backoff(4)
     assert backoff.next_length() == 4
-    backoff.record(4, 1)
+    backoff.record(1)
     assert backoff.next_length() == 4  # a partial acceptance: a shorter pass would cost as much
-    backoff.record(4, 0)
+    backoff.record(0)
     assert [backoff.next_length() for _ in range(2)] == [0, 4]
-    backoff.record(4, 0)
+    backoff.record(0)
     assert [backoff.next_length() for _ in range(3)] == [0, 0, 4]
-    backoff.record(4, 4)  # a success ends the run of failures
-    backoff.record(4, 0)
+    backoff.record(4)  # a success ends the run of failures
+    backoff.record(0)
     assert [backoff.next_length() for _ in range(2)] == [0, 4]
     for _ in range(10):
-        backoff.record(4, 0)
+        backoff.record(0)
     assert [backoff.next_length() for _ in range(65)] == [0] * 64 + [4]  # at most 64 steps without drafting
 
 
