@@ -60,6 +60,7 @@ class DecodeRequest:
     # Set by the consumer when the client goes away or a stop string matched; checked before every token.
     cancel: threading.Event = field(default_factory=threading.Event)
     traceparent: str | None = None  # W3C trace context, for backends that forward it
+    conversation: str | None = None  # the agent session it belongs to: several servers keep it on one
     # The prompt length whose state a prefix cache should keep: what the conversation's next request
     # will start with (None: the whole prompt).
     keep_at: int | None = None

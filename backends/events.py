@@ -9,6 +9,8 @@ never asks which backend produced them. Once yielded, an event is a fact: nobody
              with speculative decoding, whether it was drafted and the draft accepted
     done     the generation ended: why, how many tokens, decode speed, cached prompt tokens,
              speculative decoding counts
+    upstream (backends that forward, vLLM) the server an attempt goes to, before its tokens; a
+             second one when the first server failed before the first token and another is tried
 
 `text` is the token's share of the decoded output: the whole sequence is decoded incrementally, so
 a character split across byte tokens arrives once, whole, and stop tokens contribute no text.
@@ -64,7 +66,18 @@ class DoneEvent(TypedDict):
     accepted: int
 
 
-Event = PrefillEvent | TokenEvent | DoneEvent
+class UpstreamEvent(TypedDict):
+    type: Literal["upstream"]
+    server: str  # "host:port", as the command line names it
+    address: str
+    port: int
+    route: str
+    moved_from: str | None  # the server the conversation's last request went to, when it was another
+    # The attempt before this one, which failed before its first token: {"server", "code", "message"}.
+    retry_after: dict | None
+
+
+Event = PrefillEvent | TokenEvent | DoneEvent | UpstreamEvent
 
 
 def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float, *,
@@ -92,3 +105,9 @@ def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens
     return {"type": "done", "finish_reason": finish_reason, "tokens": tokens, "seconds": seconds,
             "tokens_per_second": rate, "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
             "drafts": drafts, "drafted": drafted, "accepted": accepted}
+
+
+def upstream_event(server: str, address: str, port: int, route: str, *, moved_from: str | None = None,
+                   retry_after: dict | None = None) -> UpstreamEvent:
+    return {"type": "upstream", "server": server, "address": address, "port": port, "route": route,
+            "moved_from": moved_from, "retry_after": retry_after}

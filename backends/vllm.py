@@ -11,11 +11,16 @@ says None, and `done` carries the number.
 Two routes: `/inference/v1/generate` (token ids in and out, ranks) when the server has it, probed
 at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
 `BackendError` the client hears, never a hang: every wait on the server is bounded by the timeout.
+
+Several servers may serve the model (vllm_pool.py chooses one per request). A server that fails
+before the first token (refused, cut, an error, silence past the timeout) is left for another,
+once: nothing has reached the client yet. After the first token a failure is the client's error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import AsyncIterator
 
@@ -25,42 +30,63 @@ from . import jsontext
 from . import vllm_protocol as protocol
 from .base import BackendError, DecodeRequest
 from .detokenize import Vocabulary
-from .events import Event, done_event, prefill_event, token_event
+from .events import Event, done_event, prefill_event, token_event, upstream_event
+from .vllm_pool import Pool
 from .vllm_upstream import Upstream, describe
 
-__all__ = ["Upstream", "VLLMBackend"]
+__all__ = ["Pool", "Upstream", "VLLMBackend"]
+
+log = logging.getLogger("looptrace")
 
 
 class VLLMBackend:
     name = "vllm"
-
-    def __init__(self, upstream: Upstream, vocab: Vocabulary) -> None:
-        self.upstream = upstream
-        self.vocab = vocab
-        self.running = 0
-        self.waiting = 0  # vLLM queues; nothing waits here
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=upstream.timeout, sock_read=upstream.timeout)
-
+    route = None  # each server's own: the `upstream` event says which was used
     expands_media = True  # vLLM's own processor expands each item's placeholder
+    waiting = 0  # vLLM queues; nothing waits here
+
+    def __init__(self, pool: Pool, vocab: Vocabulary) -> None:
+        self.pool = pool
+        self.vocab = vocab
 
     @property
-    def route(self) -> str:
-        return self.upstream.route
+    def running(self) -> int:
+        return self.pool.running
 
     @property
     def media_refusal(self) -> str:
-        # Only the generate route takes items beside token ids (`content_parts`); /v1/completions' token
-        # prompts take none.
-        if self.upstream.route == protocol.GENERATE:
-            return ""
-        return (f"The vLLM server at {self.upstream.url} does not offer {protocol.GENERATE}, the route that takes "
-                "media beside token ids: start it with --enable-scale-out to send it images, audio or video.")
+        return self.pool.media_refusal()
 
     def prefix_cache_stats(self) -> None:
         return None  # vLLM's own; its metrics say how it does
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        up = self.upstream
+        up, moved_from = self.pool.choose(request.conversation)
+        yield upstream_event(up.name, up.address, up.port, up.route, moved_from=moved_from)
+        first = True
+        try:
+            async for event in self._stream(up, request):
+                first = False
+                yield event
+            return
+        except BackendError as exc:
+            # Retried once elsewhere when nothing reached the client and the server, not the request,
+            # is at fault (a 4xx would be refused by any server alike).
+            if not first or exc.status < 500 or request.cancel.is_set() or len(self.pool.upstreams) == 1:
+                raise
+            failed = {"server": up.name, "code": exc.code, "message": exc.message}
+            try:
+                up, _ = self.pool.choose(request.conversation, failed=up)
+            except BackendError:
+                raise exc from None  # no other server: the client hears what went wrong
+            log.warning("the vLLM server at %s failed before the first token (%s); trying %s", failed["server"],
+                        exc.message, up.name)
+        # The conversation moved from the server that failed.
+        yield upstream_event(up.name, up.address, up.port, up.route, moved_from=failed["server"], retry_after=failed)
+        async for event in self._stream(up, request):
+            yield event
+
+    async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)
         if room <= 0:
             raise BackendError(f"This model's maximum context length is {up.max_model_len} tokens, and the prompt "
@@ -82,14 +108,14 @@ class VLLMBackend:
         count, finish, reason, ended = 0, "", None, False
         response = None
         started = first_at = time.perf_counter()
-        self.running += 1
+        up.running += 1
         try:
             try:
                 # sock_read bounds each wait for data, whichever task drives this generator (the Responses
                 # adapter reads its first event in a task of its own), and stops counting while the consumer
                 # is slow to read.
                 response = await up.session.post(up.url + up.route, data=data, headers=headers,
-                                                 timeout=self._timeout)
+                                                 timeout=up.stream_timeout)
             except aiohttp.ClientConnectionError as exc:
                 if isinstance(exc, aiohttp.SocketTimeoutError):
                     raise  # it answered the connection, then nothing: a timeout, below
@@ -97,7 +123,7 @@ class VLLMBackend:
                 raise BackendError(up.error, status=502, code="upstream_unreachable") from exc
             up.answered()
             if response.status != 200:
-                raise await self._refusal(response)
+                raise await _refusal(up, response)
             buffer = b""
             async for block in response.content.iter_any():
                 lines = (buffer + block).split(b"\n")
@@ -161,7 +187,7 @@ class VLLMBackend:
             raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read: "
                                f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
         finally:
-            self.running -= 1
+            up.running -= 1
             if response is not None and not ended:
                 response.close()  # closing the connection is how vLLM learns to stop generating
             elif response is not None:
@@ -175,24 +201,25 @@ class VLLMBackend:
         yield done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached, drafts=drafts,
                          drafted=drafted, accepted=accepted)
 
-    async def _refusal(self, response: aiohttp.ClientResponse) -> BackendError:
-        text = await response.text()
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError:
-            body = None
-        message = protocol.error_message(body, text.strip() or response.reason or "")
-        status = response.status
-        if status in (401, 403):  # looptrace's key or setup, not the client's fault: don't tell it its key is wrong
-            return BackendError(f"the vLLM server at {self.upstream.url} refused looptrace ({status}): {message}",
-                                status=502, code="upstream_refused")
-        if status < 500:
-            return BackendError(message, status=status, code="upstream_rejected")  # its own words, e.g. the context
-        return BackendError(f"the vLLM server at {self.upstream.url} failed ({status}): {message}",
-                            status=503 if status == 503 else 502, code="upstream_error")
-
     async def close(self) -> None:
-        return None  # the upstream belongs to the runtime, which closes it
+        return None  # the pool belongs to the runtime, which closes it
+
+
+async def _refusal(up: Upstream, response: aiohttp.ClientResponse) -> BackendError:
+    text = await response.text()
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = None
+    message = protocol.error_message(body, text.strip() or response.reason or "")
+    status = response.status
+    if status in (401, 403):  # looptrace's key or setup, not the client's fault: don't tell it its key is wrong
+        return BackendError(f"the vLLM server at {up.url} refused looptrace ({status}): {message}",
+                            status=502, code="upstream_refused")
+    if status < 500:
+        return BackendError(message, status=status, code="upstream_rejected")  # its own words, e.g. the context
+    return BackendError(f"the vLLM server at {up.url} failed ({status}): {message}",
+                        status=503 if status == 503 else 502, code="upstream_error")
 
 
 def _upstream_error(url: str, chunk: dict, count: int) -> BackendError:

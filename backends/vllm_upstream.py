@@ -1,29 +1,25 @@
 """The vLLM server behind the vllm backend: what it serves, by which route, and whether it answers.
 
-At load, `/v1/models` gives the model, the checkpoint it was loaded from (`root`) and its context;
-an empty POST to `/inference/v1/generate` tells whether that route is there (400: it is, the body
-failed validation at no cost to the engine; 403: started without --enable-scale-out; 404: a vLLM
-too old to have it). A server that does not answer is retried for as long as it takes; once
-loaded, its /health is polled so that looptrace's /health can say whether tokens can come.
+On connecting, `/v1/models` gives the model, the checkpoint it was loaded from (`root`) and its
+context; an empty POST to `/inference/v1/generate` tells whether that route is there (400: it is,
+the body failed validation at no cost to the engine; 403: started without --enable-scale-out; 404:
+a vLLM too old to have it). Once connected, its /health is probed so that requests go only to a
+server that answers (the pool of servers, vllm_pool.py, keeps that going).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 from pathlib import Path
-from typing import Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from . import vllm_protocol as protocol
 
 log = logging.getLogger("looptrace")
-
-RETRY_SECONDS = (1, 2, 5)  # waits between attempts to reach the server at load; the last repeats
-WATCH_SECONDS = 5.0  # how often /health is asked once loaded
 
 
 class Unreachable(Exception):
@@ -36,17 +32,25 @@ class Upstream:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
         url = url.rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # people paste their OpenAI base URL
+        parts = urlsplit(self.url)
+        self.address = parts.hostname or ""
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        # How traces and metrics name it: from the command line, never from a client.
+        self.name = f"{self.address}:{self.port}"
         self.timeout = timeout
+        # A stream's own: sock_read bounds each wait for data, and stops counting while the consumer is slow.
+        self.stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = ""  # the id vLLM serves, sent as `model`
         self.root = ""  # the checkpoint vLLM loaded (a Hub id or a folder on its machine)
         self.max_model_len = 0
         self.route = protocol.COMPLETIONS
         self.route_note = ""  # why not the generate route
-        self.reachable = False
+        self.connected = False  # its model, context and route are known
+        self.reachable = False  # it answered last time it was asked
         self.error: str | None = None
+        self.running = 0  # requests this process is streaming from it now
         self._session: aiohttp.ClientSession | None = None
-        self._watcher: asyncio.Task | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -58,21 +62,7 @@ class Upstream:
             )
         return self._session
 
-    # -- at load --
-
-    async def reach(self, model: str | None, on_wait: Callable[[str], None]) -> None:
-        """Connect, retrying for as long as the server does not answer; `on_wait` hears why."""
-        for attempt in itertools.count():
-            try:
-                await self.connect(model)
-                return
-            except Unreachable as exc:
-                wait = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
-                message = f"{exc}; retrying every {RETRY_SECONDS[-1]} s"
-                if attempt == 0:
-                    log.warning("%s", message)
-                on_wait(message)
-                await asyncio.sleep(wait)
+    # -- connecting --
 
     async def connect(self, model: str | None) -> None:
         """Read what the server serves and probe for the generate route (one attempt)."""
@@ -94,6 +84,7 @@ class Upstream:
             why = {403: "the server was started without --enable-scale-out",
                    404: "this vLLM is too old to have it"}.get(status) or protocol.error_message(body, "unexpected")
             self.route, self.route_note = protocol.COMPLETIONS, f"{protocol.GENERATE} answered {status}: {why}"
+        self.connected = True
         self.answered()
         log.info("vLLM at %s serves %s (context %d) from %s; using %s%s", self.url, self.model, self.max_model_len,
                  self.root, self.route, f" ({self.route_note})" if self.route_note else "")
@@ -110,23 +101,17 @@ class Upstream:
                 f"started from a Hub id")
         return root
 
-    def watch(self) -> None:
-        """Keep `reachable` current for /health between requests."""
-        if self._watcher is None:
-            self._watcher = asyncio.create_task(self._watch())
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(WATCH_SECONDS)
-            try:
-                status, body = await self._call("GET", "/health")
-            except Unreachable as exc:
-                self.unreachable(str(exc))
-                continue
-            if status == 200:
-                self.answered()
-            else:
-                self.reachable, self.error = False, f"GET /health answered {status}: {protocol.error_message(body, '')}"
+    async def probe(self) -> None:
+        """Ask /health whether it can serve now."""
+        try:
+            status, body = await self._call("GET", "/health")
+        except Unreachable as exc:
+            self.unreachable(str(exc))
+            return
+        if status == 200:
+            self.answered()
+        else:
+            self.unreachable(f"GET /health answered {status}: {protocol.error_message(body, '')}")
 
     async def _call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
         try:
@@ -148,8 +133,14 @@ class Upstream:
     def unreachable(self, message: str) -> None:
         self.reachable, self.error = False, message
 
+    @property
+    def serving(self) -> bool:
+        """Whether requests go to it now."""
+        return self.connected and self.reachable
+
     def health(self) -> dict:
-        body = {"url": self.url, "model": self.model, "route": self.route, "reachable": self.reachable}
+        body = {"url": self.url, "server": self.name, "model": self.model, "route": self.route,
+                "reachable": self.reachable, "serving": self.serving, "requests_running": self.running}
         if self.route_note:
             body["route_note"] = self.route_note
         if self.error:
@@ -157,8 +148,6 @@ class Upstream:
         return body
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
         if self._session is not None:
             await self._session.close()
 

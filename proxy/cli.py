@@ -60,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="local: decode here with transformers; replay: serve recorded output (--replay); "
                        "vllm: forward token ids to a vLLM server (--vllm-url)")
     serve.add_argument("--replay", metavar="FILE", help="JSON Lines of recorded steps, one per request, for --backend replay")
-    serve.add_argument("--vllm-url", metavar="URL", help="the vLLM server to forward token ids to, for --backend vllm "
-                       "(give --revision too if it was started with one)")
+    serve.add_argument("--vllm-url", metavar="URL", action="append", dest="vllm_urls", default=[],
+                       help="a vLLM server to forward token ids to, for --backend vllm (give --revision too if it was "
+                       "started with one); repeat it for several servers of one model: each conversation stays on "
+                       "one of them")
     serve.add_argument("--vllm-api-key", default=os.environ.get("VLLM_API_KEY"),
                        help="the vLLM server's API key (default: $VLLM_API_KEY)")
     serve.add_argument("--vllm-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -94,7 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         media_max_audio_seconds=args.media_max_audio_seconds, media_max_video_frames=args.media_max_video_frames,
         allowed_media_domains=args.allowed_media_domains,
         media_fetch_timeout=args.media_fetch_timeout,
-        vllm_url=args.vllm_url, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
+        vllm_urls=args.vllm_urls, vllm_api_key=args.vllm_api_key or None, vllm_timeout=args.vllm_timeout,
         tokenizer=args.tokenizer, trace_db=args.trace_db, trace_content=args.trace_content, otlp_endpoint=args.otlp_endpoint,
         trace_retention_days=args.trace_retention_days, trace_max_mb=args.trace_max_mb,
     )
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.backend == "replay" and not args.replay:
         parser.error("--backend replay needs --replay FILE")
-    if args.backend == "vllm" and not args.vllm_url:
+    if args.backend == "vllm" and not args.vllm_urls:
         parser.error("--backend vllm needs --vllm-url URL")
     if args.tokenizer and args.backend != "vllm":
         parser.error("--tokenizer is for --backend vllm (elsewhere MODEL is the checkpoint, tokenizer included)")
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     # handler_cancellation: a client that disconnects cancels its handler, which stops its generation.
     web.run_app(app, host=settings.host, port=settings.port, handler_cancellation=True, access_log=None,
                 print=lambda *_: logging.getLogger("looptrace").info(
-                    "serving %s on http://%s:%d/v1", settings.model or settings.vllm_url, settings.host, settings.port))
+                    "serving %s on http://%s:%d/v1", settings.model or ", ".join(settings.vllm_urls), settings.host, settings.port))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class Settings:
     media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
     backend: str = "local"  # local | replay | vllm
     replay: str | None = None  # the recorded steps, for --backend replay
-    vllm_url: str | None = None  # the vLLM server, for --backend vllm
+    vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
     tokenizer: str | None = None  # with vllm: where the served checkpoint's tokenizer is here (None: its root)

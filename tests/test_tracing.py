@@ -292,7 +292,7 @@ def test_the_vllm_server_is_handed_our_decode_span(qwen3_5_dir, tmp_path):
     double = DoubleProcess(qwen3_5_dir, port=free_port(), log_path=tmp_path / "double.log")
     try:
         double.wait_ready()
-        settings = Settings(model=None, backend="vllm", vllm_url=double.url, trace_db=str(tmp_path / "t.sqlite3"))
+        settings = Settings(model=None, backend="vllm", vllm_urls=[double.url], trace_db=str(tmp_path / "t.sqlite3"))
 
         async def session():
             async with App(settings) as app:

@@ -23,7 +23,7 @@ from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.detokenize import Vocabulary
 from looptrace.backends.local import LocalBackend
-from looptrace.backends.vllm import Upstream, VLLMBackend
+from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 from looptrace.families import family_for_config
 
 from server import Server, free_port, sse_events
@@ -84,18 +84,23 @@ def collect(backend, request: DecodeRequest) -> list[dict]:
 
 
 def through_vllm(double: DoubleProcess, vocab: Vocabulary, requests: list[DecodeRequest]) -> tuple[str, list]:
-    """Events of each request from a VLLMBackend connected to the double, and the route it chose."""
+    """Events of each request from a VLLMBackend connected to the double, and the route it chose; the
+    `upstream` event that starts each request (the only event local decoding lacks) checked and left out."""
 
     async def run():
         upstream = Upstream(double.url, KEY, timeout=60)
         try:
             await upstream.connect(None)
-            backend = VLLMBackend(upstream, vocab)
+            backend = VLLMBackend(Pool([upstream]), vocab)
             return upstream.route, [[e async for e in backend.generate(r)] for r in requests]
         finally:
             await upstream.close()
 
-    return asyncio.run(run())
+    route, runs = asyncio.run(run())
+    for events in runs:
+        assert events[0] == {"type": "upstream", "server": f"127.0.0.1:{double.port}", "address": "127.0.0.1",
+                             "port": double.port, "route": route, "moved_from": None, "retry_after": None}
+    return route, [events[1:] for events in runs]
 
 
 def generations(double: DoubleProcess, route: str) -> list[dict]:
@@ -217,10 +222,12 @@ def test_health_names_the_route_and_the_server(servers, double, qwen3_5_dir):
         assert status == 200
         assert (body["status"], body["backend"], body["model"]) == ("ready", "vllm", str(qwen3_5_dir))
         assert body["max_model_len"] == 262144  # the double's, from the checkpoint's config
-        upstream = body["upstream"]
-        assert (upstream["url"], upstream["route"], upstream["reachable"]) == (double.url, ROUTES[name], True)
-    assert "route_note" not in servers["generate"].get("/health")[1]["upstream"]
-    assert servers["completions"].get("/health")[1]["upstream"]["route_note"] == (
+        [upstream] = body["upstreams"]
+        assert (upstream["url"], upstream["route"], upstream["reachable"], upstream["serving"]) == (
+            double.url, ROUTES[name], True, True)
+        assert upstream["server"] == f"127.0.0.1:{double.port}"
+    assert "route_note" not in servers["generate"].get("/health")[1]["upstreams"][0]
+    assert servers["completions"].get("/health")[1]["upstreams"][0]["route_note"] == (
         "/inference/v1/generate answered 403: the server was started without --enable-scale-out")
 
 
@@ -477,7 +484,7 @@ def test_an_unreachable_server_is_reported_and_retried(qwen3_5_dir, logs):
         refused = f"cannot reach the vLLM server at {url}: connection refused; retrying every 5 s"
         assert wait_for(lambda: server.get("/health")[1].get("reason") == refused, timeout=60), server.log()
         status, body = server.get("/health")
-        assert (status, body["status"], body["upstream"]["reachable"]) == (503, "loading", False)
+        assert (status, body["status"], body["upstreams"][0]["reachable"]) == (503, "loading", False)
         for api, make in (("chat/completions", chat_body), ("responses", responses_body)):
             started = time.monotonic()
             status, answer = server.post(f"/v1/{api}", make("any", stream=False))
@@ -503,7 +510,8 @@ def test_an_unreachable_server_is_reported_and_retried(qwen3_5_dir, logs):
                     continue  # this build has no Responses API
                 assert (status, json.loads(raw)["error"]["message"]) == (502, gone)
         status, body = server.get("/health")
-        assert (status, body["status"], body["upstream"]["reachable"], body["upstream"]["error"]) == (
+        [upstream] = body["upstreams"]
+        assert (status, body["status"], upstream["reachable"], upstream["error"]) == (
             503, "upstream_unreachable", False, gone)
     finally:
         if late is not None:

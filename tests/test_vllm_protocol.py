@@ -24,7 +24,7 @@ import pytest
 from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.detokenize import Vocabulary
-from looptrace.backends.vllm import Upstream, VLLMBackend
+from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 
 import build_cache
 import packaged
@@ -265,7 +265,7 @@ def test_requests_on_the_wire_are_vllms(fast_double, vllm_models, scale_out, rou
         upstream = Upstream(double.url, KEY, timeout=30)
         try:
             await upstream.connect(None)
-            events = [e async for e in VLLMBackend(upstream, vocab).generate(sample_request())]
+            events = [e async for e in VLLMBackend(Pool([upstream]), vocab).generate(sample_request())]
             return upstream.route, events
         finally:
             await upstream.close()
@@ -275,7 +275,7 @@ def test_requests_on_the_wire_are_vllms(fast_double, vllm_models, scale_out, rou
     finally:
         double.configure(scale_out="on")
     assert used == route
-    assert [e["type"] for e in events] == ["prefill"] + ["token"] * 7 + ["done"]
+    assert [e["type"] for e in events] == ["upstream", "prefill"] + ["token"] * 7 + ["done"]
     sent = [r for r in double.requests() if r["path"] == route and r["outcome"] == "done"]
     assert len(sent) == 1
     body = sent[0]["body"]

@@ -35,7 +35,8 @@ async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTrace
 async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: GenerationRequest, *, model: str,
                    stream: bool) -> Generation:
     """The generation, rendered and checked against the context: ready to run."""
-    trace.requested(model, stream=stream, conversation=conversation_id(http.headers, body))
+    request.conversation = conversation_id(http.headers, body)
+    trace.requested(model, stream=stream, conversation=request.conversation)
     runtime = http.app[RUNTIME]
     await runtime.ready()
     if model != runtime.model_name:

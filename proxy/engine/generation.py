@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, NamedTuple
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
+from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.families.base import THOUGHT, Rendered
 from looptrace.families.media import (
     MediaError,
@@ -57,6 +57,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs asked for
     stored: StoredPrompt | None = None  # run this prompt instead of rendering `messages`
+    conversation: str | None = None  # the agent session, as the client names it (api/clients.py)
 
 
 class Step(NamedTuple):
@@ -76,6 +77,7 @@ class Observer:
     # `content`: False for a prompt refused for its length, whose text and ids are not kept.
     def rendered(self, generation: "Generation", started_ns: int, ended_ns: int, content: bool = True) -> None: ...
     def submitted(self, generation: "Generation", decode: DecodeRequest) -> None: ...
+    def upstream(self, event: UpstreamEvent) -> None: ...
     def prefill(self, event: PrefillEvent) -> None: ...
     def token(self, event: TokenEvent, channel: str) -> None: ...
     def tool_call(self, delta: dict) -> None: ...
@@ -230,6 +232,7 @@ class Generation:
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
                                      keep_at=self.rendered.history_length, media=self.rendered.media,
                                      media_key=media_key, template_ids=self.rendered.template_ids,
+                                     conversation=request.conversation,
                                      media_urls=[(p.kind, p.data_url()) for p in self.media_parts]
                                      if self.rendered.template_ids is not None else [])
         observer.submitted(self, self._decode)
@@ -269,6 +272,8 @@ class Generation:
                     observer.prefill(event)
                 elif kind == "done":
                     self.done_event = event
+                elif kind == "upstream":
+                    observer.upstream(event)
         finally:
             self._decode.cancel.set()
 

@@ -15,7 +15,7 @@ from looptrace.backends import checkpoint as ckpt
 from looptrace.backends.base import Backend
 from looptrace.backends.detokenize import Vocabulary
 from looptrace.backends.replay import ReplayBackend, read_steps
-from looptrace.backends.vllm import Upstream, VLLMBackend
+from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
 from looptrace.families.media import MediaLimits
@@ -39,7 +39,7 @@ class Runtime:
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
         self.backend: Backend | None = None
-        self.upstream: Upstream | None = None  # the vLLM server, with --backend vllm; the runtime owns it
+        self.pool: Pool | None = None  # the vLLM servers, with --backend vllm; the runtime owns them
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -68,18 +68,16 @@ class Runtime:
             self._loaded.set()
 
     async def _reach_vllm(self) -> None:
-        """Learn what the vLLM server serves; while it does not answer, say so and keep trying."""
+        """Learn what the vLLM servers serve (the first to answer says); while none does, say so and keep trying."""
         settings = self.settings
-        self.upstream = upstream = Upstream(settings.vllm_url, settings.vllm_api_key, settings.vllm_timeout)
+        self.pool = Pool([Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in settings.vllm_urls])
 
         def waiting(reason: str) -> None:
             self.reason = reason
-            upstream.unreachable(reason)
 
-        await upstream.reach(settings.model, waiting)
+        first = await self.pool.reach(settings.model, waiting)
         self.reason = None
-        self.model_name = self.model_name or upstream.model
-        upstream.watch()
+        self.model_name = self.model_name or first.model
 
     def _load_sync(self) -> None:
         # Imported here, on the loading thread: transformers takes seconds to import, and /health
@@ -87,10 +85,10 @@ class Runtime:
         from transformers import AutoTokenizer
 
         settings = self.settings
-        if self.upstream is None:
+        if self.pool is None:
             source = settings.model
-        else:  # the server's checkpoint: where --tokenizer says it is here, else where the server read it
-            source = settings.tokenizer or self.upstream.checkpoint_source()
+        else:  # the servers' checkpoint: where --tokenizer says it is here, else where the server read it
+            source = settings.tokenizer or self.pool.reference.checkpoint_source()
         checkpoint = ckpt.read_config(source, settings.revision)
         family_cls = family_for_config(checkpoint.config)  # refuses an unsupported family before any weights move
         log.info("%s: %s family; fetching the checkpoint", source, family_cls.name)
@@ -107,8 +105,8 @@ class Runtime:
         self.vocab = Vocabulary(tokenizer)
         if not self.settings.max_model_len:
             self.max_model_len = ckpt.context_length(checkpoint.config) or tokenizer.model_max_length
-        if self.upstream is not None:  # the server's context is the limit
-            limit = self.upstream.max_model_len
+        if self.pool is not None:  # the servers' context is the limit
+            limit = self.pool.reference.max_model_len
             self.max_model_len = min(settings.max_model_len or limit, limit)
         self.backend = self._backend(checkpoint)
 
@@ -117,7 +115,7 @@ class Runtime:
         if settings.backend == "replay":
             return ReplayBackend(self._replay_steps(), self.vocab)
         if settings.backend == "vllm":
-            return VLLMBackend(self.upstream, self.vocab)
+            return VLLMBackend(self.pool, self.vocab)
         # torch and the model classes are imported only when this process decodes.
         from looptrace.backends.loading import load_local
 
@@ -138,7 +136,7 @@ class Runtime:
         await self._loaded.wait()
 
     async def ready(self) -> None:
-        if not self._loaded.is_set() and self.upstream is not None and not self.upstream.reachable and self.reason:
+        if not self._loaded.is_set() and self.pool is not None and self.pool.reference is None and self.reason:
             # The vLLM server may never answer: say so now rather than hold the request.
             raise Unavailable(f"the model is not ready: {self.reason}", code="upstream_unreachable")
         await self._loaded.wait()
@@ -161,9 +159,9 @@ class Runtime:
                 body["speculative"] = {k: v for k, v in dataclasses.asdict(speculative).items() if v}
         if self.reason:
             body["reason"] = self.reason
-        if self.upstream is not None:  # where tokens come from, by which route, and whether it answers now
-            body["upstream"] = self.upstream.health()
-            if self.status == "ready" and not self.upstream.reachable:
+        if self.pool is not None:  # where tokens come from, by which route, and whether each answers now
+            body["upstreams"] = self.pool.health()
+            if self.status == "ready" and not self.pool.serving:
                 body["status"] = "upstream_unreachable"
         return body
 
@@ -172,8 +170,8 @@ class Runtime:
             self._task.cancel()
         if self.backend is not None:
             await self.backend.close()
-        if self.upstream is not None:  # created here, closed here (the backend only borrows it)
-            await self.upstream.close()
+        if self.pool is not None:  # created here, closed here (the backend only borrows it)
+            await self.pool.close()
 
 
 def _generation_config(folder: Path, checkpoint: ckpt.Checkpoint) -> dict | None:

@@ -51,6 +51,24 @@ class Metrics:
                                     ["model", "kind"], registry=r)
         self.tool_calls = Counter("looptrace_tool_calls", "Tool calls the model made, by outcome "
                                   "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
+        # Each vLLM server behind --backend vllm, by `server` ("host:port", from --vllm-url: never a
+        # client's string). The families above stay whole-model, so their panels need no sum.
+        self.upstream_requests = Counter("looptrace_upstream_requests", "Requests sent to each vLLM server, "
+                                         "retries included.", ["model", "server"], registry=r)
+        self.upstream_errors = Counter("looptrace_upstream_errors", "Requests a vLLM server failed, by error "
+                                       "code (retried or not).", ["model", "server", "code"], registry=r)
+        self.upstream_tokens = Counter("looptrace_upstream_generation_tokens", "Tokens each vLLM server generated.",
+                                       ["model", "server"], registry=r)
+        self.upstream_ttft = Histogram("looptrace_upstream_time_to_first_token_seconds",
+                                       "From the request's arrival to its first token, by the vLLM server that "
+                                       "produced it.", ["model", "server"], buckets=TTFT_BUCKETS, registry=r)
+        self.upstream_moved = Counter("looptrace_upstream_sessions_moved", "Conversations whose request went to "
+                                      "another server than their last one, by the server they left.", ["model", "server"],
+                                      registry=r)
+        self.upstream_up = Gauge("looptrace_upstream_up", "1 while a vLLM server takes requests (connected, "
+                                 "answering its probes), else 0.", ["model", "server"], registry=r)
+        self.upstream_running = Gauge("looptrace_upstream_requests_running", "Requests streaming from each vLLM "
+                                      "server.", ["model", "server"], registry=r)
         self.running = Gauge("looptrace_requests_running", "Requests being decoded.", ["model"], registry=r)
         self.waiting = Gauge("looptrace_requests_waiting", "Requests queued for the model.", ["model"], registry=r)
         self.spans_dropped = Counter("looptrace_trace_spans_dropped", "Spans a trace sink lost (queue full or "
@@ -72,6 +90,15 @@ class Metrics:
         for family in (self.prompt_tokens, self.cached_tokens, self.spec_draft_tokens, self.spec_accepted_tokens,
                        self.spec_drafts, self.itl, self.decode_rate):
             family.labels(model)
+
+    def watch_upstreams(self, model: str, upstreams) -> None:
+        """Each vLLM server's state, read at scrape time; its counters at zero from the start."""
+        for upstream in upstreams:
+            name = upstream.name
+            self.upstream_up.labels(model, name).set_function(lambda u=upstream: float(u.serving))
+            self.upstream_running.labels(model, name).set_function(lambda u=upstream: u.running)
+            for family in (self.upstream_requests, self.upstream_tokens, self.upstream_ttft, self.upstream_moved):
+                family.labels(model, name)
 
     def watch_queue(self, sink: str, spans, held_bytes) -> None:
         self.trace_queue_spans.labels(sink).set_function(spans)

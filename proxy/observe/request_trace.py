@@ -5,7 +5,8 @@ Span tree, one trace per request (an incoming traceparent is continued):
     chat {model} | responses {model}      server span: request, usage, finish reasons, status
     ├── render                            the exact prompt, its ids, what is new in this conversation
     ├── prefill                           submission → first token: prompt and cached tokens
-    ├── decode                            the backend call (its traceparent goes upstream), token events
+    ├── decode                            the backend call (its traceparent goes upstream), token events;
+    │                                     with vLLM, the server (server.address, .port) and any retry
     └── execute_tool {name}               one per tool call the model made
 
 The per-token path (`token`) appends to lists and touches two metric children; spans get their
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from looptrace.backends.base import DecodeRequest
-from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent
+from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.backends.jsontext import dumps
 from looptrace.trace_store import tokens as token_events
 from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK, request_span
@@ -79,6 +80,7 @@ class RequestTrace(Observer):
         self._gaps: list[float] = []
         self._recording = False
         self._output_ids: list[int] = []
+        self._server: str | None = None  # the vLLM server the tokens come from, once the backend says
 
     # -- what the adapter knows --
 
@@ -196,6 +198,27 @@ class RequestTrace(Observer):
         self._recording = self._decode_span.is_recording()
         self._itl = self.metrics.itl.labels(self.model)
 
+    def upstream(self, event: UpstreamEvent) -> None:
+        """The vLLM server this attempt goes to; a retry says which one failed first, and how."""
+        server = self._server = event["server"]
+        metrics = self.metrics
+        metrics.upstream_requests.labels(self.model, server).inc()
+        attributes = {"server.address": event["address"], "server.port": event["port"],
+                      "looptrace.backend.route": event["route"]}
+        if event["moved_from"]:
+            attributes["looptrace.upstream.moved_from"] = event["moved_from"]
+            metrics.upstream_moved.labels(self.model, event["moved_from"]).inc()
+        retry = event["retry_after"]
+        if retry:
+            metrics.upstream_errors.labels(self.model, retry["server"], retry["code"]).inc()
+        span = self._decode_span
+        if span is not None:
+            span.set_attributes(attributes)
+            if retry:
+                span.add_event("looptrace.upstream.retry", {"looptrace.upstream.failed": retry["server"],
+                                                            "error.type": retry["code"],
+                                                            "looptrace.upstream.error": retry["message"]})
+
     def prefill(self, event: PrefillEvent) -> None:
         self._prefill, self._prefill_ns = event, time.time_ns()
         self.metrics.prompt_tokens.labels(self.model).inc(event["prompt_tokens"])
@@ -230,6 +253,8 @@ class RequestTrace(Observer):
         last, self._last_token = self._last_token, now
         if last is None:
             self.metrics.ttft.labels(self.model, self.endpoint).observe(now - self.started, self._exemplar)
+            if self._server is not None:
+                self.metrics.upstream_ttft.labels(self.model, self._server).observe(now - self.started, self._exemplar)
         else:
             self._gaps.append(now - last)
         self._times.append(time.time_ns())
@@ -253,6 +278,8 @@ class RequestTrace(Observer):
                 itl.observe(gap)
         for channel, count in Counter(channels).items():
             self.metrics.generation_tokens.labels(self.model, channel).inc(count)
+        if self._server is not None:
+            self.metrics.upstream_tokens.labels(self.model, self._server).inc(len(events))
         self._output_ids.extend(e["id"] for e in events)
         if self._recording and self._decode_span is not None:
             _add_event(self._decode_span, token_events.EVENT, self._token_attributes(events, channels, times),
@@ -365,6 +392,8 @@ class RequestTrace(Observer):
         if prefill is not None:  # the generation never finished: cached tokens as far as they are known
             self._end_prefill(prefill["cached_tokens"])
         if self.error_type:
+            if self._server is not None and self.error_type.startswith("upstream_"):  # the server's failure
+                self.metrics.upstream_errors.labels(self.model, self._server, self.error_type).inc()
             self._end_decode({}, self.error_type)
             self.span.set_status(Status(StatusCode.ERROR, self.error_type))
             self.span.set_attribute("error.type", self.error_type)

@@ -1,0 +1,154 @@
+"""The vLLM servers behind the vllm backend, all serving one model: which one takes a request.
+
+A conversation sticks to one server, so that vLLM's prefix cache keeps its earlier turns: the
+server is chosen by rendezvous hashing (the highest hash of conversation and server URL among the
+servers that answer), so losing a server moves only its own conversations, and its return moves
+back only those. The choice needs no table and is the same in every looptrace process given the
+same URLs. A request with no conversation goes to the server with the fewest running requests.
+
+Each server has a task of its own: until it connects it is retried (1, 2, then every 5 s); then its
+/health is probed every 5 s, and a request that cannot reach it takes it out at once. The first
+server to connect sets the model; one that serves another model or context is kept out and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+from . import vllm_protocol as protocol
+from .base import BackendError
+from .vllm_upstream import Unreachable, Upstream
+
+log = logging.getLogger("looptrace")
+
+RETRY_SECONDS = (1, 2, 5)  # between attempts to connect to a server; the last repeats
+PROBE_SECONDS = 5.0  # between /health probes of a connected server
+HOMES = 65536  # conversations whose last server is remembered, to count the ones that move
+
+
+class Pool:
+    def __init__(self, upstreams: list[Upstream]) -> None:
+        if not upstreams:
+            raise ValueError("a pool needs at least one vLLM server")
+        self.upstreams = upstreams
+        self.reference: Upstream | None = None  # the first to connect: its model is the model
+        self._connected = asyncio.Event()
+        self._fatal: Exception | None = None  # why loading cannot go on (the one server serves something unusable)
+        self._tasks: list[asyncio.Task] = []
+        self._homes: OrderedDict[str, str] = OrderedDict()  # conversation → the server of its last request
+        self._turn = 0  # where ties for least loaded start, so idle servers take turns
+
+    # -- keeping the servers' state --
+
+    async def reach(self, model: str | None, on_wait: Callable[[str], None]) -> Upstream:
+        """Start watching every server; return the first to connect (`on_wait` hears why none has yet)."""
+        self._tasks = [asyncio.create_task(self._keep(u, model, on_wait)) for u in self.upstreams]
+        await self._connected.wait()
+        if self._fatal is not None:
+            raise self._fatal
+        return self.reference
+
+    async def _keep(self, upstream: Upstream, model: str | None, on_wait: Callable[[str], None]) -> None:
+        attempt = 0
+        while True:
+            if upstream.connected:
+                await asyncio.sleep(PROBE_SECONDS)
+                await upstream.probe()
+                continue
+            try:
+                await upstream.connect(self.reference.model if self.reference else model)
+                self._check(upstream)
+                continue
+            except Unreachable as exc:
+                message = f"{exc}; retrying every {RETRY_SECONDS[-1]} s"
+            except Exception as exc:  # noqa: BLE001 - it answered, but not as a server of this model
+                message = str(exc)
+                if self.reference is None and len(self.upstreams) == 1:
+                    self._fatal = exc  # the one server serves something unusable: loading fails and says why
+                    self._connected.set()
+                    return
+            upstream.connected = False
+            upstream.unreachable(message)
+            if attempt == 0:
+                log.warning("%s", message)
+            if self.reference is None:
+                on_wait(message)
+            await asyncio.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
+            attempt += 1
+
+    def _check(self, upstream: Upstream) -> None:
+        """The first server to connect sets the model; the others must serve the same."""
+        first = self.reference
+        if first is None:
+            self.reference = upstream
+            self._connected.set()
+            return
+        if (upstream.model, upstream.root, upstream.max_model_len) != (first.model, first.root, first.max_model_len):
+            upstream.connected = False
+            raise RuntimeError(
+                f"the vLLM server at {upstream.url} serves {upstream.model} from {upstream.root} with a context of "
+                f"{upstream.max_model_len}, not what {first.url} serves ({first.model} from {first.root}, "
+                f"{first.max_model_len}): every --vllm-url must serve the same model")
+        log.info("vLLM at %s joins the pool", upstream.url)
+
+    # -- choosing --
+
+    def choose(self, conversation: str | None, failed: Upstream | None = None) -> tuple[Upstream, str | None]:
+        """The server for a request, and the server its conversation's last request went to when that
+        was another (the conversation moved). `failed`: the server that failed this request already."""
+        live = [u for u in self.upstreams if u.serving and u is not failed]
+        if not live:
+            # None answers, as far as the probes know; a probe may be seconds old, so try one anyway:
+            # its failure is the error the client hears.
+            live = [u for u in self.upstreams if u.connected and u is not failed]
+        if not live:
+            raise BackendError(f"no other vLLM server to try: {failed.error if failed else 'none connected'}",
+                               status=503, code="upstream_unreachable")
+        if conversation is None:
+            self._turn = (self._turn + 1) % len(live)
+            return min(live[self._turn:] + live[:self._turn], key=lambda u: u.running), None
+        chosen = max(live, key=lambda u: _weight(conversation, u.url))
+        homes = self._homes
+        before = homes.get(conversation)
+        homes[conversation] = chosen.name
+        homes.move_to_end(conversation)
+        if len(homes) > HOMES:
+            homes.popitem(last=False)
+        return chosen, before if before is not None and before != chosen.name else None
+
+    # -- what it says --
+
+    @property
+    def serving(self) -> bool:
+        return any(u.serving for u in self.upstreams)
+
+    @property
+    def running(self) -> int:
+        return sum(u.running for u in self.upstreams)
+
+    def media_refusal(self) -> str:
+        """Only vLLM's generate route takes items beside token ids (`content_parts`)."""
+        lacking = [u.url for u in self.upstreams if u.connected and u.route != protocol.GENERATE]
+        if not lacking:
+            return ""
+        return (f"The vLLM server at {', '.join(lacking)} does not offer {protocol.GENERATE}, the route that takes "
+                "media beside token ids: start it with --enable-scale-out to send it images, audio or video.")
+
+    def health(self) -> list[dict]:
+        return [u.health() for u in self.upstreams]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for upstream in self.upstreams:
+            await upstream.close()
+
+
+def _weight(conversation: str, url: str) -> int:
+    # blake2b rather than hash(): the same in every process, so several looptrace processes agree.
+    digest = hashlib.blake2b(f"{conversation}\0{url}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
