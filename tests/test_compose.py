@@ -24,6 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
+TWO_VLLM_FILE = COMPOSE_DIR / "two-vllm.yaml"  # added with a second -f: two vLLM servers behind looptrace
 HEALTH_CONDITIONS = {"service_healthy", "service_started", "service_completed_successfully"}
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +310,68 @@ def test_entrypoint_takes_an_explicit_vllm_url(tmp_path):
     assert args[:5] == ["serve", "--backend", "vllm", "--vllm-url", "http://gpu-box:8000"]
 
 
+def test_entrypoint_takes_several_vllm_urls(tmp_path):
+    args = _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid",
+                                  "LOOPTRACE_VLLM_URL": "http://node-a:8000, http://node-b:8000 http://node-c:8000"})
+    assert args == ["serve", "--backend", "vllm", "--vllm-url", "http://node-a:8000", "--vllm-url",
+                    "http://node-b:8000", "--vllm-url", "http://node-c:8000", "Org/Model", "--port", "8000"]
+
+
+# ---------------------------------------------------------------------------------------------
+# compose/two-vllm.yaml: a second vLLM server, merged over the stack
+# ---------------------------------------------------------------------------------------------
+
+
+def merged(base: dict, override: dict) -> dict:
+    """`docker compose -f base -f override` for what the override holds: mappings merge key by key,
+    and anything else (a command, a list) is replaced, as Compose does for these keys."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_vllm(raw) -> dict:
+    return interpolate(merged(raw, yaml.safe_load(TWO_VLLM_FILE.read_text())), {})
+
+
+def test_two_vllm_file_matches_the_compose_specification():
+    done = validate(TWO_VLLM_FILE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_second_vllm_serves_what_the_first_does_on_another_gpu(two_vllm):
+    services = two_vllm["services"]
+    first, second = services["vllm"], services["vllm-2"]
+    assert second["profiles"] == first["profiles"] == ["gpu"]
+    assert command_words(second["command"]) == command_words(first["command"])  # same model, revision, flags
+    gpus = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in (first, second)]
+    assert gpus == [["0"], ["1"]]
+    assert second["healthcheck"] == first["healthcheck"] and second["image"] == first["image"]
+    for source, _ in mounts(second):
+        assert source in two_vllm["volumes"]
+    for name in second["depends_on"]:
+        assert name in services
+
+
+def test_looptrace_is_given_both_servers_and_prometheus_scrapes_both(two_vllm, tmp_path):
+    services = two_vllm["services"]
+    looptrace = services["looptrace"]
+    urls = looptrace["environment"]["LOOPTRACE_VLLM_URL"].split()
+    ports = {n: option(command_words(services[n]["command"]), "--port") for n in ("vllm", "vllm-2")}
+    assert urls == [f"http://{n}:{p}" for n, p in ports.items()]
+    assert looptrace["depends_on"]["vllm-2"] == {"condition": "service_healthy", "required": False}
+    assert looptrace["depends_on"]["tempo"]["condition"] == "service_healthy"  # the base's kept
+    args = _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid", "LOOPTRACE_VLLM_URL": " ".join(urls)})
+    assert args[:7] == ["serve", "--backend", "vllm", "--vllm-url", urls[0], "--vllm-url", urls[1]]
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    vllm_job = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm")
+    assert set(vllm_job["dns_sd_configs"][0]["names"]) == {"vllm", "vllm-2"}
+    published = [port_mappings(s)[0][1] for s in services.values() if port_mappings(s)]
+    assert len(published) == len(set(published)), "two services publish the same host port"
+
+
 # ---------------------------------------------------------------------------------------------
 # Prometheus and Tempo
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +398,7 @@ def test_prometheus_scrapes_the_services_on_their_ports(stack):
     host, port = jobs["looptrace"]["static_configs"][0]["targets"][0].split(":")
     assert host == "looptrace" and port == option(command_words(services["looptrace"]["command"]), "--port")
     vllm_sd = jobs["vllm"]["dns_sd_configs"][0]
-    assert vllm_sd["names"] == ["vllm"]
+    assert vllm_sd["names"][0] == "vllm"  # and vllm-2, from compose/two-vllm.yaml
     assert str(vllm_sd["port"]) == option(command_words(services["vllm"]["command"]), "--port")
 
 
