@@ -18,7 +18,7 @@ from .generate import prepared, traced
 from .keys import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
-from .streaming import END, SSE_HEADERS, first_step, wait_before_opening
+from .streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
 from .validation import field, json_body
 
 log = logging.getLogger("looptrace")
@@ -67,42 +67,52 @@ async def _stream(request: web.Request, generation: Generation, builder: Respons
         await wait_before_opening(first)
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
-        await response.write(builder.start())
-        # `response.in_progress` after every interval of silence, for the whole stream.
-        pacer = asyncio.create_task(_keep_alive(response, builder))
+        out = FrameWriter(response)
         try:
-            step = await first
-            if step is not END:
-                frames = builder.add(step.deltas)
-                if frames:
-                    await response.write(frames)
-                async for step in steps:
-                    frames = builder.add(step.deltas)
-                    if frames:
-                        await response.write(frames)
-            end = builder.finish(generation)
-        except BackendError as err:
-            trace.stream_failed(err.code)
-            end = builder.failed(err.status, err.message, generation)
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
-            log.exception("responses stream failed")
-            trace.stream_failed("internal_error")
-            end = builder.failed(500, f"internal error: {type(exc).__name__}: {exc}", generation)
+            await _relay(steps, first, out, builder, generation, trace)
         finally:
-            pacer.cancel()
-        await response.write(end)
+            out.close()
         return response
 
 
-async def _keep_alive(response: web.StreamResponse, builder: ResponseBuilder) -> None:
+async def _relay(steps, first: asyncio.Future, out: FrameWriter, builder: ResponseBuilder, generation: Generation,
+                 trace: RequestTrace) -> None:
+    await out.write(builder.start())
+    # `response.in_progress` after every interval of silence, for the whole stream.
+    pacer = asyncio.create_task(_keep_alive(out, builder))
+    try:
+        step = await first
+        if step is not END:
+            frames = builder.add(step.deltas)
+            if frames:
+                await out.write(frames)
+            async for step in steps:
+                frames = builder.add(step.deltas)
+                if frames:
+                    await out.write(frames)
+        end = builder.finish(generation)
+    except BackendError as err:
+        trace.stream_failed(err.code)
+        end = builder.failed(err.status, err.message, generation)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+        log.exception("responses stream failed")
+        trace.stream_failed("internal_error")
+        end = builder.failed(500, f"internal error: {type(exc).__name__}: {exc}", generation)
+    finally:
+        pacer.cancel()
+    await out.write(end)
+    await out.flush()
+
+
+async def _keep_alive(out: FrameWriter, builder: ResponseBuilder) -> None:
     while True:
         wait = builder.last_sent + streaming.KEEPALIVE_SECONDS - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
             continue
         try:
-            await response.write(builder.keepalive())
+            await out.write(builder.keepalive())
         except ConnectionError:
             return  # the client left; the handler is being cancelled too
