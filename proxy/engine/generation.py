@@ -14,6 +14,7 @@ from typing import AsyncIterator, NamedTuple
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.backends.jsontext import dumps
 from looptrace.families.base import THOUGHT, Rendered
 from looptrace.families.media import (
     MediaError,
@@ -71,7 +72,8 @@ class Step(NamedTuple):
 class Observer:
     """Sees one generation happen (tracing, metrics); never changes it. The base class ignores everything.
 
-    `rendered` is called from the rendering thread, the rest from the event loop.
+    `rendered` is called from the rendering thread (the event loop for a short prompt), the rest from
+    the event loop.
     """
 
     # `content`: False for a prompt refused for its length, whose text and ids are not kept.
@@ -116,7 +118,12 @@ class Generation:
 
     async def prepare(self) -> None:
         # Rendering and tokenizing a long agent conversation takes milliseconds: not on the event loop.
-        await asyncio.to_thread(self._prepare)
+        # A short one takes less than the hop to a thread and back (0.7 ms to render a one-line chat
+        # here; the hops cost as much again, and on a busy loop more), so it is rendered in place.
+        if _renders_quickly(self.request):
+            self._prepare()
+        else:
+            await asyncio.to_thread(self._prepare)
 
     def _prepare(self) -> None:
         runtime, request = self.runtime, self.request
@@ -348,6 +355,21 @@ class Generation:
         if self.done_event is not None:
             return self.done_event["cached_tokens"]
         return (self.prefill_event or {}).get("cached_tokens") or 0
+
+
+RENDER_IN_PLACE_BYTES = 16_384  # a conversation this small (as JSON) renders in about a millisecond
+
+
+def _renders_quickly(request: GenerationRequest) -> bool:
+    if request.stored is not None:
+        return len(request.stored.ids) < RENDER_IN_PLACE_BYTES // 4
+    if media_parts(request.messages):
+        return False  # media is decoded while rendering: never on the event loop
+    try:
+        size = len(dumps(request.messages)) + (len(dumps(request.tools)) if request.tools else 0)
+    except (TypeError, ValueError):
+        return False
+    return size < RENDER_IN_PLACE_BYTES
 
 
 def _too_long(limit: int, tokens: str) -> str:

@@ -16,6 +16,7 @@ token events in groups (trace_store/tokens.py).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import time
@@ -453,7 +454,13 @@ def _template_hash(tokenizer) -> str:
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = "".join(template.get(k, "") for k in sorted(template))
-    return hashlib.sha256(template.encode()).hexdigest()
+    return _sha256(template)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(text: str) -> str:
+    # Once per template, not per request: a str keeps its own hash, so the lookup costs nothing.
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _media_items(generation: Generation, content: bool) -> list[dict]:
