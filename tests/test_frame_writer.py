@@ -111,3 +111,27 @@ def test_close_stops_a_write_under_way():
 
     sending = asyncio.run(run())
     assert sending.cancelled()
+
+
+def test_the_opening_and_the_first_token_leave_together_without_waiting_a_turn():
+    async def run(first_is_here: bool):
+        response = Response()
+        out = FrameWriter(response)
+        first = asyncio.get_running_loop().create_future()
+        if first_is_here:
+            first.set_result("token")
+        await out.opening(b"start\n", first)
+        await out.write_now(b"token 0\n")
+        sent_before_any_turn = list(response.writes)
+        await out.write(b"token 1\n")
+        await out.flush()
+        out.close()
+        return sent_before_any_turn, response.writes
+
+    # The first token is here: the opening waits for it, and both go out in one write, before the
+    # handler gives the loop a turn (at 64 streams a turn is a whole round of the other streams).
+    before, writes = asyncio.run(run(True))
+    assert before == [b"start\ntoken 0\n"] and writes == [b"start\ntoken 0\n", b"token 1\n"]
+    # Still waiting for the model: the opening goes at once, so the client sees the stream begin.
+    before, writes = asyncio.run(run(False))
+    assert b"".join(writes) == b"start\ntoken 0\ntoken 1\n" and writes[0].startswith(b"start\n")

@@ -57,7 +57,7 @@ async def _stream(request: web.Request, generation: Generation, stream: ChatStre
         await response.prepare(request)
         out = FrameWriter(response)
         try:
-            await out.write(stream.start())
+            await out.opening(stream.start(), first)
             try:
                 # Until the first token: a comment every interval (after it, tokens keep the stream busy).
                 while not first.done():
@@ -66,7 +66,7 @@ async def _stream(request: web.Request, generation: Generation, stream: ChatStre
                         await out.write(KEEPALIVE)
                 step = first.result()
                 if step is not END:
-                    await out.write(stream.frames(step))
+                    await out.write_now(stream.frames(step))
                     async for step in steps:
                         frame = stream.frames(step)
                         if frame:

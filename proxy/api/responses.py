@@ -77,15 +77,13 @@ async def _stream(request: web.Request, generation: Generation, builder: Respons
 
 async def _relay(steps, first: asyncio.Future, out: FrameWriter, builder: ResponseBuilder, generation: Generation,
                  trace: RequestTrace) -> None:
-    await out.write(builder.start())
+    await out.opening(builder.start(), first)
     # `response.in_progress` after every interval of silence, for the whole stream.
     pacer = asyncio.create_task(_keep_alive(out, builder))
     try:
         step = await first
         if step is not END:
-            frames = builder.add(step.deltas)
-            if frames:
-                await out.write(frames)
+            await out.write_now(builder.add(step.deltas))
             async for step in steps:
                 frames = builder.add(step.deltas)
                 if frames:

@@ -45,6 +45,27 @@ class FrameWriter:
         elif self._held > HELD_BYTES:
             await asyncio.shield(sending)  # the client reads slower than tokens come: wait for it
 
+    async def opening(self, frame: bytes, first: asyncio.Future) -> None:
+        """The stream's first frame: with the first token when that is here already (one write), else
+        at once, so the client sees the stream start while the model is still reading the prompt."""
+        if first.done():
+            self._frames.append(frame)
+            self._held += len(frame)
+        else:
+            await self.write(frame)
+
+    async def write_now(self, frame: bytes) -> None:
+        """Queued frames and this one, written before returning: for the stream's opening (its first
+        token), which would otherwise wait a turn of the loop, behind every other stream's tokens."""
+        if self._sending is not None:
+            await self.write(frame)
+            return
+        self._frames.append(frame)
+        data = b"".join(self._frames)
+        self._frames.clear()
+        self._held = 0
+        await self._response.write(data)
+
     async def _send(self) -> None:
         while self._frames:
             data = b"".join(self._frames)
