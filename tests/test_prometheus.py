@@ -78,3 +78,32 @@ def test_exemplars_lead_to_stored_traces(scraped):
         status, body = server.get(f"/v1/traces/{trace_id}")
         assert status == 200, (trace_id, body)
         assert body["spans"][0]["trace_id"] == trace_id
+
+
+def test_observing_a_group_of_gaps_at_once_counts_as_observing_each():
+    """proxy/observe/metrics.observe_all, which the tracer uses for a group's inter-token gaps, gives
+    the exposition that one `observe` per value gives: every bucket, the count and the sum."""
+    import random
+
+    from prometheus_client import generate_latest
+
+    from looptrace.proxy.observe.metrics import ITL_BUCKETS, Metrics, observe_all
+
+    rng = random.Random(7)
+    gaps = [rng.choice([rng.uniform(0, 3), *ITL_BUCKETS]) for _ in range(500)]  # on the bounds too
+    one, many = Metrics(), Metrics()
+    for gap in gaps:
+        one.itl.labels("m").observe(gap)
+    observe_all(many.itl.labels("m"), gaps[:200])
+    observe_all(many.itl.labels("m"), gaps[200:])
+
+    def itl(metrics: Metrics) -> dict[str, float]:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in
+                generate_latest(metrics.registry).decode().splitlines()
+                if line.startswith("looptrace_inter_token_latency_seconds_") and "_created" not in line}
+
+    exact, batched = itl(one), itl(many)
+    total = 'looptrace_inter_token_latency_seconds_sum{model="m"}'
+    assert exact.pop(total) == pytest.approx(batched.pop(total), rel=1e-12)  # summed in another order
+    assert exact == batched and len(exact) == len(ITL_BUCKETS) + 2  # every bucket, +Inf and the count
+    assert exact['looptrace_inter_token_latency_seconds_count{model="m"}'] == len(gaps)

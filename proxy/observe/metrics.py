@@ -6,6 +6,9 @@ answers in OpenMetrics when the scraper asks for it (Prometheus does, with exemp
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter as Tally
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
@@ -110,3 +113,18 @@ class Metrics:
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+def observe_all(histogram, values: list[float]) -> None:
+    """`histogram.observe(v)` for every v, with one increment per bucket touched instead of one per
+    value: the inter-token gaps of a group of tokens, where observing each was a tenth of tracing's
+    per-token cost. Written against prometheus_client's histogram child (`_upper_bounds`, `_buckets`,
+    `_sum`, unchanged for years); should those go, it falls back to `observe`."""
+    bounds, buckets, total = (getattr(histogram, a, None) for a in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    for index, count in Tally(bisect_left(bounds, v) for v in values).items():  # the first bound ≥ v, as observe()
+        buckets[index].inc(count)
+    total.inc(sum(values))

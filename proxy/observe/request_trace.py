@@ -39,7 +39,7 @@ from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK, request_span
 from ..engine.generation import Generation, Observer
 from . import genai
 from .conversations import Conversations
-from .metrics import Metrics
+from .metrics import Metrics, observe_all
 
 log = logging.getLogger("looptrace")
 
@@ -271,12 +271,12 @@ class RequestTrace(Observer):
             return
         self._pending, self._channels, self._times, self._gaps = [], [], [], []
         itl = self._itl
-        for gap in gaps:
-            if gap > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
-                self._max_itl = gap
-                itl.observe(gap, self._exemplar)
-            else:
-                itl.observe(gap)
+        slowest = max(gaps, default=0.0)
+        if slowest > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
+            self._max_itl = slowest
+            gaps.remove(slowest)
+            itl.observe(slowest, self._exemplar)
+        observe_all(itl, gaps)
         for channel, count in Counter(channels).items():
             self.metrics.generation_tokens.labels(self.model, channel).inc(count)
         if self._server is not None:
