@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--backend replay needs --replay FILE")
     if args.backend == "vllm" and not args.vllm_urls:
         parser.error("--backend vllm needs --vllm-url URL")
+    if len({url.rstrip("/").removesuffix("/v1") for url in args.vllm_urls}) < len(args.vllm_urls):
+        parser.error("--vllm-url: a server is named twice (each URL once, one per server)")
     if args.tokenizer and args.backend != "vllm":
         parser.error("--tokenizer is for --backend vllm (elsewhere MODEL is the checkpoint, tokenizer included)")
     if args.speculative_config:

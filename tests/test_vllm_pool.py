@@ -353,3 +353,11 @@ def test_a_failure_before_the_first_token_is_retried_on_another_server(pooled, d
     home.arm(kind="status", status=400, message="bad prompt")
     status, body = turn(server, conversation, "hello again")
     assert (status, body["error"]["message"]) == (400, "bad prompt")
+
+
+def test_a_server_named_twice_is_refused_at_the_command_line(capsys):
+    from looptrace.proxy.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--backend", "vllm", "--vllm-url", "http://gpu-a:8000/v1", "--vllm-url", "http://gpu-a:8000"])
+    assert "a server is named twice" in capsys.readouterr().err
