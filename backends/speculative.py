@@ -1,5 +1,6 @@
 """Speculative decoding for the local backend: drafts proposed cheaply, checked by the model in one
-forward pass, the cache cut back to what was accepted.
+forward pass, the cache cut back to what was accepted. (The llama.cpp backend drafts with PromptLookup
+and Backoff and accepts with `judge` too, cutting llama.cpp's KV cache itself.)
 
 `--speculative-config` is shaped as vLLM's flag. Two ways to draft:
   ngram        prompt lookup: the tokens that followed the latest earlier occurrence of the output's
@@ -181,6 +182,28 @@ class Rollback:
             layer.crop(0)
 
 
+def judge(rows, drafts: list[int], sampling, generator, penalties, q: list[torch.Tensor] | None = None) -> list[tuple]:
+    """The tokens one verification pass gives, as (choice, drafted, accepted): each draft checked
+    against the target's logits (`rows[i]`: after the last accepted token and drafts[:i]) until one
+    is rejected, its replacement ending the list; when all stand, the token after them as well.
+    `q`: a drafter's distribution for each draft (None: drafts copied from the context).
+    Shared by every backend that verifies drafts, so they all accept by the same rules."""
+    out: list[tuple] = []
+    for i, (row, draft) in enumerate(zip(rows, drafts)):
+        choice = verified_token(row, sampling, generator, penalties, draft, q[i] if q else None)
+        if penalties is not None:
+            penalties.add(choice.token_id)
+        stood = choice.token_id == draft
+        out.append((choice, 1, int(stood)))
+        if not stood:
+            return out
+    choice = next_token(rows[len(drafts)], sampling, generator, penalties)
+    if penalties is not None:
+        penalties.add(choice.token_id)
+    out.append((choice, 0, 0))
+    return out
+
+
 def verify_pass(model, tokens: list[int], cache, device) -> torch.Tensor:
     """The target's logits after each of `tokens` (the last accepted one, then the drafts): one row each."""
     out = model(input_ids=torch.tensor([tokens], device=device), cache=cache, use_cache=True)
@@ -219,20 +242,7 @@ class Drafting:
         self.rollback.before()
         rows = verify_pass(self.model, [last, *drafts], self.cache, self.device)
         q = getattr(self.lookup, "probs", None)  # a drafter's distributions; None for copied drafts
-        out: list[tuple] = []
-        for i, (row, draft) in enumerate(zip(rows, drafts)):
-            choice = verified_token(row, sampling, generator, penalties, draft, q[i] if q else None)
-            if penalties is not None:
-                penalties.add(choice.token_id)
-            stood = choice.token_id == draft
-            out.append((choice, 1, int(stood)))
-            if not stood:
-                break
-        else:  # every draft stood: the pass also gave the token after them
-            choice = next_token(rows[len(drafts)], sampling, generator, penalties)
-            if penalties is not None:
-                penalties.add(choice.token_id)
-            out.append((choice, 0, 0))
+        out = judge(rows, drafts, sampling, generator, penalties, q)
         accepted = sum(stood for _, _, stood in out)
         if isinstance(self.lookup, DraftModel):
             self.lookup.verified(accepted)
