@@ -7,8 +7,11 @@ and the report needs the model's own distribution beside the processed one.
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .base import SamplingParams
@@ -87,6 +90,28 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         token = min(tied) if len(tied) < n else int(logits.argmax())
         return Choice(token, logprobs[0], 1, ids, logprobs)
     return report(logits, choose(logits if penalties is None else logits - penalties.offsets, params, generator))
+
+
+def greedy_choice(logits: np.ndarray) -> Choice:
+    """next_token's greedy choice and report for one row of float32 logits held as a numpy array (the
+    llama.cpp backend's, read in place): the same token, top five and logprobs (in float32, so the
+    last digits may differ), in about 70 µs where torch takes 160 on a 49,152-token vocabulary, which
+    is 1 % of a step at llama.cpp's speed on a CPU. Five argmaxes rather than a sort: each takes the
+    first of equal logits, so ties go lowest id first, as generate() takes them."""
+    work = logits.copy()
+    ids: list[int] = []
+    while len(ids) < min(TOP_N, len(work)):
+        i = int(work.argmax())
+        if work[i] == -np.inf:  # fewer finite logits than five: the rest by id
+            ids += itertools.islice((j for j in range(len(work)) if j not in ids), TOP_N - len(ids))
+            break
+        ids.append(i)
+        work[i] = -np.inf
+    top = logits[ids[0]]
+    np.subtract(logits, top, out=work)
+    norm = float(top) + math.log(float(np.exp(work, out=work).sum()))
+    logprobs = [float(logits[i]) - norm for i in ids]
+    return Choice(ids[0], logprobs[0], 1, ids, logprobs)
 
 
 def verified_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,

@@ -111,3 +111,30 @@ def test_a_negative_penalty_favours_what_was_said():
     penalties = Penalties(params, logits)
     penalties.add(2)
     assert next_token(logits, params, None, penalties).token_id == 2
+
+
+@pytest.mark.parametrize("case", ["spread", "peaked", "tied", "tied past five", "few finite", "flat"])
+def test_greedy_choice_in_numpy_reports_what_next_token_reports(case):
+    """The llama.cpp backend's greedy path (numpy) against next_token's (torch), on a real vocabulary's size."""
+    from looptrace.backends.sampling import greedy_choice
+
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(49152, generator=generator) * 3
+    if case == "peaked":
+        logits[123] = 40.0
+    elif case == "tied":
+        logits[[9000, 5, 700]] = 20.0
+    elif case == "tied past five":
+        logits[[3, 11, 17, 29, 31, 37, 41]] = 20.0
+    elif case == "few finite":
+        logits[:] = float("-inf")
+        logits[[2, 8, 40]] = torch.tensor([1.0, 3.0, 2.0])
+    elif case == "flat":
+        logits[:] = 0.5
+    ours = greedy_choice(logits.numpy())
+    theirs = next_token(logits, SamplingParams(temperature=0), None)
+    assert (ours.token_id, ours.rank) == (theirs.token_id, theirs.rank)
+    if case in ("spread", "peaked"):  # elsewhere equal logits fill the five, in whatever order topk likes
+        assert ours.top_ids == theirs.top_ids
+    assert {logits[i].item() for i in ours.top_ids} == {logits[i].item() for i in theirs.top_ids}
+    assert ours.top_logprobs == pytest.approx(theirs.top_logprobs, abs=1e-5)
