@@ -1,0 +1,242 @@
+"""The llama.cpp backend: a GGUF model decoded in this process by llama.cpp (llama-cpp-python),
+at llama.cpp's speed, with the same events and token-level traces as the local backend.
+
+What it promises: the prompt's token ids go in as they are (llama.cpp tokenizes nothing), and the
+choice of each token is looptrace's own (sampling.py: the local backend's rules, seeds included),
+made from the logits llama.cpp returns, read in place; so greedy output equals llama-cpp-python's
+own greedy completion of the same ids, and p, logprob, rank and the top five are the model's own, as
+every backend reports them. What it does not: match transformers token for token (the weights stay
+quantized here, and llama.cpp's kernels differ).
+
+One context, one request at a time, on one decode thread (decode_thread.py); an agent's next turn
+reuses the KV cache of the turn before (llama_cpp_reuse.py); speculative decoding by prompt lookup
+verifies a draft in one batch and cuts the cache back past the rejected tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from .base import BackendError, DecodeRequest
+from .decode_thread import DecodeThread, Emit
+from .detokenize import Vocabulary
+from .events import Event, done_event, prefill_event, token_event
+from .llama_cpp_context import BATCH, LlamaContext, physical_cores
+from .llama_cpp_reuse import PrefixReuse
+from .prefix_cache import MAX_BYTES
+from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
+from .speculative import Backoff, PromptLookup, SpeculativeConfig, judge
+
+log = logging.getLogger("looptrace")
+
+# llama.cpp allocates the KV cache for the whole context up front (transformers grows it as it
+# goes): a GGUF's own context of 128K tokens would take 16 GiB for an 8B model before any request.
+DEFAULT_CONTEXT = 32768
+CPU = torch.device("cpu")
+
+
+def default_context(gguf_context: int) -> int:
+    """The context to allocate when --max-model-len is not given."""
+    if gguf_context > DEFAULT_CONTEXT:
+        log.info("context: %d tokens of the model's %d (llama.cpp allocates all of it up front); "
+                 "--max-model-len sets it", DEFAULT_CONTEXT, gguf_context)
+        return DEFAULT_CONTEXT
+    return gguf_context
+
+
+class LlamaCppBackend:
+    name = "llama.cpp"
+    route = None
+    expands_media = False
+    media_refusal = "The llama.cpp backend reads text only."
+
+    def __init__(self, load: Callable[[], LlamaContext], vocab: Vocabulary, *, max_queue: int = 64,
+                 prefix_cache_tokens: int = 65536, prefix_cache_bytes: int = MAX_BYTES,
+                 speculative: SpeculativeConfig | None = None) -> None:
+        """`load` makes the context, on the decode thread, the one thread that will ever use it."""
+        self.vocab = vocab
+        self.speculative = speculative
+        self._thread = DecodeThread(self._decode, max_queue=max_queue, name="llama.cpp")
+        try:
+            self.context: LlamaContext = self._thread.call(partial(_prepared, load))
+        except BaseException:
+            self._thread.stop()
+            raise
+        try:
+            same_vocabulary(self.context, vocab)
+            if speculative is not None and not self.context.can_cut:
+                raise ValueError("--speculative-config: this model's state is recurrent and cannot be cut back "
+                                 "past a rejected draft, so it cannot speculate on llama.cpp")
+        except ValueError:
+            self._thread.call(self.context.close)
+            self._thread.stop()
+            raise
+        self.reuse = PrefixReuse(self.context, prefix_cache_tokens, prefix_cache_bytes)
+
+    @property
+    def running(self) -> int:
+        return self._thread.running
+
+    @property
+    def waiting(self) -> int:
+        return self._thread.waiting
+
+    def prefix_cache_stats(self) -> dict:
+        return self.reuse.stats()
+
+    def health_details(self) -> dict:
+        context = self.context
+        return {"llama_cpp": {"threads": context.threads, "n_gpu_layers": context.n_gpu_layers,
+                              "context": context.n_ctx, "model_context": context.n_ctx_train}}
+
+    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
+        return self._thread.generate(request)
+
+    async def close(self) -> None:
+        if await self._thread.close():  # nothing can use the context any more
+            self.context.close()
+
+    def _decode(self, request: DecodeRequest, emit: Emit) -> None:
+        with torch.inference_mode():
+            self._run(request, emit)
+
+    def _run(self, request: DecodeRequest, emit: Emit) -> None:
+        context, vocab, sampling = self.context, self.vocab, request.sampling
+        prompt, stop_ids, cancel = request.prompt_ids, request.stop_ids, request.cancel
+        if len(prompt) + request.max_tokens > context.n_ctx:  # the engine checks first; this is the last guard
+            raise BackendError(f"{len(prompt)} prompt tokens and {request.max_tokens} more do not fit in the "
+                               f"context of {context.n_ctx}", status=400, code="context_length_exceeded")
+        started = time.perf_counter()
+        cached = self.reuse.prepare(prompt, request.keep_at)
+        for start in range(cached, len(prompt), BATCH):  # a long prompt stops between batches when cancelled
+            if cancel.is_set():
+                emit(done_event("cancelled", 0, 0.0, cached_tokens=cached))
+                return
+            context.eval(prompt[start:start + BATCH])
+        written = max(0, min(request.keep_at or len(prompt), len(prompt)) - cached) if self.reuse.max_tokens > 0 else 0
+        generator = generator_for(sampling, CPU)
+        penalties = Penalties(sampling, torch.from_numpy(context.logits(-1))) if sampling.penalised else None
+
+        def choose(row) -> Choice:
+            if sampling.greedy and penalties is None:  # the common case, without torch: see greedy_choice
+                return greedy_choice(row)
+            choice = next_token(torch.from_numpy(row), sampling, generator, penalties)
+            if penalties is not None:
+                penalties.add(choice.token_id)
+            return choice
+
+        choice = choose(context.logits(-1))
+        emit(prefill_event(len(prompt), cached, time.perf_counter() - started))
+        drafting = Drafting(self.speculative, context, prompt, sampling, generator, penalties) \
+            if self.speculative is not None else None
+
+        detokenizer = vocab.detokenizer(prompt[-4:])
+        pieces, special = vocab.pieces, vocab.special
+        first_at = time.perf_counter()
+        count, finish = 0, ""
+        ready = deque([(choice, 0, 0)])  # chosen, not yet emitted: (choice, drafted, accepted)
+        while True:
+            choice, drafted, accepted = ready.popleft()
+            token_id = choice.token_id
+            count += 1
+            if token_id in stop_ids:
+                finish, text = "stop", ""
+            else:
+                text = detokenizer.step(token_id)
+                if count >= request.max_tokens or cancel.is_set():
+                    finish = "length" if count >= request.max_tokens else "cancelled"
+                    text += detokenizer.flush()
+            emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
+                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs,
+                             drafted, accepted))
+            if finish:
+                break
+            if drafting is not None:
+                drafting.seen(token_id)
+                if not ready:  # one verification pass gives every token up to the first rejected draft
+                    ready.extend(drafting.step(token_id, request.max_tokens - count))
+            if not ready:
+                ready.append((choose(context.step(token_id)), 0, 0))
+        spec = (drafting.drafts, drafting.drafted, drafting.accepted) if drafting is not None else (0, 0, 0)
+        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
+                        cache_write_tokens=written, drafts=spec[0], drafted=spec[1], accepted=spec[2]))
+
+
+class Drafting:
+    """Prompt lookup on llama.cpp: the last token and its drafts go in as one batch with logits for
+    every position, speculative.judge accepts by the local backend's rules, and the KV cache is cut
+    back to the tokens that stood."""
+
+    def __init__(self, config: SpeculativeConfig, context: LlamaContext, prompt_ids: list[int], sampling,
+                 generator, penalties) -> None:
+        self.context, self.sampling, self.generator, self.penalties = context, sampling, generator, penalties
+        self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.backoff = Backoff(config.num_speculative_tokens)
+        self.drafts = self.drafted = self.accepted = 0
+
+    def seen(self, token: int) -> None:
+        self.lookup.append(token)
+
+    def step(self, last: int, room: int) -> list[tuple]:
+        """As the local backend's Drafting.step: the next tokens as (choice, drafted, accepted), or []
+        when there is nothing worth drafting."""
+        length = min(self.backoff.next_length(), room - 1)
+        drafts = self.lookup.propose(length) if length > 0 else []
+        if not drafts:
+            return []
+        context = self.context
+        held = len(context.ids)
+        context.eval([last, *drafts], every_row=True)
+        rows = [torch.from_numpy(context.logits(i)) for i in range(len(drafts) + 1)]
+        out = judge(rows, drafts, self.sampling, self.generator, self.penalties)
+        accepted = sum(stood for _, _, stood in out)
+        context.cut(held + 1 + accepted)  # `last` and the drafts that stood; the next token goes in later
+        self.backoff.record(accepted)
+        self.drafts += 1
+        self.drafted += len(drafts)
+        self.accepted += accepted
+        return out
+
+
+def same_vocabulary(context: LlamaContext, vocab: Vocabulary) -> None:
+    """The GGUF's vocabulary must be the tokenizer's: llama.cpp reads looptrace's ids as they are."""
+    pieces = vocab.pieces
+    if context.n_vocab < len(pieces):
+        raise ValueError(f"the GGUF's vocabulary has {context.n_vocab} tokens, the tokenizer {len(pieces)}: "
+                         "it is not this model's tokenizer")
+    differ = [i for i, piece in enumerate(pieces) if piece and piece.encode() != context.token_text(i)]
+    if differ:
+        shown = ", ".join(f"{i}: {pieces[i]!r} against {context.token_text(i).decode(errors='replace')!r}"
+                          for i in differ[:3])
+        raise ValueError(f"{len(differ)} of the tokenizer's {len(pieces)} tokens are not the GGUF's ({shown}): "
+                         "it is not this model's tokenizer")
+
+
+def _prepared(load: Callable[[], LlamaContext]) -> LlamaContext:
+    # Sampling runs torch on this thread between llama.cpp's decodes: torch's own thread pool would
+    # spin up beside llama.cpp's threads and fight them for the cores for a 50 µs softmax.
+    torch.set_num_threads(1)
+    return load()
+
+
+def load_llama_cpp(gguf: str, vocab: Vocabulary, settings, context: int) -> LlamaCppBackend:
+    speculative = SpeculativeConfig.parse(settings.speculative_config) if settings.speculative_config else None
+    if speculative is not None and speculative.method != "ngram":
+        raise ValueError(f"--speculative-config: {speculative.method} runs on the local backend only; with llama.cpp, "
+                         "use ngram (prompt lookup)")
+    if not Path(gguf).is_file():
+        raise FileNotFoundError(f"--backend llama.cpp decodes a GGUF file, and {gguf} is not a file")
+    threads = settings.threads or physical_cores()
+    log.info("llama.cpp: %s, %d threads, %d layers on the GPU, context %d", gguf, threads, settings.n_gpu_layers,
+             context)
+    return LlamaCppBackend(lambda: LlamaContext(gguf, n_ctx=context, threads=threads,
+                                                n_gpu_layers=settings.n_gpu_layers),
+                           vocab, max_queue=settings.max_queue, prefix_cache_tokens=settings.prefix_cache_tokens,
+                           prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2), speculative=speculative)
