@@ -33,12 +33,16 @@ class Settings:
     media_max_video_frames: int = 64
     allowed_media_domains: list[str] = field(default_factory=list)  # hosts media URLs may be fetched from
     media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
-    backend: str = "local"  # local | replay | vllm
+    backend: str = "local"  # local | llama.cpp | replay | vllm (the command line picks llama.cpp for a .gguf)
     replay: str | None = None  # the recorded steps, for --backend replay
     vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
-    tokenizer: str | None = None  # with vllm: where the served checkpoint's tokenizer is here (None: its root)
+    # vllm: where the served checkpoint's tokenizer is here (None: its root); llama.cpp: a checkpoint
+    # whose tokenizer, template and config to use (None: the GGUF's own)
+    tokenizer: str | None = None
+    threads: int | None = None  # llama.cpp: decoding threads (None: one per physical core)
+    n_gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (-1: all), for builds of the binding with one
     # Tracing: the embedded store (a path, or "off"), OTLP export, and whether content is recorded.
     trace_db: str | None = None  # None: under the user's data directory
     trace_content: bool = True

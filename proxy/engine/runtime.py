@@ -85,8 +85,8 @@ class Runtime:
         from transformers import AutoTokenizer
 
         settings = self.settings
-        if self.pool is None:
-            source = settings.model
+        if self.pool is None:  # with llama.cpp, --tokenizer may name the checkpoint that goes with MODEL's weights
+            source = settings.tokenizer if settings.backend == "llama.cpp" and settings.tokenizer else settings.model
         else:  # the servers' checkpoint: where --tokenizer says it is here, else where the server read it
             source = settings.tokenizer or self.pool.reference.checkpoint_source()
         checkpoint = ckpt.read_config(source, settings.revision)
@@ -116,6 +116,12 @@ class Runtime:
             return ReplayBackend(self._replay_steps(), self.vocab)
         if settings.backend == "vllm":
             return VLLMBackend(self.pool, self.vocab)
+        if settings.backend == "llama.cpp":
+            from looptrace.backends.llama_cpp import default_context, load_llama_cpp
+
+            if not settings.max_model_len:
+                self.max_model_len = default_context(self.max_model_len)
+            return load_llama_cpp(settings.model, self.vocab, settings, self.max_model_len)
         # torch and the model classes are imported only when this process decodes.
         from looptrace.backends.loading import load_local
 
@@ -157,6 +163,9 @@ class Runtime:
             speculative = getattr(self.backend, "speculative", None)
             if speculative is not None:  # as configured: the counts are in the traces and metrics
                 body["speculative"] = {k: v for k, v in dataclasses.asdict(speculative).items() if v}
+            details = getattr(self.backend, "health_details", None)
+            if details is not None:  # what the backend runs on (llama.cpp: threads, GPU layers, context)
+                body.update(details())
         if self.reason:
             body["reason"] = self.reason
         if self.pool is not None:  # where tokens come from, by which route, and whether each answers now
