@@ -16,7 +16,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def smollm2(serve, smollm2_gguf_path):
-    return serve(str(smollm2_gguf_path), "--served-model-name", "smollm2")
+    # transformers, dequantizing the file (a .gguf gets llama.cpp by default: tests/test_llama_cpp.py);
+    # llama.cpp's quantized kernels answer this question otherwise.
+    return serve(str(smollm2_gguf_path), "--backend", "local", "--served-model-name", "smollm2")
 
 
 @pytest.fixture(scope="module")
