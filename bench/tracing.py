@@ -38,8 +38,11 @@ def bench_decode(model: str, tokens: int, runs: int) -> dict:
     from server import Server
 
     logs = Path(tempfile.mkdtemp(prefix="looptrace-bench-"))
-    servers = {"on": Server(model, "--served-model-name", "m", log_dir=logs),
-               "off": Server(model, "--served-model-name", "m", "--trace-db", "off", log_dir=logs)}
+    # The local backend, as README's figures were measured (a .gguf now gets llama.cpp by default;
+    # bench/llama_cpp_decode.py measures tracing there).
+    servers = {"on": Server(model, "--backend", "local", "--served-model-name", "m", log_dir=logs),
+               "off": Server(model, "--backend", "local", "--served-model-name", "m", "--trace-db", "off",
+                             log_dir=logs)}
     try:
         for server in servers.values():
             server.wait_ready(600)
