@@ -1,5 +1,5 @@
 """One thread that runs every model call, requests first in first out, for a backend that decodes
-in this process (llama.cpp).
+in this process (local, llama.cpp).
 
 The event loop never runs model code: a request goes to the thread through a queue, and its events
 come back through the loop's call_soon_threadsafe. Past `max_queue` requests waiting, a new one is

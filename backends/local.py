@@ -1,25 +1,22 @@
 """The local backend: a transformers model decoded on this machine, one request at a time.
 
 Its promise: greedy decoding matches `model.generate()` token for token (same forward calls, same
-argmax). The model runs in one worker thread, so the event loop never runs model code; requests
-wait in a FIFO queue, and past its bound they are refused with a 429.
+argmax). The model runs in one worker thread (decode_thread.py), so the event loop never runs model
+code; requests wait in a FIFO queue, and past its bound they are refused with a 429.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import AsyncIterator, Callable
 
 import torch
 
-from .base import BackendError, Busy, DecodeRequest
+from .base import DecodeRequest
+from .decode_thread import DecodeThread, Emit
 from .detokenize import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
 from .prefix_cache import MAX_BYTES, PrefixCache
@@ -67,8 +64,6 @@ def restore_model_state(model, state: dict | None) -> None:
         model.model.rope_deltas = state["rope_deltas"]
 
 
-Emit = Callable[[object], None]
-
 
 class LocalBackend:
     name = "local"
@@ -87,12 +82,8 @@ class LocalBackend:
         """
         self.vocab = vocab
         self.speculative = speculative  # speculative.py; None: plain decoding
-        self.max_queue = max_queue
-        self.running = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens, prefix_cache_bytes) if prefix_cache_tokens > 0 else None
-        self._jobs: queue.Queue = queue.Queue()
-        self._worker = threading.Thread(target=self._work, name="looptrace-decode", daemon=True)
-        self._worker.start()
+        self._thread = DecodeThread(self._run, max_queue=max_queue, name="local")
         self.model = model if isinstance(model, torch.nn.Module) else self.call(model)
         # speculative draft_model: the smaller model that drafts, loaded on the same thread
         self.drafter = drafter if drafter is None or isinstance(drafter, torch.nn.Module) else self.call(drafter)
@@ -107,40 +98,18 @@ class LocalBackend:
 
     def call(self, function: Callable[[], object]) -> object:
         """Runs `function` on the decode thread, after the requests already queued, and returns its result."""
-        future: Future = Future()
-        self._jobs.put((function, future))
-        return future.result()
+        return self._thread.call(function)
 
-    async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        # --max-queue 0: no waiting room, one request at a time. (The check and the put below run in one
-        # turn of the event loop, so two requests cannot both find the model idle.)
-        if self.waiting >= self.max_queue and (self.running or self.waiting):
-            raise Busy(f"{self.waiting} requests are already waiting for the model; try again later")
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
+        return self._thread.generate(request)
 
-        def emit(event: object) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop is gone: nobody is listening any more
-                request.cancel.set()
-
-        self._jobs.put((request, emit))
-        try:
-            while True:
-                event = await events.get()
-                if isinstance(event, BaseException):
-                    raise event
-                yield event
-                if event["type"] == "done":
-                    return
-        finally:
-            # However the consumer leaves (disconnect, stop string, error), the worker stops at the next token.
-            request.cancel.set()
+    @property
+    def running(self) -> int:
+        return self._thread.running
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        return self._thread.waiting
 
     def prefix_cache_stats(self) -> dict | None:
         kept = self.prefix_cache
@@ -148,32 +117,11 @@ class LocalBackend:
                                         "bytes": kept.bytes, "max_bytes": kept.max_bytes}
 
     async def close(self) -> None:
-        self._jobs.put((None, None))
-        await asyncio.to_thread(self._worker.join, 30)  # a thread killed inside torch at exit aborts the process
+        await self._thread.close()  # a thread killed inside torch at exit aborts the process
 
-    def _work(self) -> None:
-        while True:
-            request, emit = self._jobs.get()
-            if request is None:
-                return
-            if isinstance(emit, Future):  # a function to run here (see `call`)
-                try:
-                    emit.set_result(request())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller, which re-raises it
-                    emit.set_exception(exc)
-                continue
-            if request.cancel.is_set():  # the client left while it waited
-                emit(done_event("cancelled", 0, 0.0, cached_tokens=0))
-                continue
-            self.running += 1
-            try:
-                with torch.inference_mode():
-                    self._decode(request, emit)
-            except Exception as exc:  # noqa: BLE001 - the client must hear why, the worker must live on
-                log.exception("local decoding failed")
-                emit(BackendError(f"local decoding failed: {type(exc).__name__}: {exc}", status=500, code="decode_failed"))
-            finally:
-                self.running -= 1
+    def _run(self, request: DecodeRequest, emit: Emit) -> None:
+        with torch.inference_mode():
+            self._decode(request, emit)
 
     def _decode(self, request: DecodeRequest, emit: Emit) -> None:
         model, vocab, sampling = self.model, self.vocab, request.sampling

@@ -150,7 +150,7 @@ def test_max_queue_zero_means_one_at_a_time_and_none_waiting(qwen3_5_dir):
         # Idle: taken.
         assert [e["type"] async for e in backend.generate(greedy())][-1] == "done"
         # Busy: refused, whatever is waiting (nothing may).
-        backend._jobs.put((greedy(), lambda event: (held.set(), gate.wait())))
+        backend._thread._jobs.put((greedy(), lambda event: (held.set(), gate.wait())))
         await asyncio.to_thread(held.wait)
         with pytest.raises(Busy):
             await anext(backend.generate(greedy()))

@@ -159,7 +159,7 @@ def test_the_queue_refuses_past_its_bound(loaded):
     async def run():
         # Hold the worker inside a job (past its prefill, which would otherwise compete for the cores),
         # so the next requests wait in the queue (bound: 2).
-        backend._jobs.put((greedy(), hold))
+        backend._thread._jobs.put((greedy(), hold))
         await asyncio.to_thread(held.wait)
         waiting = [backend.generate(greedy()) for _ in range(2)]
         firsts = [asyncio.ensure_future(anext(w)) for w in waiting]
