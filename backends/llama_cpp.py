@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -27,12 +26,13 @@ import torch
 from .base import BackendError, DecodeRequest
 from .decode_thread import DecodeThread, Emit
 from .detokenize import Vocabulary
-from .events import Event, done_event, prefill_event, token_event
+from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
 from .prefix_cache import MAX_BYTES
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
 from .speculative import Backoff, PromptLookup, SpeculativeConfig, judge
+from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
 
@@ -109,7 +109,7 @@ class LlamaCppBackend:
 
     def _run(self, request: DecodeRequest, emit: Emit) -> None:
         context, vocab, sampling = self.context, self.vocab, request.sampling
-        prompt, stop_ids, cancel = request.prompt_ids, request.stop_ids, request.cancel
+        prompt, cancel = request.prompt_ids, request.cancel
         if len(prompt) + request.max_tokens > context.n_ctx:  # the engine checks first; this is the last guard
             raise BackendError(f"{len(prompt)} prompt tokens and {request.max_tokens} more do not fit in the "
                                f"context of {context.n_ctx}", status=400, code="context_length_exceeded")
@@ -137,36 +137,8 @@ class LlamaCppBackend:
         drafting = Drafting(self.speculative, context, prompt, sampling, generator, penalties) \
             if self.speculative is not None else None
 
-        detokenizer = vocab.detokenizer(prompt[-4:])
-        pieces, special = vocab.pieces, vocab.special
-        first_at = time.perf_counter()
-        count, finish = 0, ""
-        ready = deque([(choice, 0, 0)])  # chosen, not yet emitted: (choice, drafted, accepted)
-        while True:
-            choice, drafted, accepted = ready.popleft()
-            token_id = choice.token_id
-            count += 1
-            if token_id in stop_ids:
-                finish, text = "stop", ""
-            else:
-                text = detokenizer.step(token_id)
-                if count >= request.max_tokens or cancel.is_set():
-                    finish = "length" if count >= request.max_tokens else "cancelled"
-                    text += detokenizer.flush()
-            emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
-                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs,
-                             drafted, accepted))
-            if finish:
-                break
-            if drafting is not None:
-                drafting.seen(token_id)
-                if not ready:  # one verification pass gives every token up to the first rejected draft
-                    ready.extend(drafting.step(token_id, request.max_tokens - count))
-            if not ready:
-                ready.append((choose(context.step(token_id)), 0, 0))
-        spec = (drafting.drafts, drafting.drafted, drafting.accepted) if drafting is not None else (0, 0, 0)
-        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
-                        cache_write_tokens=written, drafts=spec[0], drafted=spec[1], accepted=spec[2]))
+        run_tokens(request, vocab, emit, choice, lambda token_id: choose(context.step(token_id)), drafting=drafting,
+                   cached=cached, written=written)
 
 
 class Drafting:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 
@@ -18,10 +17,11 @@ import torch
 from .base import DecodeRequest
 from .decode_thread import DecodeThread, Emit
 from .detokenize import Vocabulary
-from .events import Event, done_event, prefill_event, token_event
+from .events import Event, prefill_event
 from .prefix_cache import MAX_BYTES, PrefixCache
-from .sampling import Penalties, generator_for, next_token
+from .sampling import Choice, Penalties, generator_for, next_token
 from .speculative import Drafting, SpeculativeConfig
+from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
 
@@ -125,7 +125,6 @@ class LocalBackend:
 
     def _decode(self, request: DecodeRequest, emit: Emit) -> None:
         model, vocab, sampling = self.model, self.vocab, request.sampling
-        stop_ids, cancel = request.stop_ids, request.cancel
         generator = generator_for(sampling, self.device)
         reset_model_state(model)
 
@@ -150,43 +149,16 @@ class LocalBackend:
         drafting = Drafting(self.speculative, model, cache, request.prompt_ids, sampling, generator, penalties,
                             self.device, self.drafter) if self.speculative is not None and graphed is None else None
 
-        detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
-        pieces, special = vocab.pieces, vocab.special
-        first_at = time.perf_counter()
-        count, finish = 0, ""
-        ready = deque([(choice, 0, 0)])  # chosen, not yet emitted: (choice, drafted, accepted)
-        while True:
-            choice, drafted, accepted = ready.popleft()
-            token_id = choice.token_id
-            count += 1
-            stop = token_id in stop_ids
-            if stop:
-                finish, text = "stop", ""
-            else:
-                text = detokenizer.step(token_id)
-                if count >= request.max_tokens or cancel.is_set():
-                    finish = "length" if count >= request.max_tokens else "cancelled"
-                    text += detokenizer.flush()
-            emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
-                             token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs,
-                             drafted, accepted))
-            if finish:
-                break
+        def choose_after(token_id: int) -> Choice:
+            logits = step(token_id)
             if drafting is not None:
-                drafting.seen(token_id)
-                if not ready:  # one verification pass gives every token up to the first rejected draft
-                    ready.extend(drafting.step(token_id, request.max_tokens - count))
-            if not ready:
-                logits = step(token_id)
-                if drafting is not None:
-                    drafting.trim()
-                choice = next_token(logits, sampling, generator, penalties)
-                if penalties is not None:
-                    penalties.add(choice.token_id)
-                ready.append((choice, 0, 0))
-        spec = (drafting.drafts, drafting.drafted, drafting.accepted) if drafting is not None else (0, 0, 0)
-        emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached,
-                        cache_write_tokens=written, drafts=spec[0], drafted=spec[1], accepted=spec[2]))
+                drafting.trim()
+            choice = next_token(logits, sampling, generator, penalties)
+            if penalties is not None:
+                penalties.add(choice.token_id)
+            return choice
+
+        run_tokens(request, vocab, emit, choice, choose_after, drafting=drafting, cached=cached, written=written)
 
     def _prefill(self, prompt_ids: list[int], keep_at: int | None, media: dict | None = None,
                  media_key: tuple = ()) -> tuple[int, int, torch.Tensor, object]:
