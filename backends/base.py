@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
-from .events import Event
+if TYPE_CHECKING:  # annotations only: events.py uses common_prefix from here
+    from .events import Event
 
 
 class BackendError(Exception):
@@ -73,6 +74,17 @@ class DecodeRequest:
     # prompt, as this server's processor counts it.
     template_ids: list[int] | None = None
     media_urls: list[tuple[str, str]] = field(default_factory=list)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading token ids two sequences share: what of a prompt a cache already holds, or
+    where two renderings of it part."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Backend(Protocol):

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Literal, TypedDict
 
+from .base import common_prefix
+
 TOP_N = 5  # the most likely tokens reported with each token
 
 
@@ -84,8 +86,7 @@ def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float,
                   upstream_prompt: list[int] | None = None, rendered: list[int] | None = None) -> PrefillEvent:
     differs_at = None
     if upstream_prompt is not None and rendered is not None and upstream_prompt != rendered:
-        differs_at = next((i for i, (a, b) in enumerate(zip(upstream_prompt, rendered)) if a != b),
-                          min(len(upstream_prompt), len(rendered)))
+        differs_at = common_prefix(upstream_prompt, rendered)
     return {"type": "prefill", "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "seconds": seconds,
             "upstream_prompt_tokens": len(upstream_prompt) if upstream_prompt is not None else None,
             "upstream_differs_at": differs_at}

@@ -16,16 +16,8 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 
+from .base import common_prefix
 from .llama_cpp_context import LlamaContext
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class PrefixReuse:

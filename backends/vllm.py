@@ -62,29 +62,29 @@ class VLLMBackend:
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         up, moved_from = self.pool.choose(request.conversation)
-        yield upstream_event(up.name, up.address, up.port, up.route, moved_from=moved_from)
-        first = True
-        try:
-            async for event in self._stream(up, request):
-                first = False
-                yield event
-            return
-        except BackendError as exc:
-            # Retried once elsewhere when nothing reached the client and the server, not the request,
-            # is at fault (a 4xx would be refused by any server alike).
-            if not first or exc.status < 500 or request.cancel.is_set() or len(self.pool.upstreams) == 1:
-                raise
-            failed = {"server": up.name, "code": exc.code, "message": exc.message}
+        failed = None  # the attempt before this one, when it failed before its first token
+        while True:
+            yield upstream_event(up.name, up.address, up.port, up.route, moved_from=moved_from, retry_after=failed)
+            first = True
             try:
-                up, _ = self.pool.choose(request.conversation, failed=up)
-            except BackendError:
-                raise exc from None  # no other server: the client hears what went wrong
-            log.warning("the vLLM server at %s failed before the first token (%s); trying %s", failed["server"],
-                        exc.message, up.name)
-        # The conversation moved from the server that failed.
-        yield upstream_event(up.name, up.address, up.port, up.route, moved_from=failed["server"], retry_after=failed)
-        async for event in self._stream(up, request):
-            yield event
+                async for event in self._stream(up, request):
+                    first = False
+                    yield event
+                return
+            except BackendError as exc:
+                # Retried once elsewhere when nothing reached the client and the server, not the request,
+                # is at fault (a 4xx would be refused by any server alike).
+                if failed is not None or not first or exc.status < 500 or request.cancel.is_set():
+                    raise
+                failed = {"server": up.name, "code": exc.code, "message": exc.message}
+                try:
+                    up, _ = self.pool.choose(request.conversation, failed=up)
+                except BackendError:
+                    raise exc from None  # no other server: the client hears what went wrong
+                moved_from = failed["server"]  # the conversation moves from the server that failed
+                # %r: the server's message may quote what the client sent; a log line stays one line.
+                log.warning("the vLLM server at %s failed before the first token (%r); trying %s", moved_from,
+                            exc.message, up.name)
 
     async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)

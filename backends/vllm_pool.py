@@ -71,7 +71,6 @@ class Pool:
                     self._fatal = exc  # the one server serves something unusable: loading fails and says why
                     self._connected.set()
                     return
-            upstream.connected = False
             upstream.unreachable(message)
             if attempt == 0:
                 log.warning("%s", message)

@@ -365,11 +365,15 @@ def _renders_quickly(request: GenerationRequest) -> bool:
         return len(request.stored.ids) < RENDER_IN_PLACE_BYTES // 4
     if media_parts(request.messages):
         return False  # media is decoded while rendering: never on the event loop
-    try:
-        size = len(dumps(request.messages)) + (len(dumps(request.tools)) if request.tools else 0)
-    except (TypeError, ValueError):
-        return False
-    return size < RENDER_IN_PLACE_BYTES
+    size = 0
+    for item in (*request.messages, *(request.tools or ())):  # stops as soon as the bound is passed
+        try:
+            size += len(dumps(item))
+        except (TypeError, ValueError):
+            return False
+        if size >= RENDER_IN_PLACE_BYTES:
+            return False
+    return True
 
 
 def _too_long(limit: int, tokens: str) -> str:

@@ -30,7 +30,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
-from looptrace.backends.base import DecodeRequest
+from looptrace.backends.base import DecodeRequest, common_prefix
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.backends.jsontext import dumps
 from looptrace.trace_store import tokens as token_events
@@ -121,7 +121,7 @@ class RequestTrace(Observer):
         family, tokenizer = runtime.family, runtime.tokenizer
         results, links = self._tool_results(generation.request.messages, content)
         seen = self.conversations.seen(self.conversation) if self.conversation else None
-        new_at = _common_prefix(seen, ids) if seen else 0
+        new_at = common_prefix(seen, ids) if seen else 0
         attributes = {
             "looptrace.family": family.name,
             "looptrace.template.sha256": _template_hash(tokenizer),
@@ -440,14 +440,6 @@ def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:
         span.add_event(name, attributes, timestamp)
     else:
         add(Event(name, MappingProxyType(attributes), timestamp))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _template_hash(tokenizer) -> str:
