@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 from opentelemetry.trace import SpanContext
 
+from looptrace.backends.base import common_prefix
+
 
 class Bounded(OrderedDict):
     """A dict that forgets its oldest entries past `size`: memory stays flat however long we run."""
@@ -50,12 +52,7 @@ class Conversations:
         with self._lock:
             previous = self._messages.get(conversation) or []
             self._messages.remember(conversation, digests)
-        common = 0
-        for a, b in zip(previous, digests):
-            if a != b:
-                break
-            common += 1
-        return common
+        return common_prefix(previous, digests)
 
     def expect_result(self, call_id: str, span: SpanContext, name: str) -> None:
         """A tool call was made; its result will come back in a later request."""
