@@ -32,6 +32,7 @@ COPY proxy ./proxy
 COPY families ./families
 COPY backends ./backends
 COPY trace_store ./trace_store
+COPY common ./common
 RUN pip install .
 
 USER looptrace

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
-if TYPE_CHECKING:  # annotations only: events.py uses common_prefix from here
+if TYPE_CHECKING:
     from .events import Event
 
 
@@ -76,15 +76,6 @@ class DecodeRequest:
     media_urls: list[tuple[str, str]] = field(default_factory=list)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading token ids two sequences share: what of a prompt a cache already holds, or
-    where two renderings of it part."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Backend(Protocol):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Literal, TypedDict
 
-from .base import common_prefix
+from looptrace.common.sequences import common_prefix
 
 TOP_N = 5  # the most likely tokens reported with each token
 

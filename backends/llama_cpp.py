@@ -25,7 +25,7 @@ import torch
 
 from .base import BackendError, DecodeRequest
 from .decode_thread import DecodeThread, Emit
-from .detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 
-from .base import common_prefix
+from looptrace.common.sequences import common_prefix
 from .llama_cpp_context import LlamaContext
 
 

@@ -7,8 +7,8 @@ from functools import partial
 
 import torch
 
-from .checkpoint import Checkpoint, fetch, read_config
-from .detokenize import Vocabulary
+from looptrace.common.checkpoint import Checkpoint, fetch, read_config
+from looptrace.common.vocabulary import Vocabulary
 from .local import LocalBackend
 from .speculative import SpeculativeConfig
 

@@ -16,7 +16,7 @@ import torch
 
 from .base import DecodeRequest
 from .decode_thread import DecodeThread, Emit
-from .detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from .events import Event, prefill_event
 from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Choice, Penalties, generator_for, next_token

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from .base import BackendError, DecodeRequest
-from .detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
 
 

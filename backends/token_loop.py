@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .base import DecodeRequest
-from .detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from .events import done_event, token_event
 from .sampling import Choice
 

@@ -26,10 +26,10 @@ from typing import AsyncIterator
 
 import aiohttp
 
-from . import jsontext
+from looptrace.common import jsonio
 from . import vllm_protocol as protocol
 from .base import BackendError, DecodeRequest
-from .detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event, token_event, upstream_event
 from .vllm_pool import Pool
 from .vllm_upstream import Upstream, describe
@@ -135,7 +135,7 @@ class VLLMBackend:
                     if payload == b"[DONE]":
                         ended = True
                         break
-                    chunk = jsontext.loads(payload)
+                    chunk = jsonio.loads(payload)
                     upstream_prompt = chunk.get("prompt_token_ids") or upstream_prompt  # asked for with media
                     choices = chunk.get("choices")
                     if choices:

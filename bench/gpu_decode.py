@@ -120,7 +120,7 @@ def main() -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from looptrace.backends.detokenize import Vocabulary
+    from looptrace.common.vocabulary import Vocabulary
     from looptrace.backends.local import LocalBackend
 
     result: dict = {"torch": torch.__version__, "transformers": transformers.__version__,

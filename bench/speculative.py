@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from local_decode import default_model, load_model, load_tokenizer  # noqa: E402
 
 from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
-from looptrace.backends.detokenize import Vocabulary  # noqa: E402
+from looptrace.common.vocabulary import Vocabulary  # noqa: E402
 from looptrace.backends.local import LocalBackend  # noqa: E402
 from looptrace.backends.speculative import SpeculativeConfig  # noqa: E402
 

@@ -82,7 +82,7 @@ def bench_store(seconds: float, tokens_per_trace: int) -> dict:
 
     from looptrace.trace_store import tokens as token_events
     from looptrace.trace_store.processor import QueueingSpanProcessor
-    from looptrace.trace_store.setup import SPAN_LIMITS
+    from looptrace.trace_store.provider import SPAN_LIMITS
     from looptrace.trace_store.sqlite import SQLiteTraceStore
 
     dropped = [0]

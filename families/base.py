@@ -23,10 +23,10 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .media import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
+from .media.parts import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
-from .video_processor import sampler
+from .media.video_processor import sampler
 
 THOUGHT = "thought"
 CONTENT = "content"

@@ -8,7 +8,8 @@ import json
 
 from openai import OpenAI
 
-from looptrace.proxy.api import chat, streaming
+from looptrace.proxy.api import streaming
+from looptrace.proxy.api.openai import chat
 
 from app_thread import Wrapped
 from server import sse_events

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.proxy.api import streaming
 from looptrace.proxy.settings import Settings

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend, decode_one_token, prefill
 
 from tiny_models import chat_prompt_ids

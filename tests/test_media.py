@@ -73,7 +73,7 @@ def generated_for(folder, messages: list[dict], **processor_kwargs) -> tuple[lis
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from looptrace.families import family_for_config
-    from looptrace.families.processor import load_processor
+    from looptrace.families.media.processor import load_processor
 
     family = family_for_config(json.loads((folder / "config.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.prefix_cache import PrefixCache
 

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.speculative import Backoff, Drafting, PromptLookup, SpeculativeConfig
 
@@ -254,7 +254,7 @@ def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, fami
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir):
-    from looptrace.backends.checkpoint import read_config
+    from looptrace.common.checkpoint import read_config
     from looptrace.backends.loading import same_tokenizer
 
     same_tokenizer(read_config(str(qwen3_5_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
@@ -272,7 +272,7 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     from transformers import AutoModelForImageTextToText
 
     from looptrace.families import family_for_config
-    from looptrace.families.processor import load_processor
+    from looptrace.families.media.processor import load_processor
 
     folder = with_images(qwen3_5_dir, "qwen3_5")
     tokenizer = AutoTokenizer.from_pretrained(folder)

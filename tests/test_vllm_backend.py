@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 from looptrace.families import family_for_config

@@ -23,7 +23,7 @@ import pytest
 
 from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 
 import build_cache

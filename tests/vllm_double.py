@@ -163,7 +163,7 @@ class Media:
     def processor(self):
         if self._processor is None:
             from looptrace.families import family_for_config
-            from looptrace.families.processor import load_processor
+            from looptrace.families.media.processor import load_processor
 
             family = family_for_config(json.loads((self.path / "config.json").read_text()))
             self._processor = load_processor(self.path, family.processor_class, self.tokenizer, {})

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 
 from .schema import RESULT_EVENT, ROOT_MARK
 from .steps import StepGatherer, searchable_text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from looptrace.backends.jsontext import loads
+from looptrace.common.jsonio import loads
 
 from .schema import OUTCOMES
 from .tokens import expand_events

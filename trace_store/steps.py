@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from looptrace.backends.jsontext import loads
+from looptrace.common.jsonio import loads
 
 from .schema import ROOT_MARK
 

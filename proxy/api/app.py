@@ -10,16 +10,16 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from . import pages
-from .chat import chat_completions
+from .viewer import pages
+from .openai.chat import chat_completions
 from .errors import APIError, error_middleware
-from .fork import fork_trace
-from .health import health, metrics, models
+from .viewer.fork import fork_trace
+from .monitoring import health, metrics, models
 from .keys import RESPONSE_STORE, RUNTIME, SETTINGS, TELEMETRY
-from .response_store import ResponseStore
-from .responses import create_response, delete_response, get_response
-from .sessions import get_session, list_sessions, live
-from .traces import get_prompt, get_tokens, get_trace, list_traces
+from .openai.response_store import ResponseStore
+from .openai.responses import create_response, delete_response, get_response
+from .viewer.sessions import get_session, list_sessions, live
+from .viewer.traces import get_prompt, get_tokens, get_trace, list_traces
 
 _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from looptrace.backends.base import BackendError
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 
 from ..engine.errors import Refused, Unavailable
 

@@ -7,7 +7,7 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from .response_store import ResponseStore
+from .openai.response_store import ResponseStore
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)

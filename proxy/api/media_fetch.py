@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from looptrace.families.media import MediaLimits, MediaPart, media_parts
+from looptrace.families.media.parts import MediaLimits, MediaPart, media_parts
 
 from .errors import invalid
 

@@ -14,9 +14,9 @@ from typing import AsyncIterator, NamedTuple
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent, UpstreamEvent
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 from looptrace.families.base import THOUGHT, Rendered
-from looptrace.families.media import (
+from looptrace.families.media.parts import (
     MediaError,
     MediaPart,
     item_tokens,
@@ -24,7 +24,7 @@ from looptrace.families.media import (
     noted_in_tool_results,
     with_decoded,
 )
-from looptrace.families.media_decode import decode_audio, decode_image, decode_video, thumbnail
+from looptrace.families.media.decode import decode_audio, decode_image, decode_video, thumbnail
 
 from .errors import Refused
 from .runtime import Runtime

@@ -11,15 +11,15 @@ import json
 import logging
 from pathlib import Path
 
-from looptrace.backends import checkpoint as ckpt
+from looptrace.common import checkpoint as ckpt
 from looptrace.backends.base import Backend
-from looptrace.backends.detokenize import Vocabulary
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.replay import ReplayBackend, read_steps
 from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
-from looptrace.families.media import MediaLimits
-from looptrace.families.processor import load_processor
+from looptrace.families.media.parts import MediaLimits
+from looptrace.families.media.processor import load_processor
 from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings

@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from opentelemetry.trace import SpanContext
 
-from looptrace.backends.base import common_prefix
+from looptrace.common.sequences import common_prefix
 
 
 class Bounded(OrderedDict):

@@ -13,7 +13,7 @@ beta library with instrumentation dependencies; the tests check this output agai
 
 from __future__ import annotations
 
-from looptrace.backends.jsontext import dumps, loads
+from looptrace.common.jsonio import dumps, loads
 
 # Our finish reasons → the conventions' (`tool_call`, singular; the rest are the same words).
 FINISH_REASONS = {"tool_calls": "tool_call"}

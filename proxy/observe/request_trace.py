@@ -30,9 +30,10 @@ from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
-from looptrace.backends.base import DecodeRequest, common_prefix
+from looptrace.backends.base import DecodeRequest
+from looptrace.common.sequences import common_prefix
 from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent, UpstreamEvent
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 from looptrace.trace_store import tokens as token_events
 from looptrace.trace_store.schema import RESULT_EVENT, ROOT_MARK, request_span
 

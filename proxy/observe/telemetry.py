@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry.context import Context
 
-from looptrace.trace_store.setup import build_provider
+from looptrace.trace_store.provider import build_provider
 from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from looptrace.backends.events import TOP_N
 
-from ..engine.generation import GenerationRequest
-from .errors import invalid
-from .parsing import (
+from ...engine.generation import GenerationRequest
+from ..errors import invalid
+from .request_parts import (
     MEDIA_PARTS,
     joined,
     call_arguments,
@@ -18,7 +18,7 @@ from .parsing import (
     seed,
     temperature_and_top_p,
 )
-from .validation import field, in_range, is_a
+from ..validation import field, in_range, is_a
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

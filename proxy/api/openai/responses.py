@@ -11,15 +11,15 @@ from aiohttp import web
 
 from looptrace.backends.base import BackendError
 
-from ..engine.generation import Generation
-from ..observe.request_trace import RequestTrace
-from . import streaming
-from .generate import prepared, traced
-from .keys import RESPONSE_STORE
+from ...engine.generation import Generation
+from ...observe.request_trace import RequestTrace
+from .. import streaming
+from ..serving import prepared, traced
+from ..keys import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
-from .streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
-from .validation import field, json_body
+from ..streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
+from ..validation import field, json_body
 
 log = logging.getLogger("looptrace")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from looptrace.families.media import NOTE, MediaPart
+from looptrace.families.media.parts import NOTE, MediaPart
 
-from .errors import invalid
-from .validation import embedded_json, field, in_range
+from ..errors import invalid
+from ..validation import embedded_json, field, in_range
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()

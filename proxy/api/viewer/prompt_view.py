@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from difflib import SequenceMatcher
 
-from looptrace.backends.detokenize import Vocabulary
-from looptrace.backends.jsontext import loads
+from looptrace.common.vocabulary import Vocabulary
+from looptrace.common.jsonio import loads
 
 DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
 

@@ -15,9 +15,9 @@ import logging
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 
-from ..engine.generation import GenerationRequest
-from .errors import invalid
-from .parsing import (
+from ...engine.generation import GenerationRequest
+from ..errors import invalid
+from .request_parts import (
     MEDIA_PARTS,
     call_arguments,
     joined,
@@ -27,7 +27,7 @@ from .parsing import (
     temperature_and_top_p,
     warn_once,
 )
-from .validation import describe, field, in_range
+from ..validation import describe, field, in_range
 
 log = logging.getLogger("looptrace")
 

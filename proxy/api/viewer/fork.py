@@ -16,19 +16,19 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from looptrace.backends.jsontext import loads
+from looptrace.common.jsonio import loads
 from looptrace.trace_store.schema import request_span
 
-from ..engine.generation import Generation, GenerationRequest, StoredPrompt
-from ..engine.runtime import Runtime
-from .chat_response import ChatCollector
-from .errors import APIError, invalid
-from .generate import traced
-from .keys import RUNTIME
-from .parsing import seed, temperature_and_top_p
+from ...engine.generation import Generation, GenerationRequest, StoredPrompt
+from ...engine.runtime import Runtime
+from ..openai.chat_response import ChatCollector
+from ..errors import APIError, invalid
+from ..serving import traced
+from ..keys import RUNTIME
+from ..openai.request_parts import seed, temperature_and_top_p
 from .prompt_view import TokenTexts
 from .traces import stored_trace
-from .validation import field, in_range, json_body
+from ..validation import field, in_range, json_body
 
 DEFAULT_MAX_TOKENS = 1024  # when the original request said none
 

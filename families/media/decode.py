@@ -17,7 +17,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from .media import MediaError, MediaLimits, MediaPart
+from .parts import MediaError, MediaLimits, MediaPart
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 
-from .errors import APIError
+from ..errors import APIError
 
 DEFAULT_MAX_RESPONSES = 256
 DEFAULT_MAX_BYTES = 64 << 20  # 64 MiB: 300 responses with a 1 MiB field each once held 241 MiB

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import time
 
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 from looptrace.families.base import new_id
 
-from ..engine.generation import Generation
+from ...engine.generation import Generation
 from .responses_request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 
 from looptrace.backends.events import TokenEvent
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 from looptrace.families.base import CONTENT, new_id
 
-from ..engine.generation import Generation, Step
+from ...engine.generation import Generation, Step
 
 DONE_FRAME = b"data: [DONE]\n\n"
 

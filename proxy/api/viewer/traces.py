@@ -9,13 +9,13 @@ from datetime import datetime
 
 from aiohttp import web
 
-from looptrace.backends.detokenize import Vocabulary
-from looptrace.backends.jsontext import dumps
+from looptrace.common.vocabulary import Vocabulary
+from looptrace.common.jsonio import dumps
 from looptrace.trace_store.schema import request_span
 from looptrace.trace_store.sqlite import SQLiteTraceStore
 
-from .errors import APIError, invalid
-from .keys import RUNTIME, TELEMETRY
+from ..errors import APIError, invalid
+from ..keys import RUNTIME, TELEMETRY
 from .prompt_view import TokenTexts, prompt_view, with_alternative_texts
 
 

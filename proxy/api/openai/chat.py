@@ -10,16 +10,16 @@ from aiohttp import web
 
 from looptrace.backends.base import BackendError
 
-from ..engine.generation import Generation
-from ..observe.request_trace import RequestTrace
-from . import streaming
+from ...engine.generation import Generation
+from ...observe.request_trace import RequestTrace
+from .. import streaming
 from .chat_request import parse_chat
 from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
-from .errors import APIError, api_error
-from .generate import prepared, traced
-from .keys import RUNTIME
-from .streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
-from .validation import json_body
+from ..errors import APIError, api_error
+from ..serving import prepared, traced
+from ..keys import RUNTIME
+from ..streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
+from ..validation import json_body
 
 log = logging.getLogger("looptrace")
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it

@@ -7,11 +7,11 @@ import asyncio
 
 from aiohttp import web
 
-from looptrace.backends.jsontext import dumps
+from looptrace.common.jsonio import dumps
 
-from .errors import APIError
-from .keys import TELEMETRY
-from .streaming import KEEPALIVE_SECONDS, SSE_HEADERS
+from ..errors import APIError
+from ..keys import TELEMETRY
+from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
 from .traces import bounded_int, cursor, read, store_of, timestamp
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}

@@ -1,0 +1,1 @@
+"""The OpenAI APIs: Chat Completions and Responses, their requests, answers and streams."""
