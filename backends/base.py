@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .events import Event
+from looptrace.common.checkpoint import Checkpoint
+from looptrace.common.vocabulary import Vocabulary
+
+from .events import Event
 
 
 class BackendError(Exception):
@@ -60,7 +63,9 @@ class DecodeRequest:
     stop_ids: frozenset[int]
     # Set by the consumer when the client goes away or a stop string matched; checked before every token.
     cancel: threading.Event = field(default_factory=threading.Event)
-    traceparent: str | None = None  # W3C trace context, for backends that forward it
+    # Headers carrying our trace context (W3C traceparent) to a server behind, for backends that
+    # forward: what the engine's observers return from `submitted`.
+    trace_headers: dict[str, str] = field(default_factory=dict)
     conversation: str | None = None  # the agent session it belongs to: several servers keep it on one
     # The prompt length whose state a prefix cache should keep: what the conversation's next request
     # will start with (None: the whole prompt).
@@ -79,15 +84,20 @@ class DecodeRequest:
 
 
 class Backend(Protocol):
-    """What the engine and the server rely on, from every backend."""
+    """Every member the server reads of a backend; nothing else is read.
 
-    name: str  # "local", "vllm", "replay": on /health and the decode span
+    In-process backends (local, llama.cpp) decode on a thread of their own (decode_thread.py);
+    relaying ones (vLLM) are async HTTP clients; the event loop never runs model code."""
+
+    name: str  # as the registry names it: on /health and the decode span
     route: str | None  # how tokens are asked for, where a backend has several ways (vLLM's two routes)
     # Whether the items go as they came (with the prompt as the template writes it) for the server
     # behind to expand (vLLM), rather than as the processor's tensors.
     expands_media: bool
-    # Why this backend cannot take media now, for the client's 400; "" when it can.
-    media_refusal: str
+
+    @property
+    def media_refusal(self) -> str:
+        """Why this backend cannot take media now, for the client's 400; "" when it can."""
 
     @property
     def running(self) -> int:
@@ -97,10 +107,82 @@ class Backend(Protocol):
     def waiting(self) -> int:
         """Requests queued here for the model (0 where the server behind queues them)."""
 
-    def prefix_cache_stats(self) -> dict | None:
-        """{"prompts", "tokens", "max_tokens"} kept for later turns, or None without a prefix cache."""
+    @property
+    def serving(self) -> bool:
+        """Whether it can take requests now (False while every vLLM server is unreachable)."""
+
+    @property
+    def upstreams(self) -> Sequence[Upstream]:
+        """The servers it forwards to, for their metrics; empty for a backend that decodes here."""
+
+    def health_details(self) -> dict:
+        """What /health adds about it: its prefix cache, its speculative decoding as configured, what
+        it runs on (llama.cpp's threads and context), its servers."""
 
     def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         """prefill, one token event per token, done; a failure raises BackendError."""
 
     async def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """A server a backend forwards to, as its metrics read it."""
+
+    name: str  # "host:port", from the command line: never a client's string
+    serving: bool
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class TextModel:
+    """What the server read of the checkpoint before the backend loads: its config, where its files
+    are, its vocabulary, and whether its family takes media."""
+
+    checkpoint: Checkpoint
+    vocab: Vocabulary
+    media: bool  # the family's processor takes images (audio, video): the local backend loads the vision tower
+    max_model_len: int  # the context allowed (the loader's `context` decided it)
+
+
+class LoaderHost(Protocol):
+    """What the server lends a loader (the runtime implements it)."""
+
+    def waiting(self, reason: str) -> None:
+        """Why the backend is not ready yet (no vLLM server answers): /health says it, and requests get
+        a 503 saying it instead of waiting."""
+
+    def stored_steps(self, spec: str) -> list[dict]:
+        """Recorded steps from the trace store (--replay ID[,ID…] or conversation:ID)."""
+
+
+class Loader:
+    """How one backend comes up, in the order the runtime calls it; one per registry entry
+    (registry.py). The defaults suit a backend that decodes MODEL's own checkpoint here."""
+
+    def __init__(self, settings, host: LoaderHost) -> None:
+        self.settings, self.host = settings, host
+
+    async def connect(self) -> str | None:
+        """Before the checkpoint is read: reach what the backend depends on. The served model's name
+        when the backend learns it there (a vLLM server names it), else None."""
+        return None
+
+    def checkpoint_source(self) -> str:
+        """Where the checkpoint's tokenizer, chat template and config are read."""
+        return self.settings.model
+
+    def context(self, asked: int | None, checkpoint: int) -> int:
+        """The context to allow: --max-model-len when given (`asked`), else the checkpoint's, as this
+        backend can hold it."""
+        return asked or checkpoint
+
+    def load(self, model: TextModel) -> Backend:
+        """The backend, ready (on a worker thread: loading weights takes seconds to minutes)."""
+        raise NotImplementedError
+
+    def health_details(self) -> dict:
+        """What /health says while the backend loads (the servers it waits for)."""
+        return {}
+
+    async def close(self) -> None:
+        """What `connect` opened, when loading failed before a backend took it over."""

@@ -106,3 +106,25 @@ class DecodeThread:
                                   code="decode_failed"))
             finally:
                 self.running -= 1
+
+
+class OnDecodeThread:
+    """The Backend members of one that decodes in this process on a DecodeThread (`_thread`): it
+    serves whenever it is loaded, forwards to no server, and queues its requests itself."""
+
+    route = None
+    expands_media = False
+    serving = True
+    upstreams: tuple = ()
+    _thread: DecodeThread
+
+    @property
+    def running(self) -> int:
+        return self._thread.running
+
+    @property
+    def waiting(self) -> int:
+        return self._thread.waiting
+
+    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
+        return self._thread.generate(request)

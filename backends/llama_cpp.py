@@ -23,15 +23,16 @@ from pathlib import Path
 
 import torch
 
-from .base import BackendError, DecodeRequest
-from .decode_thread import DecodeThread, Emit
+from .base import BackendError, DecodeRequest, Loader, TextModel
+from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
 from .prefix_cache import MAX_BYTES
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
-from .speculative import Backoff, PromptLookup, SpeculativeConfig, judge
+from .speculative import Backoff, PromptLookup, judge
+from .speculative_config import SpeculativeConfig
 from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
@@ -51,10 +52,8 @@ def default_context(gguf_context: int) -> int:
     return gguf_context
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(OnDecodeThread):
     name = "llama.cpp"
-    route = None
-    expands_media = False
     media_refusal = "The llama.cpp backend reads text only."
 
     def __init__(self, load: Callable[[], LlamaContext], vocab: Vocabulary, *, max_queue: int = 64,
@@ -80,24 +79,19 @@ class LlamaCppBackend:
             raise
         self.reuse = PrefixReuse(self.context, prefix_cache_tokens, prefix_cache_bytes)
 
-    @property
-    def running(self) -> int:
-        return self._thread.running
-
-    @property
-    def waiting(self) -> int:
-        return self._thread.waiting
-
     def prefix_cache_stats(self) -> dict:
         return self.reuse.stats()
 
     def health_details(self) -> dict:
         context = self.context
-        return {"llama_cpp": {"threads": context.threads, "n_gpu_layers": context.n_gpu_layers,
-                              "context": context.n_ctx, "model_context": context.n_ctx_train}}
-
-    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        return self._thread.generate(request)
+        details = {"llama_cpp": {"threads": context.threads, "n_gpu_layers": context.n_gpu_layers,
+                                 "context": context.n_ctx, "model_context": context.n_ctx_train}}
+        stats = self.reuse.stats()
+        if stats is not None:
+            details["prefix_cache"] = stats
+        if self.speculative is not None:
+            details["speculative"] = self.speculative.described()
+        return details
 
     async def close(self) -> None:
         if await self._thread.close():  # nothing can use the context any more
@@ -198,17 +192,27 @@ def _prepared(load: Callable[[], LlamaContext]) -> LlamaContext:
     return load()
 
 
-def load_llama_cpp(gguf: str, vocab: Vocabulary, settings, context: int) -> LlamaCppBackend:
-    speculative = SpeculativeConfig.parse(settings.speculative_config) if settings.speculative_config else None
-    if speculative is not None and speculative.method != "ngram":
-        raise ValueError(f"--speculative-config: {speculative.method} runs on the local backend only; with llama.cpp, "
-                         "use ngram (prompt lookup)")
-    if not Path(gguf).is_file():
-        raise FileNotFoundError(f"--backend llama.cpp decodes a GGUF file, and {gguf} is not a file")
-    threads = settings.threads or physical_cores()
-    log.info("llama.cpp: %s, %d threads, %d layers on the GPU, context %d", gguf, threads, settings.n_gpu_layers,
-             context)
-    return LlamaCppBackend(lambda: LlamaContext(gguf, n_ctx=context, threads=threads,
-                                                n_gpu_layers=settings.n_gpu_layers),
-                           vocab, max_queue=settings.max_queue, prefix_cache_tokens=settings.prefix_cache_tokens,
-                           prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2), speculative=speculative)
+class LlamaCppLoader(Loader):
+    """MODEL is a GGUF file; --tokenizer may name the checkpoint whose tokenizer, template and config
+    go with its weights (else the GGUF's own, read through transformers)."""
+
+    def checkpoint_source(self) -> str:
+        return self.settings.tokenizer or self.settings.model
+
+    def context(self, asked: int | None, checkpoint: int) -> int:
+        return asked or default_context(checkpoint)
+
+    def load(self, model: TextModel) -> LlamaCppBackend:
+        settings, gguf = self.settings, self.settings.model
+        speculative = SpeculativeConfig.parse(settings.speculative_config) if settings.speculative_config else None
+        if not Path(gguf).is_file():
+            raise FileNotFoundError(f"--backend llama.cpp decodes a GGUF file, and {gguf} is not a file")
+        threads = settings.threads or physical_cores()
+        context = model.max_model_len
+        log.info("llama.cpp: %s, %d threads, %d layers on the GPU, context %d", gguf, threads, settings.n_gpu_layers,
+                 context)
+        return LlamaCppBackend(lambda: LlamaContext(gguf, n_ctx=context, threads=threads,
+                                                    n_gpu_layers=settings.n_gpu_layers),
+                               model.vocab, max_queue=settings.max_queue,
+                               prefix_cache_tokens=settings.prefix_cache_tokens,
+                               prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2), speculative=speculative)

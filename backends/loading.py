@@ -1,4 +1,4 @@
-"""Loading weights for the local backend: device and dtype chosen once, here."""
+"""Loading the local backend: its Loader (registry.py), the weights, device and dtype chosen once, here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import torch
 
 from looptrace.common.checkpoint import Checkpoint, fetch, read_config
 from looptrace.common.vocabulary import Vocabulary
+from .base import Loader, TextModel
 from .local import LocalBackend
-from .speculative import SpeculativeConfig
+from .speculative_config import SpeculativeConfig
 
 log = logging.getLogger("looptrace")
 
@@ -74,3 +75,11 @@ def same_tokenizer(draft: Checkpoint, tokenizer) -> None:
         differ = len(set(theirs.items()) ^ set(ours.items()))
         raise ValueError(f"--speculative-config: the draft model {draft.source} has another tokenizer than the "
                          f"model's ({differ} entries differ): a draft model must share the model's tokenizer")
+
+
+class LocalLoader(Loader):
+    """MODEL is the checkpoint, weights and all; its context is the checkpoint's."""
+
+    def load(self, model: TextModel) -> LocalBackend:
+        # torch and the model classes are imported only when this process decodes.
+        return load_local(model.checkpoint, model.vocab, self.settings, model.max_model_len, media=model.media)

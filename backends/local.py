@@ -15,12 +15,13 @@ from functools import partial
 import torch
 
 from .base import DecodeRequest
-from .decode_thread import DecodeThread, Emit
+from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, prefill_event
 from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Choice, Penalties, generator_for, next_token
-from .speculative import Drafting, SpeculativeConfig
+from .speculative import Drafting
+from .speculative_config import SpeculativeConfig
 from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
@@ -65,10 +66,8 @@ def restore_model_state(model, state: dict | None) -> None:
 
 
 
-class LocalBackend:
+class LocalBackend(OnDecodeThread):
     name = "local"
-    route = None
-    expands_media = False
     media_refusal = ""
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
@@ -95,26 +94,31 @@ class LocalBackend:
 
             if graphable(self.model):
                 self.graphs = GraphedDecoders(self.model, graph_max_length)
+                if self.prefix_cache is not None:
+                    # The graph's static cache is filled by a whole prefill; the prefix cache's kept states
+                    # are dynamic caches. /health says so too (health_details).
+                    log.info("decoding with a captured CUDA graph: prompts of text are prefilled whole, so the prefix "
+                             "cache serves only prompts with media (--enforce-eager: the prefix cache for every prompt)")
 
     def call(self, function: Callable[[], object]) -> object:
         """Runs `function` on the decode thread, after the requests already queued, and returns its result."""
         return self._thread.call(function)
 
-    def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        return self._thread.generate(request)
-
-    @property
-    def running(self) -> int:
-        return self._thread.running
-
-    @property
-    def waiting(self) -> int:
-        return self._thread.waiting
-
     def prefix_cache_stats(self) -> dict | None:
         kept = self.prefix_cache
         return None if kept is None else {"prompts": len(kept), "tokens": kept.tokens, "max_tokens": kept.max_tokens,
                                         "bytes": kept.bytes, "max_bytes": kept.max_bytes}
+
+    def health_details(self) -> dict:
+        details: dict = {}
+        if self.prefix_cache is not None:
+            details["prefix_cache"] = self.prefix_cache_stats()
+        if self.speculative is not None:  # as configured: the counts are in the traces and metrics
+            details["speculative"] = self.speculative.described()
+        if self.graphs is not None:
+            # A captured graph prefills whole prompts: the prefix cache and speculation are not used on it.
+            details["cuda_graph"] = {"max_length": self.graphs.max_length, "prefix_cache": False}
+        return details
 
     async def close(self) -> None:
         await self._thread.close()  # a thread killed inside torch at exit aborts the process

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from .base import BackendError, DecodeRequest
+from .base import BackendError, DecodeRequest, Loader, TextModel
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
 
@@ -37,11 +37,24 @@ def read_steps(path: str | Path) -> list[dict]:
     return steps
 
 
+class ReplayLoader(Loader):
+    """MODEL is the checkpoint whose tokenizer and template render the prompts; no weights."""
+
+    def load(self, model: TextModel) -> ReplayBackend:
+        """A JSON Lines file of steps, or traces from the store."""
+        spec = self.settings.replay
+        path = Path(spec).expanduser()
+        steps = read_steps(path) if path.is_file() else self.host.stored_steps(spec)
+        return ReplayBackend(steps, model.vocab)
+
+
 class ReplayBackend:
     name = "replay"
     route = None
     expands_media = False
     media_refusal = ""
+    serving = True
+    upstreams: tuple = ()
 
     def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
         self.vocab = vocab
@@ -54,8 +67,8 @@ class ReplayBackend:
         self.running = 0
         self.waiting = 0  # one request's turn does not wait for another's
 
-    def prefix_cache_stats(self) -> None:
-        return None
+    def health_details(self) -> dict:
+        return {"replay": {"steps": len(self._steps), "served": self._next}}
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         if self._next >= len(self._steps):

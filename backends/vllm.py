@@ -28,15 +28,47 @@ import aiohttp
 
 from looptrace.common import jsonio
 from . import vllm_protocol as protocol
-from .base import BackendError, DecodeRequest
+from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event, token_event, upstream_event
 from .vllm_pool import Pool
 from .vllm_upstream import Upstream, describe
 
-__all__ = ["Pool", "Upstream", "VLLMBackend"]
+__all__ = ["Pool", "Upstream", "VLLMBackend", "VLLMLoader"]
 
 log = logging.getLogger("looptrace")
+
+
+class VLLMLoader(Loader):
+    """MODEL is what the servers serve (any of them names it when none is given); the checkpoint's
+    tokenizer and template are read where --tokenizer says, else where the server read them; the
+    context is the servers' (--max-model-len may only lower it)."""
+
+    def __init__(self, settings, host: LoaderHost) -> None:
+        super().__init__(settings, host)
+        self.pool = Pool([Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in settings.vllm_urls])
+
+    async def connect(self) -> str:
+        """Waits for the first server to answer, saying meanwhile why none has."""
+        first = await self.pool.reach(self.settings.model, self.host.waiting)
+        self.host.waiting(None)
+        return first.model
+
+    def checkpoint_source(self) -> str:
+        return self.settings.tokenizer or self.pool.reference.checkpoint_source()
+
+    def context(self, asked: int | None, checkpoint: int) -> int:
+        limit = self.pool.reference.max_model_len
+        return min(asked or limit, limit)
+
+    def load(self, model: TextModel) -> VLLMBackend:
+        return VLLMBackend(self.pool, model.vocab)
+
+    def health_details(self) -> dict:
+        return {"upstreams": self.pool.health()}
+
+    async def close(self) -> None:
+        await self.pool.close()
 
 
 class VLLMBackend:
@@ -46,7 +78,7 @@ class VLLMBackend:
     waiting = 0  # vLLM queues; nothing waits here
 
     def __init__(self, pool: Pool, vocab: Vocabulary) -> None:
-        self.pool = pool
+        self.pool = pool  # the backend's from here on: closed with it
         self.vocab = vocab
 
     @property
@@ -54,11 +86,19 @@ class VLLMBackend:
         return self.pool.running
 
     @property
+    def serving(self) -> bool:
+        return self.pool.serving
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        return self.pool.upstreams
+
+    @property
     def media_refusal(self) -> str:
         return self.pool.media_refusal()
 
-    def prefix_cache_stats(self) -> None:
-        return None  # vLLM's own; its metrics say how it does
+    def health_details(self) -> dict:
+        return {"upstreams": self.pool.health()}  # where tokens come from, by which route, whether each answers
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         up, moved_from = self.pool.choose(request.conversation)
@@ -97,8 +137,7 @@ class VLLMBackend:
         parse = protocol.generate_tokens if generate_route else protocol.completions_tokens
         data = json.dumps(build(up.model, request, max_tokens)).encode()
         headers = {**up.headers, "Content-Type": "application/json"}
-        if request.traceparent:
-            headers["traceparent"] = request.traceparent  # vLLM's own span becomes a child of ours
+        headers.update(request.trace_headers)  # our decode span's traceparent: vLLM's own span becomes its child
 
         vocab, stop_ids, cancel, timeout = self.vocab, request.stop_ids, request.cancel, up.timeout
         pieces, special = vocab.pieces, vocab.special
@@ -202,7 +241,7 @@ class VLLMBackend:
                          drafted=drafted, accepted=accepted)
 
     async def close(self) -> None:
-        return None  # the pool belongs to the runtime, which closes it
+        await self.pool.close()
 
 
 async def _refusal(up: Upstream, response: aiohttp.ClientResponse) -> BackendError:

@@ -33,7 +33,7 @@ class Settings:
     media_max_video_frames: int = 64
     allowed_media_domains: list[str] = field(default_factory=list)  # hosts media URLs may be fetched from
     media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
-    backend: str = "local"  # local | llama.cpp | replay | vllm (the command line picks llama.cpp for a .gguf)
+    backend: str = "local"  # a name in looptrace.backends.registry (the command line may pick one by MODEL)
     replay: str | None = None  # the recorded steps, for --backend replay
     vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None

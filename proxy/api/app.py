@@ -68,8 +68,8 @@ async def _start(app: web.Application) -> None:
         if runtime.status == "ready":
             app[TELEMETRY].metrics.watch(runtime.model_name, lambda: runtime.backend.running,
                                          lambda: runtime.backend.waiting)
-            if runtime.pool is not None:
-                app[TELEMETRY].metrics.watch_upstreams(runtime.model_name, runtime.pool.upstreams)
+            if runtime.backend.upstreams:
+                app[TELEMETRY].metrics.watch_upstreams(runtime.model_name, runtime.backend.upstreams)
 
     app[_WATCH] = asyncio.create_task(watch_when_loaded())
 

@@ -44,9 +44,9 @@ async def fork_trace(request: web.Request) -> web.Response:
         in_range(top_k, "top_k", -1)
         runtime = request.app[RUNTIME]
         await runtime.ready()
-        if runtime.backend.name == "replay":
-            raise invalid("The replay backend serves recorded output; a fork needs a backend that decodes "
-                          "(--backend local or vllm).", code="fork_unsupported")
+        if not runtime.entry.can.fork:
+            raise invalid(f"The {runtime.backend.name} backend cannot run a stored prompt again; a fork needs a backend "
+                          "that decodes (--backend local, llama.cpp or vllm).", code="fork_unsupported")
         recorded = await stored_trace(request, request.match_info["trace_id"])
         original = _original(recorded, runtime)
         generated = original.generated
