@@ -1,6 +1,6 @@
 """The processes the relay benchmark puts between its client and the upstream, and their CPU time.
 
-- the upstream: the vLLM test double in --fast mode (tests/vllm_double.py), no model time;
+- the upstream: the vLLM test double in --fast mode (tests/support/vllm_double.py), no model time;
 - looptrace: `looptrace serve --backend vllm`, tracing on (a SQLite store) or off;
 - LiteLLM's proxy, installed on first use into its own virtual environment in the test cache (it
   pins many packages; the project's environment must not get them), its OpenTelemetry callback

@@ -1,7 +1,7 @@
-"""The vLLM test double (tests/vllm_double.py) with vLLM's POST /v1/chat/completions added: what
+"""The vLLM test double (tests/support/vllm_double.py) with vLLM's POST /v1/chat/completions added: what
 the relay benchmark's direct client and LiteLLM's proxy call. Messages are rendered with the
 checkpoint's chat template and streamed, content only (no reasoning or tool-call parser, as vLLM
-started without them, and no logprobs). tests/test_vllm_protocol.py checks its chunks against vLLM's
+started without them, and no logprobs). tests/integration/test_vllm_protocol.py checks its chunks against vLLM's
 own protocol models, so the benchmark's "direct" figures are those of vLLM's wire format.
 
     python bench/_vllm_chat.py --model DIR --port P [--fast] [--served-model-name NAME]
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from vllm_double import Double, DoubleProcess, Refusal, _frame, error_response, main  # noqa: E402
 
 

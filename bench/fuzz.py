@@ -1,4 +1,4 @@
-"""tests/test_fuzz.py with a large budget: many more examples than CI runs, drawn afresh each run.
+"""tests/unit/test_fuzz.py with a large budget: many more examples than CI runs, drawn afresh each run.
 
     python bench/fuzz.py [--examples 2000]
 
@@ -31,7 +31,7 @@ def main() -> None:
     env = {**os.environ, "LOOPTRACE_FUZZ_EXAMPLES": str(args.examples), "LOOPTRACE_FUZZ_REPORT": str(report)}
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
-                             "tests/test_fuzz.py"], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+                             "tests/unit/test_fuzz.py"], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     tried: Counter = Counter()
     if report.exists():

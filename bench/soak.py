@@ -59,7 +59,7 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from trace_load import metric  # bench/ is on the path only from here
@@ -104,7 +104,7 @@ class Target:
     """One server under load: how to ask it, and what it answered."""
 
     name: str
-    server: object  # tests/server.py's Server
+    server: object  # tests/support/server.py's Server
     streams: int
     max_tokens: int | None
     rate: float | None  # requests a second over all its clients; None: back to back

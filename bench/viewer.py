@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 CALL = ("I will read it.\n</think>\n\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/module_{i}.py\n"
         "</parameter>\n</function>\n</tool_call><|im_end|>")

@@ -1,4 +1,6 @@
-"""Shared fixtures: the tiny test checkpoints (tiny_qwen3_5.py, tiny_gemma4.py) and SmolLM2, built or found once."""
+"""What both groups of tests share: the doubles and helpers of support/ on the path, the tiny test
+checkpoints (tiny_qwen3_5.py, tiny_gemma4.py) and SmolLM2 built or found once, the in-process
+applications, and the `integration` marker on every test under integration/."""
 
 from __future__ import annotations
 
@@ -7,16 +9,26 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-# The tests' own helpers (build_cache.py, server.py, ...), whatever the import mode; looptrace itself
-# is imported as installed (`pip install -e .`), under its one `looptrace` namespace.
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
+SUPPORT = Path(__file__).resolve().parent / "support"
+# The tests' own doubles and helpers (support/: build_cache.py, server.py, ...), imported by name
+# whatever the import mode; looptrace itself is imported as installed (`pip install -e .`), under its
+# one `looptrace` namespace.
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
 
 import build_cache
 import packaged
 import tiny_gemma4
 import tiny_qwen3_5
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under integration/ is marked `integration`, so `-m "not integration"` runs exactly unit/."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 def _built(builder):

@@ -34,5 +34,5 @@ wheel() { ls "$wheels"/llama_cpp_python-"${llama_cpp#*==}"-*.whl 2>/dev/null | h
 [ -n "$(wheel)" ] || pip wheel -q --no-deps "$llama_cpp" -w "$wheels"
 pip install -q --no-deps "$(wheel)"
 pip install -q numpy typing-extensions diskcache jinja2
-python tests/clients.py               # codex and pi from npm, pinned, into the test cache
+python tests/support/clients.py               # codex and pi from npm, pinned, into the test cache
 exec python -m pytest "$@"

@@ -7,6 +7,7 @@ not copied), so the weights are the tiny ones and text decodes exactly as withou
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -92,3 +93,23 @@ def gemma4_with_audio() -> Path:
         return {}
 
     return cached("gemma4-tiny-audio", {"base": base.name, "config": config}, build)
+
+
+def mp4(frames: int = 40, fps: int = 10, width: int = 64, height: int = 48, codec: str = "libx264") -> bytes:
+    """A clip whose frames differ (a line moves across, the red rises): which are sampled matters."""
+    import av
+    import numpy as np
+
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            pixels = np.zeros((height, width, 3), np.uint8)
+            pixels[..., 0] = i * 255 // frames
+            pixels[:, (i * 3) % width] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()

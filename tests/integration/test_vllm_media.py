@@ -17,11 +17,10 @@ import json
 
 import pytest
 from PIL import Image
-from tiny_media import with_images
 from transformers import AutoTokenizer
 
 from server import Server, free_port
-from test_media import mp4
+from tiny_media import mp4, with_images
 from vllm_double import DoubleProcess
 
 KEY = "double-key"

@@ -1,11 +1,10 @@
-"""Several vLLM servers behind one looptrace (backends/vllm_pool.py): each conversation on one server,
-a server that stops loses only its own conversations, which come back when it returns; failures
-before the first token retried elsewhere, after it reported.
-
-The unit tests drive the pool's choice directly; the integration tests run three vLLM test doubles
-(tests/vllm_double.py, --fast) behind one `looptrace serve`, read where each request went from the
-doubles' own request logs and from the stored traces (the decode span's server.port), and read
-the counts from a real Prometheus scraping the real /metrics, with the dashboard's own queries.
+"""Several vLLM servers behind one looptrace (backends/vllm_pool.py), for real: three vLLM test doubles
+(tests/support/vllm_double.py, --fast) behind one `looptrace serve`. Where each request went is read from
+the doubles' own request logs and from the stored traces (the decode span's server.port), and the counts
+from a real Prometheus scraping the real /metrics, with the dashboard's own queries: each conversation
+on one server, a server that stops loses only its own conversations, which come back when it returns;
+failures before the first token retried elsewhere, after it reported. The pool's choice itself is
+tested directly in tests/unit/test_vllm_pool.py.
 """
 
 from __future__ import annotations
@@ -13,111 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections import Counter
 
 import pytest
-from test_dashboards import DASHBOARDS, VARIABLES, promql_targets, substitute
 
-from looptrace.backends.base import BackendError
-from looptrace.backends.vllm import Pool, Upstream
-
+from grafana_dashboards import DASHBOARDS, VARIABLES, promql_targets, substitute
 from server import free_port, sse_events
 from vllm_double import DoubleProcess
 
 MODEL = "pooled"
 CONVERSATIONS = [f"agent-session-{i}" for i in range(12)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The choice, without servers
-# ---------------------------------------------------------------------------------------------
-
-
-def pool_of(*urls: str) -> Pool:
-    upstreams = [Upstream(url) for url in urls]
-    for upstream in upstreams:
-        upstream.connected = upstream.reachable = True
-        upstream.model, upstream.root, upstream.max_model_len = "m", "org/m", 4096
-    return Pool(upstreams)
-
-
-def homes(pool: Pool, conversations) -> dict[str, str]:
-    return {c: pool.choose(c)[0].name for c in conversations}
-
-
-def test_conversations_spread_and_stay():
-    pool = pool_of("http://a:8000", "http://b:8000", "http://c:8000")
-    many = [f"conversation {i}" for i in range(3000)]
-    first = homes(pool, many)
-    assert homes(pool, many) == first  # every turn on the same server
-    shares = Counter(first.values())
-    assert set(shares) == {"a:8000", "b:8000", "c:8000"}
-    assert all(900 < n < 1100 for n in shares.values()), shares  # a third each, give or take
-
-
-def test_losing_a_server_moves_only_its_conversations_and_its_return_brings_them_back():
-    pool = pool_of("http://a:8000", "http://b:8000", "http://c:8000")
-    many = [f"conversation {i}" for i in range(600)]
-    before = homes(pool, many)
-    b = pool.upstreams[1]
-    b.unreachable("connection refused")
-    during = {}
-    for c in many:
-        chosen, moved_from = pool.choose(c)
-        during[c] = chosen.name
-        # Moved exactly when its server was b, and said so.
-        assert moved_from == ("b:8000" if before[c] == "b:8000" else None)
-    assert {c for c in many if during[c] != before[c]} == {c for c in many if before[c] == "b:8000"}
-    assert "b:8000" not in during.values()
-    b.answered()
-    after = {}
-    for c in many:
-        chosen, moved_from = pool.choose(c)
-        after[c] = chosen.name
-        assert moved_from == (during[c] if before[c] == "b:8000" else None)
-    assert after == before
-
-
-def test_a_request_without_a_conversation_goes_to_the_least_loaded_server():
-    pool = pool_of("http://a:1", "http://b:2", "http://c:3")
-    a, b, c = pool.upstreams
-    a.running, b.running, c.running = 3, 1, 2
-    assert pool.choose(None) == (b, None)
-    b.running = 5
-    assert pool.choose(None) == (c, None)
-    a.running = b.running = c.running = 0  # idle: they take turns
-    assert sorted(pool.choose(None)[0].name for _ in range(6)) == ["a:1", "a:1", "b:2", "b:2", "c:3", "c:3"]
-
-
-def test_a_failed_server_is_not_chosen_again_for_the_same_request():
-    pool = pool_of("http://a:1", "http://b:2")
-    first, _ = pool.choose("x")
-    second, moved_from = pool.choose("x", failed=first)
-    assert second is not first and moved_from == first.name
-    alone = pool_of("http://a:1")
-    with pytest.raises(BackendError) as caught:
-        alone.choose("x", failed=alone.upstreams[0])
-    assert caught.value.status == 503
-
-
-def test_when_no_server_answers_its_probes_one_is_still_tried():
-    # A probe may be seconds old: the request tries a server, and its failure is what the client hears.
-    pool = pool_of("http://a:1", "http://b:2")
-    for upstream in pool.upstreams:
-        upstream.unreachable("connection refused")
-    assert pool.choose("x")[0] in pool.upstreams
-    assert not pool.serving
-
-
-def test_a_server_of_another_model_is_kept_out():
-    pool = pool_of("http://a:1")
-    pool.reference = pool.upstreams[0]
-    other = Upstream("http://b:2")
-    other.model, other.root, other.max_model_len, other.connected, other.reachable = "m", "org/other", 4096, True, True
-    pool.upstreams.append(other)
-    with pytest.raises(RuntimeError, match="every --vllm-url must serve the same model"):
-        pool._check(other)
-    assert not other.serving and all(pool.choose(f"c{i}")[0] is pool.upstreams[0] for i in range(20))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +110,6 @@ def wait_for(check, timeout: float) -> bool:
     return check()
 
 
-@pytest.mark.integration
 def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pooled, doubles, qwen3_5_dir):
     server, prometheus = pooled
     for d in doubles:
@@ -299,7 +201,6 @@ def dashboard_queries_return_each_server(prometheus, servers: list[str]) -> None
             assert set(servers) <= found, (query["panel"], expr, found)
 
 
-@pytest.mark.integration
 def test_requests_without_a_conversation_take_turns_on_idle_servers(pooled, doubles):
     server, _ = pooled
     assert wait_for(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
@@ -311,7 +212,6 @@ def test_requests_without_a_conversation_take_turns_on_idle_servers(pooled, doub
     assert sorted(served(doubles).values()) == [2, 2, 2]
 
 
-@pytest.mark.integration
 def test_a_stream_cut_after_its_first_token_fails_clearly_and_is_not_retried(pooled, doubles):
     server, _ = pooled
     conversation = CONVERSATIONS[0]
@@ -334,7 +234,6 @@ def test_a_stream_cut_after_its_first_token_fails_clearly_and_is_not_retried(poo
     assert body["error"]["message"].startswith(f"the vLLM server at {home.url} cut the stream after 2 tokens")
 
 
-@pytest.mark.integration
 def test_a_failure_before_the_first_token_is_retried_on_another_server(pooled, doubles):
     server, _ = pooled
     conversation = CONVERSATIONS[1]
@@ -353,11 +252,3 @@ def test_a_failure_before_the_first_token_is_retried_on_another_server(pooled, d
     home.arm(kind="status", status=400, message="bad prompt")
     status, body = turn(server, conversation, "hello again")
     assert (status, body["error"]["message"]) == (400, "bad prompt")
-
-
-def test_a_server_named_twice_is_refused_at_the_command_line(capsys):
-    from looptrace.proxy.cli import main
-
-    with pytest.raises(SystemExit):
-        main(["serve", "--backend", "vllm", "--vllm-url", "http://gpu-a:8000/v1", "--vllm-url", "http://gpu-a:8000"])
-    assert "a server is named twice" in capsys.readouterr().err

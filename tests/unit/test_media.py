@@ -16,11 +16,11 @@ import json
 import pytest
 import torch
 from PIL import Image
-from tiny_media import with_images
 
 from looptrace.proxy.settings import Settings
 
 from app_thread import AppThread
+from tiny_media import mp4, with_images
 
 NEW_TOKENS = 6
 
@@ -523,26 +523,6 @@ def test_a_listed_name_that_resolves_to_a_private_address_is_refused():
 
 
 # -- video: both families; frames decoded with av, only those the processor samples --
-
-def mp4(frames: int = 40, fps: int = 10, width: int = 64, height: int = 48, codec: str = "libx264") -> bytes:
-    """A clip whose frames differ (a line moves across, the red rises): which are sampled matters."""
-    import av
-    import numpy as np
-
-    out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for i in range(frames):
-            pixels = np.zeros((height, width, 3), np.uint8)
-            pixels[..., 0] = i * 255 // frames
-            pixels[:, (i * 3) % width] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return out.getvalue()
-
 
 def every_frame(data: bytes):
     """All of a clip's frames and its metadata, for the processor to sample from itself."""

@@ -40,7 +40,7 @@ class MissingPackage(RuntimeError):
 
 def shared_dir() -> Path:
     env = os.environ.get("LOOPTRACE_SHARED")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
     if not (path / "fixtures" / "chat_templates").is_dir():
         how = "LOOPTRACE_SHARED" if env else "the default location (set LOOPTRACE_SHARED to override)"
         raise MissingShared(f"shared fixtures not found at {path} ({how}): fixtures/chat_templates is missing")

@@ -16,9 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import clients
 from browser import MissingChromium, Page, chromium
-from test_clients import call, folders, outcome
-
-pytestmark = pytest.mark.integration
+from .test_clients import call, folders, outcome
 
 KEY = "sk-viewer-test"
 MODEL = "qwen3.5-tiny"

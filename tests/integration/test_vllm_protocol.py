@@ -33,7 +33,7 @@ from server import free_port
 from vllm_double import VLLM_VERSION, DoubleProcess
 
 # The relay benchmark's double adds vLLM's chat route (bench/_vllm_chat.py); its chunks are checked here too.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from _vllm_chat import ChatDoubleProcess  # noqa: E402
 
 FILES = (

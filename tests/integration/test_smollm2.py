@@ -9,8 +9,6 @@ import time
 import pytest
 from openai import OpenAI
 
-pytestmark = pytest.mark.integration
-
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from processes import Service, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 __all__ = ["Server", "free_port", "sse_events"]
 
 

@@ -1,109 +1,42 @@
 """compose/ and the Dockerfile: what `docker compose up` would trip on, checked without Docker.
 
-No Docker engine runs in CI, so the compose file is validated against the Compose specification's
-schema (check-jsonschema ships it; without it these tests fail, they never skip), and then for what
-a schema cannot say: that names point at things that exist (volumes, configs, services, files,
+No Docker engine runs in CI. The compose file is validated against the Compose specification's
+schema, the entrypoint script run and the Prometheus config checked by promtool in
+tests/integration/test_compose.py (they run programs); here, read in this process, what a schema
+cannot say: that names point at things that exist (volumes, configs, services, files,
 ports), that nothing listens beyond loopback unless asked, and that the configs beside it (Prometheus,
 Tempo, the entrypoint script, the image's build context) agree with it and with each other.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-COMPOSE_DIR = ROOT / "compose"
-COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
-TWO_VLLM_FILE = COMPOSE_DIR / "two-vllm.yaml"  # added with a second -f: two vLLM servers behind looptrace
+from compose_stack import (
+    COMPOSE_DIR,
+    ROOT,
+    command_words,
+    interpolate,
+    is_path,
+    mounts,
+    option,
+    port_mappings,
+    raw_stack,
+    two_vllm_stack,
+)
+
 HEALTH_CONDITIONS = {"service_healthy", "service_started", "service_completed_successfully"}
 
-# ---------------------------------------------------------------------------------------------
-# Compose's own rules, for what the tests read
-# ---------------------------------------------------------------------------------------------
-
-_VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
-                       r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
-
-
-def interpolate(value, env: dict[str, str]):
-    """Compose's variable substitution (`${X}`, `${X:-default}`, `${X-default}`, `${X:?}`, `$$`)."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def one(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group("braced") or match.group("plain")
-        op, arg = match.group("op"), match.group("arg") or ""
-        is_set, current = name in env, env.get(name, "")
-        if op in (":-", "-"):
-            return current if (current if op == ":-" else is_set) else arg
-        if op in (":?", "?"):
-            if not (current if op == ":?" else is_set):
-                raise KeyError(f"${{{name}}} is required: {arg}")
-            return current
-        if op in (":+", "+"):
-            return arg if (current if op == ":+" else is_set) else ""
-        return current
-
-    return _VARIABLE.sub(one, value)
-
-
-def command_words(command) -> list[str]:
-    """A service's command as compose runs it: a string is split the way a shell would."""
-    return shlex.split(command) if isinstance(command, str) else list(command)
-
-
-def option(words: list[str], name: str) -> str:
-    assert name in words, (name, words)
-    return words[words.index(name) + 1]
-
-
-def port_mappings(service: dict) -> list[tuple[str, str, str]]:
-    """(host address, host port, container port) of each published port."""
-    found = []
-    for entry in service.get("ports", []):
-        if isinstance(entry, dict):
-            found.append((entry.get("host_ip", ""), str(entry.get("published", "")), str(entry["target"])))
-            continue
-        parts = str(entry).rsplit(":", 2)
-        found.append(tuple(parts) if len(parts) == 3 else ("", *(["", *parts][-2:])))
-    return found
-
-
-def mounts(service: dict) -> list[tuple[str, str]]:
-    """(source, target) of each volume entry, short or long syntax."""
-    found = []
-    for entry in service.get("volumes", []):
-        if isinstance(entry, dict):
-            found.append((entry.get("source", ""), entry["target"]))
-        else:
-            source, target = str(entry).split(":")[:2]
-            found.append((source, target))
-    return found
-
-
-def is_path(source: str) -> bool:
-    return source.startswith((".", "/", "~"))
 
 
 @pytest.fixture(scope="module")
 def raw() -> dict:
-    return yaml.safe_load(COMPOSE_FILE.read_text())
+    return raw_stack()
 
 
 @pytest.fixture(scope="module")
@@ -112,37 +45,9 @@ def stack(raw) -> dict:
     return interpolate(raw, {})
 
 
-def check_jsonschema() -> str:
-    exe = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or shutil.which("check-jsonschema")
-    if exe is None:
-        pytest.fail("check-jsonschema is not installed (it ships the Compose specification's schema): "
-                    "pip install -e '.[test]'")
-    return exe
-
-
-def validate(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([check_jsonschema(), "--builtin-schema", "vendor.compose-spec", str(path)],
-                          capture_output=True, text=True, timeout=120)
-
-
 # ---------------------------------------------------------------------------------------------
 # The compose file
 # ---------------------------------------------------------------------------------------------
-
-
-def test_compose_file_matches_the_compose_specification():
-    done = validate(COMPOSE_FILE)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_the_schema_check_catches_a_misspelt_key(tmp_path):
-    # The validation above can fail: the same file with one misspelt healthcheck key does not pass.
-    broken = tmp_path / "compose.yaml"
-    text = COMPOSE_FILE.read_text()
-    assert "start_period:" in text
-    broken.write_text(text.replace("start_period:", "start_perod:", 1))
-    done = validate(broken)
-    assert done.returncode != 0 and "start_perod" in done.stdout, done.stdout + done.stderr
 
 
 def test_named_volumes_and_configs_are_declared_and_used(stack):
@@ -275,70 +180,13 @@ def test_grafana_reads_the_provisioned_dashboards(stack):
 
 
 # ---------------------------------------------------------------------------------------------
-# The backend switch (compose/looptrace-entrypoint.sh)
-# ---------------------------------------------------------------------------------------------
-
-
-def _entrypoint(tmp_path: Path, env: dict[str, str]) -> list[str]:
-    """The arguments the entrypoint hands `looptrace`, which here only prints them."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "looptrace"
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
-    fake.chmod(0o755)
-    environment = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
-    done = subprocess.run(["sh", str(COMPOSE_DIR / "looptrace-entrypoint.sh"), "Org/Model", "--port", "8000"],
-                          capture_output=True, text=True, env=environment, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
-
-
-def test_entrypoint_forwards_to_vllm_when_the_service_resolves(tmp_path):
-    if shutil.which("getent") is None:
-        pytest.fail("getent (libc-bin) is missing; the image has it and so must this machine")
-    assert _entrypoint(tmp_path, {"VLLM_HOST": "localhost"}) == [
-        "serve", "--backend", "vllm", "--vllm-url", "http://localhost:8000", "Org/Model", "--port", "8000"]
-
-
-def test_entrypoint_decodes_locally_without_the_vllm_service(tmp_path):
-    # A name under .invalid never resolves (RFC 2606), as `vllm` does not without the gpu profile.
-    assert _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid"}) == ["serve", "Org/Model", "--port", "8000"]
-
-
-def test_entrypoint_takes_an_explicit_vllm_url(tmp_path):
-    args = _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid", "LOOPTRACE_VLLM_URL": "http://gpu-box:8000"})
-    assert args[:5] == ["serve", "--backend", "vllm", "--vllm-url", "http://gpu-box:8000"]
-
-
-def test_entrypoint_takes_several_vllm_urls(tmp_path):
-    args = _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid",
-                                  "LOOPTRACE_VLLM_URL": "http://node-a:8000, http://node-b:8000 http://node-c:8000"})
-    assert args == ["serve", "--backend", "vllm", "--vllm-url", "http://node-a:8000", "--vllm-url",
-                    "http://node-b:8000", "--vllm-url", "http://node-c:8000", "Org/Model", "--port", "8000"]
-
-
-# ---------------------------------------------------------------------------------------------
 # compose/two-vllm.yaml: a second vLLM server, merged over the stack
 # ---------------------------------------------------------------------------------------------
 
 
-def merged(base: dict, override: dict) -> dict:
-    """`docker compose -f base -f override` for what the override holds: mappings merge key by key,
-    and anything else (a command, a list) is replaced, as Compose does for these keys."""
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 @pytest.fixture(scope="module")
 def two_vllm(raw) -> dict:
-    return interpolate(merged(raw, yaml.safe_load(TWO_VLLM_FILE.read_text())), {})
-
-
-def test_two_vllm_file_matches_the_compose_specification():
-    done = validate(TWO_VLLM_FILE)
-    assert done.returncode == 0, done.stdout + done.stderr
+    return two_vllm_stack(raw)
 
 
 def test_the_second_vllm_serves_what_the_first_does_on_another_gpu(two_vllm):
@@ -355,35 +203,9 @@ def test_the_second_vllm_serves_what_the_first_does_on_another_gpu(two_vllm):
         assert name in services
 
 
-def test_looptrace_is_given_both_servers_and_prometheus_scrapes_both(two_vllm, tmp_path):
-    services = two_vllm["services"]
-    looptrace = services["looptrace"]
-    urls = looptrace["environment"]["LOOPTRACE_VLLM_URL"].split()
-    ports = {n: option(command_words(services[n]["command"]), "--port") for n in ("vllm", "vllm-2")}
-    assert urls == [f"http://{n}:{p}" for n, p in ports.items()]
-    assert looptrace["depends_on"]["vllm-2"] == {"condition": "service_healthy", "required": False}
-    assert looptrace["depends_on"]["tempo"]["condition"] == "service_healthy"  # the base's kept
-    args = _entrypoint(tmp_path, {"VLLM_HOST": "vllm.invalid", "LOOPTRACE_VLLM_URL": " ".join(urls)})
-    assert args[:7] == ["serve", "--backend", "vllm", "--vllm-url", urls[0], "--vllm-url", urls[1]]
-    config = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
-    vllm_job = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm")
-    assert set(vllm_job["dns_sd_configs"][0]["names"]) == {"vllm", "vllm-2"}
-    published = [port_mappings(s)[0][1] for s in services.values() if port_mappings(s)]
-    assert len(published) == len(set(published)), "two services publish the same host port"
-
-
 # ---------------------------------------------------------------------------------------------
 # Prometheus and Tempo
 # ---------------------------------------------------------------------------------------------
-
-
-def test_prometheus_config_passes_promtool(stack):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is not installed: `apt-get install prometheus` (Debian) — tests/run.sh does it")
-    done = subprocess.run([promtool, "check", "config", str(COMPOSE_DIR / "prometheus.yml")],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_prometheus_scrapes_the_services_on_their_ports(stack):

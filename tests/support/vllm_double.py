@@ -29,7 +29,7 @@ Switches for tests, under /double/ (no part of vLLM):
       usage and metrics sent, outcome); POST /double/reset forgets them, the armed switch and the
       prefix cache.
 
-    python -m tests.vllm_double --model DIR_OR_GGUF --port P [--fast] [--api-key K]
+    python -m tests.support.vllm_double --model DIR_OR_GGUF --port P [--fast] [--api-key K]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # run as `python -m tests.vllm_double`
+if str(Path(__file__).resolve().parent) not in sys.path:  # run as `python -m tests.support.vllm_double`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import Service, answers_ok  # noqa: E402
 
@@ -649,8 +649,8 @@ def _context_length(config) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None, double_class: type[Double] = Double, prog: str = "python -m tests.vllm_double"
-         ) -> None:
+def main(argv: list[str] | None = None, double_class: type[Double] = Double,
+         prog: str = "python -m tests.support.vllm_double") -> None:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a checkpoint folder or a .gguf file (reported as `root`)")
     parser.add_argument("--port", type=int, required=True)
@@ -669,10 +669,10 @@ def main(argv: list[str] | None = None, double_class: type[Double] = Double, pro
 
 
 class DoubleProcess(Service):
-    """`python -m tests.vllm_double ...` as a child process, with its switches as methods."""
+    """`python -m tests.support.vllm_double ...` as a child process, with its switches as methods."""
 
     name = "the vLLM double"
-    program = ("-m", "tests.vllm_double")
+    program = ("-m", "tests.support.vllm_double")
 
     def __init__(self, model: Path | str, *, port: int, log_path: Path, fast: bool = False,
                  api_key: str | None = None, served_model_name: str | None = None,
@@ -686,7 +686,7 @@ class DoubleProcess(Service):
                 command += [flag, str(value)]
         if fast:
             command.append("--fast")
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         super().__init__(command, log_path, cwd=root, env={"PYTHONPATH": str(root)})
 
     @property

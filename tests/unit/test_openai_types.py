@@ -20,7 +20,7 @@ from looptrace.proxy.api import streaming
 
 from app_thread import Wrapped
 from server import sse_events
-from test_responses import AGENTS, EXEC, PATCH, call, sse
+from .test_responses import AGENTS, EXEC, PATCH, call, sse
 
 MODEL = "tiny-qwen"
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)

@@ -10,8 +10,6 @@ from openai import OpenAI
 
 from prometheus import Prometheus
 
-pytestmark = pytest.mark.integration
-
 CALL = ("\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>")
 STEPS = [CALL, "It is sunny.\n</think>\n\nSunny.<|im_end|>", "\n</think>\n\nHello again.<|im_end|>"] * 3

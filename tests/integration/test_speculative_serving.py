@@ -19,8 +19,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server import sse_events
 
-pytestmark = pytest.mark.integration
-
 MODEL = "smollm2-spec"
 CONFIG = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 TEXT = ("The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick, wound the clockwork that "

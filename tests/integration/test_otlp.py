@@ -12,8 +12,6 @@ from looptrace.trace_store.tokens import expand_events
 
 from phoenix import Phoenix
 
-pytestmark = pytest.mark.integration
-
 CALL = ("Checking.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>")
 LONG = " word" * 4000 + "<|im_end|>"

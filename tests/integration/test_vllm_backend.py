@@ -474,7 +474,6 @@ def test_a_model_the_server_does_not_serve_is_refused(fresh, logs, qwen3_5_dir):
         server.stop()
 
 
-@pytest.mark.integration
 def test_an_unreachable_server_is_reported_and_retried(qwen3_5_dir, logs):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -541,7 +540,6 @@ def smollm2_pair(smollm2_gguf_path, logs):
         double.stop()
 
 
-@pytest.mark.integration
 def test_openai_sdk_chat_through_vllm_with_smollm2(smollm2_pair, smollm2_gguf_path):
     from openai import OpenAI
 

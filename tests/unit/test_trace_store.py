@@ -10,7 +10,7 @@ import time
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
+from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
 
 from looptrace.trace_store.processor import QueueingSpanProcessor
 from looptrace.trace_store.sqlite import SQLiteTraceStore

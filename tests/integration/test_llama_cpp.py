@@ -30,8 +30,6 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs
 
 from looptrace.backends.llama_cpp_context import physical_cores
 
-pytestmark = pytest.mark.integration
-
 MODEL = "smollm2-llama"
 CONTEXT = 2048
 IM_END = 2  # SmolLM2's <|im_end|>: its stop token

@@ -8,7 +8,7 @@ from pathlib import Path
 from looptrace.proxy.cli import build_parser
 from looptrace.proxy.observe.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

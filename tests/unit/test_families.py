@@ -378,7 +378,7 @@ def _long_texts() -> dict[str, str]:
     import random
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
     rng = random.Random(7)
     return {

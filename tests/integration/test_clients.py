@@ -19,8 +19,6 @@ import pytest
 
 import clients
 
-pytestmark = pytest.mark.integration
-
 API_KEY = "sk-looptrace-test"
 MODEL = "qwen3.5-tiny"
 

@@ -1,0 +1,19 @@
+"""The layer contracts in pyproject.toml hold, checked by import-linter in this process (`lint-imports`
+by hand). That the installed `looptrace` namespace lives beside other packages, proxy.py's `proxy` among
+them, is checked by building and installing the wheel: tests/integration/test_layout.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from importlinter.cli import lint_imports
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_layer_contracts_hold(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # import-linter reads the contracts from the pyproject.toml it is run beside
+    code = lint_imports(no_cache=True)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "0 broken" in out and "3 kept" in out, out
