@@ -99,8 +99,8 @@ def _speculation(settings, methods: tuple[str, ...]) -> str | None:
     except ValueError as exc:
         return str(exc)
     if method not in methods:
-        return (f"--speculative-config: {method} is not available on --backend {settings.backend} "
-                f"(it drafts with {' or '.join(methods)})")
+        return (f"--speculative-config: {method} does not run on --backend {settings.backend}; use "
+                f"{' or '.join(methods)}")
     return None
 
 

@@ -294,7 +294,7 @@ def test_prompt_lookup_changes_no_greedy_token(speculating, direct, api):
 @pytest.mark.parametrize(("flags", "says"), [
     (["--backend", "llama.cpp", "--speculative-config",
       '{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}'], "use ngram"),
-    (["--backend", "local", "--threads", "2"], "--threads and --n-gpu-layers are for --backend llama.cpp"),
+    (["--backend", "local", "--threads", "2"], "--threads is for --backend llama.cpp"),
 ], ids=["draft model", "threads elsewhere"])
 def test_the_command_line_refuses_what_llama_cpp_does_not_do(smollm2_gguf_path, flags, says):
     done = subprocess.run([*looptrace_command(), "serve", str(smollm2_gguf_path), *flags],

@@ -119,9 +119,10 @@ class Wrapped:
     def __init__(self, inner: ReplayBackend, *, delay: float = 0.0, fail_after: int | None = None) -> None:
         self.inner, self.delay, self.fail_after = inner, delay, fail_after
         self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
+        self.serving, self.upstreams, self.expands_media, self.media_refusal = True, (), False, ""
 
-    def prefix_cache_stats(self) -> None:
-        return None
+    def health_details(self) -> dict:
+        return {}
 
     async def generate(self, request):
         tokens = 0

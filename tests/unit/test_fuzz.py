@@ -83,9 +83,10 @@ class Capture:
     def __init__(self, vocab) -> None:
         self.vocab, self.prompts = vocab, []
         self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
+        self.serving, self.upstreams, self.expands_media, self.media_refusal = True, (), False, ""
 
-    def prefix_cache_stats(self) -> None:
-        return None
+    def health_details(self) -> dict:
+        return {}
 
     async def generate(self, request):
         self.prompts.append(list(request.prompt_ids))
