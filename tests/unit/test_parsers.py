@@ -284,6 +284,61 @@ def test_qwen_a_value_holding_a_whole_tool_call_then_another_call():
     ])
 
 
+# A file the agent writes that holds a whole call of this very tool (a parser's test fixture, a
+# chat-template example): its names are the tool's own, so only nesting tells where the value ends.
+NESTED_CALL = ('doc = """\n<tool_call>\n<function=write_file>\n<parameter=path>\nliteral/value.txt\n</parameter>\n'
+               '<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>\n"""')
+
+
+def test_qwen_a_value_holding_a_call_of_the_same_tool_stays_one_value():
+    raw = write_call(f"<parameter=path>\nfixture.py\n</parameter>\n<parameter=content>\n{NESTED_CALL}\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "fixture.py", "content": NESTED_CALL}, raw)])
+    # First, then followed by text or another call: the same.
+    first = write_call(f"<parameter=content>\n{NESTED_CALL}\n</parameter>\n<parameter=path>\nf.py\n</parameter>\n")
+    expected = call(0, "write_file", {"content": NESTED_CALL, "path": "f.py"}, first)
+    check(qwen(), first + "\nDone.", [expected, text("Done.")])
+    check(qwen(), first + "\n" + WEATHER_CALL, [expected, call(1, "get_weather", {"city": "Paris", "days": 3}, WEATHER_CALL)])
+
+
+def test_qwen_a_value_holding_a_parameter_of_the_same_tool_stays_one_value():
+    content = 'doc = """\n<parameter=path>\nliteral/value\n</parameter>\n"""'
+    raw = write_call(f"<parameter=path>\nfixture.py\n</parameter>\n<parameter=content>\n{content}\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "fixture.py", "content": content}, raw)])
+
+
+def test_qwen_a_call_of_another_tool_inside_a_value_after_that_call():
+    first = "<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n</function>\n</tool_call>"
+    content = f'template = """\n{first}\n"""'
+    second = write_call(f"<parameter=path>\nfixture.py\n</parameter>\n<parameter=content>\n{content}\n</parameter>\n")
+    check(qwen(), first + "\n\n" + second, [
+        call(0, "foo", {"bar": "baz"}, first, "unknown_tool"),
+        call(1, "write_file", {"path": "fixture.py", "content": content}, second),
+    ])
+
+
+def test_qwen_markup_a_value_opens_but_never_closes_is_text():
+    # An opener written as text (in a string, in prose) leaves the nesting unbalanced: the value
+    # still ends at its own `</parameter>`.
+    for content in ('print("<tool_call>")', "use a <parameter=x> tag", 'f("<function=g>")'):
+        raw = write_call(f"<parameter=content>\n{content}\n</parameter>\n<parameter=path>\nx\n</parameter>\n"
+                         "<parameter=mode>\n1\n</parameter>\n")
+        check(qwen(), raw, [call(0, "write_file", {"content": content, "path": "x", "mode": 1}, raw)])
+    # Then a literal `</parameter>` in a later value does not end the first one there.
+    raw = write_call("<parameter=content>\nprint(\"<tool_call>\")\n</parameter>\n"
+                     "<parameter=path>\nreturn '</parameter>'\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"content": 'print("<tool_call>")', "path": "return '</parameter>'"}, raw)])
+
+
+def test_qwen_slips_around_markup_in_values_are_recovered():
+    # The value holding a whole call has lost its own `</parameter>`: it ends at the call's end.
+    raw = write_call(f"<parameter=path>\nf.py\n</parameter>\n<parameter=content>\n{NESTED_CALL}\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "f.py", "content": NESTED_CALL}, raw)])
+    # Values left open one after another, then text after the call.
+    raw = write_call("<parameter=path>\na\n<parameter=content>\nb\n<parameter=mode>\n1\n</parameter>\n")
+    check(qwen(), raw + "\nThat is all.", [
+        call(0, "write_file", {"path": "a", "content": "b", "mode": 1}, raw), text("That is all.")])
+
+
 def test_qwen_text_after_a_call_ends_it_where_the_output_ends():
     # `</tool_call>` and then text: nothing better comes, so the call ends there after all.
     check(qwen(), WEATHER_CALL + "\nAnd then some text.", [
