@@ -11,7 +11,7 @@ from aiohttp import web
 from opentelemetry.propagate import extract
 
 from ..engine.generation import Generation, GenerationRequest
-from ..observe.request_trace import RequestTrace
+from ..observe.telemetry import RequestTelemetry
 from .clients import conversation_id, request_attributes
 from .errors import failure_of, model_not_found
 from .keys import RUNTIME, TELEMETRY
@@ -19,7 +19,7 @@ from .media_fetch import fetch_media
 
 
 @asynccontextmanager
-async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTrace]:
+async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelemetry]:
     """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued."""
     trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers),
                                               request_attributes(http.method, http.path, http.headers))
@@ -32,7 +32,7 @@ async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTrace
         trace.end()
 
 
-async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: GenerationRequest, *, model: str,
+async def prepared(http: web.Request, trace: RequestTelemetry, body: dict, request: GenerationRequest, *, model: str,
                    stream: bool) -> Generation:
     """The generation, rendered and checked against the context: ready to run."""
     request.conversation = conversation_id(http.headers, body)
@@ -45,6 +45,6 @@ async def prepared(http: web.Request, trace: RequestTrace, body: dict, request: 
     settings = runtime.settings
     await fetch_media(request.messages, frozenset(h.lower() for h in settings.allowed_media_domains),
                       runtime.media_limits, settings.media_fetch_timeout)
-    generation = Generation(runtime, request, observer=trace)
+    generation = Generation(runtime, request, trace.observers)
     await generation.prepare()
     return generation

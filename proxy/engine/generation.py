@@ -2,7 +2,8 @@
 
 The API adapters build a `GenerationRequest`, then iterate `Generation.run()`, which yields a
 `Step` per backend token: the token event, the channel it fell in, and the deltas its text produced.
-Observers (tracing, metrics) see the same events; like everyone else, they never change them.
+Observers (spans, metrics: observer.py) see the same events; like everyone else, they never change
+them, and what a tracer adds to the request (the trace context to forward) the engine sets.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, NamedTuple
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
 from looptrace.common.jsonio import dumps
 from looptrace.families.base import THOUGHT, Rendered
 from looptrace.families.media.parts import (
@@ -27,6 +28,7 @@ from looptrace.families.media.parts import (
 from looptrace.families.media.decode import decode_audio, decode_image, decode_video, thumbnail
 
 from .errors import Refused
+from .observer import Observer
 from .runtime import Runtime
 from .stops import StopStrings
 
@@ -69,30 +71,13 @@ class Step(NamedTuple):
     deltas: list[dict]  # what the client sees of it: thinking, text, tool calls
 
 
-class Observer:
-    """Sees one generation happen (tracing, metrics); never changes it. The base class ignores everything.
-
-    `rendered` is called from the rendering thread (the event loop for a short prompt), the rest from
-    the event loop.
-    """
-
-    # `content`: False for a prompt refused for its length, whose text and ids are not kept.
-    def rendered(self, generation: "Generation", started_ns: int, ended_ns: int, content: bool = True) -> None: ...
-    def submitted(self, generation: "Generation", decode: DecodeRequest) -> None: ...
-    def upstream(self, event: UpstreamEvent) -> None: ...
-    def prefill(self, event: PrefillEvent) -> None: ...
-    def token(self, event: TokenEvent, channel: str) -> None: ...
-    def tool_call(self, delta: dict) -> None: ...
-    def finished(self, generation: "Generation") -> None: ...
-
-
 class Generation:
     """One request's run on a loaded runtime (the API awaits `runtime.ready()` first)."""
 
-    def __init__(self, runtime: Runtime, request: GenerationRequest, observer: Observer | None = None) -> None:
+    def __init__(self, runtime: Runtime, request: GenerationRequest, observers: tuple[Observer, ...] = ()) -> None:
         self.runtime = runtime
         self.request = request
-        self.observer = observer or Observer()
+        self.observers = tuple(observers)  # called in order, each with the same events
         self.rendered: Rendered | None = None
         self.prompt_ids: list[int] = []
         # Tokens after the rendered prompt that the answer starts with (a forced tool call's opening, a
@@ -161,7 +146,9 @@ class Generation:
         room = limit - len(ids)
         # A prompt refused for its length is traced by its size, not its text: what a refused request
         # stores stays small however much was sent.
-        self.observer.rendered(self, started_ns, time.time_ns(), content=room > 0)
+        ended_ns = time.time_ns()
+        for observer in self.observers:
+            observer.rendered(self, started_ns, ended_ns, content=room > 0)
         if room <= 0:
             raise Refused(_too_long(limit, str(len(ids))), param="messages", code="context_length_exceeded")
         if request.max_tokens is not None and request.max_tokens > room:
@@ -229,7 +216,7 @@ class Generation:
 
     async def run(self) -> AsyncIterator[Step]:
         runtime, request = self.runtime, self.request
-        family, observer = runtime.family, self.observer
+        family, observers = runtime.family, self.observers
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
@@ -242,7 +229,8 @@ class Generation:
                                      conversation=request.conversation,
                                      media_urls=[(p.kind, p.data_url()) for p in self.media_parts]
                                      if self.rendered.template_ids is not None else [])
-        observer.submitted(self, self._decode)
+        for observer in observers:  # what a tracer adds to the request (its traceparent), set here
+            self._decode.trace_headers.update(observer.submitted(self, self._decode))
 
         if self.forced_text:
             # The prompt already holds the answer's opening; the parser must read it as the model's own words.
@@ -266,7 +254,9 @@ class Generation:
                     self.completion_tokens += 1
                     if channel == THOUGHT:
                         self.reasoning_tokens += 1
-                    observer.token(event, channel)
+                    now_ns = time.time_ns()  # one clock read per token, whatever the observers
+                    for observer in observers:
+                        observer.token(event, channel, now_ns)
                     yield Step(event, channel, deltas)
                     if stops is not None and stops.hit:
                         stopped_by = "stop"
@@ -276,11 +266,13 @@ class Generation:
                         break
                 elif kind == "prefill":
                     self.prefill_event = event
-                    observer.prefill(event)
+                    for observer in observers:
+                        observer.prefill(event)
                 elif kind == "done":
                     self.done_event = event
                 elif kind == "upstream":
-                    observer.upstream(event)
+                    for observer in observers:
+                        observer.upstream(event)
         finally:
             self._decode.cancel.set()
 
@@ -289,7 +281,8 @@ class Generation:
         if tail:
             yield Step(None, None, tail)
         self.finish_reason = self._finish_reason(stopped_by)
-        observer.finished(self)
+        for observer in observers:
+            observer.finished(self)
 
     def cancel(self) -> None:
         if self._decode is not None:
@@ -325,9 +318,11 @@ class Generation:
                     out.append({"type": "text", "text": delta["raw"]})
                     continue
                 self.tool_calls.append(delta)
-                self.observer.tool_call(delta)
+                for observer in self.observers:
+                    observer.tool_call(delta)
             elif kind == "tool_call_unparsed":
-                self.observer.tool_call(delta)
+                for observer in self.observers:
+                    observer.tool_call(delta)
             out.append(delta)
         return out
 

@@ -1,7 +1,8 @@
 """The process's tracing and metrics: one tracer, one registry, one store, shared by all requests.
 
-Each request gets a `RequestTrace` (request_trace.py) from `start_request`: the API layer opens it
-when a request arrives and ends it when the handler returns.
+Each request gets a `RequestTelemetry` from `start_request`: the API layer opens it when a request
+arrives and ends it when the handler returns. It holds the request's two observers, its spans
+(request_spans.py) and its metrics (request_metrics.py), which the engine's Generation is given.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from ..settings import Settings
 from .conversations import Conversations
 from .feed import LiveFeed
 from .metrics import Metrics
-from .request_trace import RequestTrace
+from .request_metrics import RequestMetrics
+from .request_spans import RequestSpans
 
 
 class Telemetry:
@@ -37,10 +39,11 @@ class Telemetry:
         self.tracer = self.provider.get_tracer("looptrace")
         self.conversations = Conversations()
 
-    def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTrace:
+    def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTelemetry:
         """`attributes`: what the API knows of the HTTP request (method, path, the client)."""
-        return RequestTrace(self.tracer, self.metrics, self.conversations, content=self.content,
-                            endpoint=endpoint, parent=parent, attributes=attributes)
+        spans = RequestSpans(self.tracer, self.conversations, content=self.content, endpoint=endpoint,
+                             parent=parent, attributes=attributes)
+        return RequestTelemetry(spans, RequestMetrics(self.metrics, endpoint=endpoint, trace_id=spans.trace_id))
 
     def flush(self, timeout: float = 10) -> bool:
         return all(p.force_flush(int(timeout * 1000)) for p in self.processors)
@@ -48,3 +51,43 @@ class Telemetry:
     def close(self) -> None:
         self.flush(5)
         self.provider.shutdown()
+
+
+class RequestTelemetry:
+    """One request's spans and metrics, as the API layer talks to them: what the adapter learns of the
+    request goes to whichever needs it, and `observers` is what the request's Generation is given."""
+
+    def __init__(self, spans: RequestSpans, metrics: RequestMetrics) -> None:
+        self.spans = spans
+        self.metrics = metrics
+        self.observers = (spans, metrics)
+        self.trace_id = spans.trace_id  # None when the trace is kept nowhere
+        self.status = 200
+        self.error_type: str | None = None
+
+    def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
+        self.spans.requested(model, stream=stream, conversation=conversation)
+        self.metrics.requested(model)
+
+    def checked(self) -> None:
+        """The model asked for is the one served: from here on it labels the request's metrics.
+        Until then it is "unknown", so that no string a client sends becomes a label value."""
+        self.metrics.checked()
+
+    def responded(self, response_id: str) -> None:
+        self.spans.responded(response_id)
+
+    def forked(self, original: dict, index: int, replacement: list[int]) -> None:
+        self.spans.forked(original, index, replacement)
+
+    def fail(self, status: int, error_type: str) -> None:
+        """The request ended in an error: its HTTP status (499: the client left) and what it was."""
+        self.status, self.error_type = status, error_type
+
+    def stream_failed(self, code: str) -> None:
+        """An error after the status line went out: the status stays, the span says what broke."""
+        self.error_type = code
+
+    def end(self) -> None:
+        self.spans.end(self.status, self.error_type)
+        self.metrics.end(self.status, self.error_type)

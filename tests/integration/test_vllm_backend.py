@@ -154,7 +154,7 @@ def test_greedy_events_equal_the_local_backends(fresh, local, scale_out, route):
 def test_traceparent_reaches_the_server_as_set(fresh, local):
     tokenizer, local_backend = local
     prompt = chat_prompt_ids(tokenizer)
-    with_context = DecodeRequest(prompt, 2, GREEDY, frozenset(), traceparent=TRACEPARENT)
+    with_context = DecodeRequest(prompt, 2, GREEDY, frozenset(), trace_headers={"traceparent": TRACEPARENT})
     without = DecodeRequest(prompt, 2, GREEDY, frozenset())
     through_vllm(fresh, local_backend.vocab, [with_context, without])
     first, second = generations(fresh, protocol.GENERATE)

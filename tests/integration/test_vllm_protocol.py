@@ -154,7 +154,7 @@ def test_the_models_read_from_the_wheel_are_complete(vllm_models):
 
 def sample_request() -> DecodeRequest:
     return DecodeRequest([1, 2, 3], 7, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=5, presence_penalty=1.5),
-                         frozenset({248046, 248044}), traceparent=TRACEPARENT)
+                         frozenset({248046, 248044}), trace_headers={"traceparent": TRACEPARENT})
 
 
 def test_completions_request_fields_are_vllms(vllm_models):

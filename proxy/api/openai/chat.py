@@ -9,9 +9,10 @@ from contextlib import aclosing
 from aiohttp import web
 
 from looptrace.backends.base import BackendError
+from looptrace.common import attributes as attr
 
 from ...engine.generation import Generation
-from ...observe.request_trace import RequestTrace
+from ...observe.telemetry import RequestTelemetry
 from .. import streaming
 from .chat_request import parse_chat
 from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
@@ -26,7 +27,7 @@ KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    async with traced(request, "chat") as trace:
+    async with traced(request, attr.ENDPOINT_CHAT) as trace:
         body = await json_body(request)
         generation_request, options = parse_chat(body)
         generation = await prepared(request, trace, body, generation_request, model=options.model,
@@ -50,7 +51,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
-                  trace: RequestTrace) -> web.StreamResponse:
+                  trace: RequestTelemetry) -> web.StreamResponse:
     async with aclosing(generation.run()) as steps, first_step(steps) as first:
         await wait_before_opening(first)
         response = web.StreamResponse(headers=SSE_HEADERS)

@@ -10,9 +10,10 @@ from contextlib import aclosing
 from aiohttp import web
 
 from looptrace.backends.base import BackendError
+from looptrace.common import attributes as attr
 
 from ...engine.generation import Generation
-from ...observe.request_trace import RequestTrace
+from ...observe.telemetry import RequestTelemetry
 from .. import streaming
 from ..serving import prepared, traced
 from ..keys import RESPONSE_STORE
@@ -25,7 +26,7 @@ log = logging.getLogger("looptrace")
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    async with traced(request, "responses") as trace:
+    async with traced(request, attr.ENDPOINT_RESPONSES) as trace:
         store = request.app[RESPONSE_STORE]
         body = await json_body(request)
         previous_id = field(body, "previous_response_id", str, "previous_response_id")
@@ -62,7 +63,7 @@ async def delete_response(request: web.Request) -> web.Response:
 
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
-                  trace: RequestTrace) -> web.StreamResponse:
+                  trace: RequestTelemetry) -> web.StreamResponse:
     async with aclosing(generation.run()) as steps, first_step(steps) as first:
         await wait_before_opening(first)
         response = web.StreamResponse(headers=SSE_HEADERS)
@@ -76,7 +77,7 @@ async def _stream(request: web.Request, generation: Generation, builder: Respons
 
 
 async def _relay(steps, first: asyncio.Future, out: FrameWriter, builder: ResponseBuilder, generation: Generation,
-                 trace: RequestTrace) -> None:
+                 trace: RequestTelemetry) -> None:
     await out.opening(builder.start(), first)
     # `response.in_progress` after every interval of silence, for the whole stream.
     pacer = asyncio.create_task(_keep_alive(out, builder))

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
+from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.trace_store.schema import request_span
 
@@ -34,7 +35,7 @@ DEFAULT_MAX_TOKENS = 1024  # when the original request said none
 
 
 async def fork_trace(request: web.Request) -> web.Response:
-    async with traced(request, "fork") as trace:
+    async with traced(request, attr.ENDPOINT_FORK) as trace:
         body = await json_body(request)
         index, token_id, text = _what(body)
         max_tokens = field(body, "max_tokens", int, "max_tokens")
@@ -68,7 +69,7 @@ async def fork_trace(request: web.Request) -> web.Response:
         generation = Generation(runtime, GenerationRequest(
             messages=[], tools=original.tools, max_tokens=min(max_tokens, room), stored=stored,
             temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k,
-            seed=seed(body)), observer=trace)
+            seed=seed(body)), trace.observers)
         await generation.prepare()
         collector = ChatCollector(runtime.model_name, None)
         tokens: list[dict] = []
@@ -114,29 +115,29 @@ class Original(NamedTuple):
 
 def _original(trace: dict, runtime: Runtime) -> Original:
     """What the stored request ran, or a 4xx saying why this trace cannot be forked."""
-    spans = {s["name"]: s for s in trace["spans"] if s["name"] in ("render", "decode")}
+    spans = {s["name"]: s for s in trace["spans"] if s["name"] in (attr.SPAN_RENDER, attr.SPAN_DECODE)}
     root = request_span(trace["spans"])
     attrs = root["attributes"] if root else {}
-    model = attrs.get("gen_ai.request.model")
+    model = attrs.get(attr.GEN_AI_REQUEST_MODEL)
     if model != runtime.model_name:
         raise APIError(409, f"This trace is of the model {model!r}; this server serves {runtime.model_name!r}, "
                        "whose tokens would mean something else.", param="trace_id", code="model_mismatch")
-    render = spans.get("render", {}).get("attributes", {})
-    tokens = spans.get("decode", {}).get("tokens", [])
-    if render.get("looptrace.prompt.media"):
+    render = spans.get(attr.SPAN_RENDER, {}).get("attributes", {})
+    tokens = spans.get(attr.SPAN_DECODE, {}).get("tokens", [])
+    if render.get(attr.PROMPT_MEDIA):
         raise invalid("This trace's prompt held images or audio, whose bytes a trace does not keep: its media tokens "
                       "alone would mean nothing to the model, so it cannot be run again.", param="trace_id",
                       code="trace_with_media")
-    ids = render.get("looptrace.prompt.ids")
+    ids = render.get(attr.PROMPT_IDS)
     if ids is None or any("id" not in t for t in tokens):
         raise invalid("This trace was recorded with --no-trace-content: its token ids were not kept, so it "
                       "cannot be run again.", param="trace_id", code="trace_without_content")
-    cut = len(ids) - render.get("looptrace.prompt.forced_tokens", 0)
-    definitions = attrs.get("gen_ai.tool.definitions")
+    cut = len(ids) - render.get(attr.PROMPT_FORCED_TOKENS, 0)
+    definitions = attrs.get(attr.GEN_AI_TOOL_DEFINITIONS)
     tools = [{"type": "function", "function": {k: d[k] for k in ("name", "description", "parameters") if k in d}}
              for d in loads(definitions)] if definitions else None
-    return Original(ids[:cut], ids[cut:], bool(render.get("looptrace.prompt.thinking")), [t["id"] for t in tokens],
-                    tools, attrs.get("gen_ai.request.max_tokens"))
+    return Original(ids[:cut], ids[cut:], bool(render.get(attr.PROMPT_THINKING)), [t["id"] for t in tokens],
+                    tools, attrs.get(attr.GEN_AI_REQUEST_MAX_TOKENS))
 
 
 def _token(token_id: int, runtime: Runtime) -> int:

@@ -1,0 +1,200 @@
+"""Every name looptrace writes or reads on a trace, and every metric it serves, in one place.
+
+Span names, span attributes, span event names and event attributes, then the Prometheus metric
+families. The writers (proxy/observe/request_spans.py, request_metrics.py, metrics.py, api/clients.py)
+and the readers (the trace store, the trace viewer's API, forks) import these constants and never
+type a name themselves, so a reader cannot look for a name nobody writes
+(tests/unit/test_attribute_catalog.py checks that no other module does, and that README's span and
+metric tables name exactly these).
+
+A constant is the name itself, upper-cased, dots as underscores, less the `looptrace.` namespace
+of our own extensions: `gen_ai.request.model` is GEN_AI_REQUEST_MODEL, `looptrace.prompt.ids`
+PROMPT_IDS. Span names start SPAN_, event names EVENT_, metric names METRIC_.
+"""
+
+from __future__ import annotations
+
+# -- span names ---------------------------------------------------------------------------------
+
+# A request's own (server) span is named "{endpoint} {model}", its endpoint one of these.
+ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
+ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
+ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
+SPAN_RENDER = "render"  # the prompt rendered with the checkpoint's chat template, and tokenized
+SPAN_PREFILL = "prefill"  # from submission to the first token
+SPAN_DECODE = "decode"  # the backend call: every generated token
+SPAN_EXECUTE_TOOL = "execute_tool"  # one tool call the model made; "execute_tool {name}" once it parsed
+
+# -- the OpenTelemetry GenAI conventions' own names -----------------------------------------------
+
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat" on a request span, "execute_tool" on a tool's
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"  # always "looptrace"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"  # the agent session, from the client's headers or body
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"  # the model the client asked for
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"  # whether the answer was streamed
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"  # the temperature used (the family's default if unset)
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"  # nucleus sampling's p, as used
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"  # top-k, as used (0: off)
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"  # the most tokens the answer could have had
+GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"  # OpenAI's presence penalty
+GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"  # OpenAI's frequency penalty
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"  # the client's seed, when it sent one
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"  # the answer's id as the client received it (chatcmpl-…, resp_…)
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"  # the model that answered
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"  # why the answer ended, as the client was told
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"  # prompt tokens
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"  # generated tokens
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # of which in the thinking channel
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prompt tokens from a prefix cache
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # prompt tokens added to one
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON: the leading system messages, as parts
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: the rest of the conversation, role and parts per message
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: the answer (reasoning, text, tool calls, finish reason)
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"  # JSON: the tools offered
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # the function a tool call names
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"  # a tool call's id, which its result quotes back
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"  # always "function"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # the call's arguments, as JSON text
+
+# -- other OpenTelemetry conventions ---------------------------------------------------------------
+
+HTTP_REQUEST_METHOD = "http.request.method"  # the request's HTTP method
+URL_PATH = "url.path"  # the request's path
+USER_AGENT_ORIGINAL = "user_agent.original"  # the client's User-Agent header, whole
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"  # the status the client got (499: it left)
+ERROR_TYPE = "error.type"  # what failed: an error code of the API, or of a vLLM server
+SERVER_ADDRESS = "server.address"  # the vLLM server a decode went to: its host
+SERVER_PORT = "server.port"  # and its port
+
+# -- looptrace.* on a request's span ---------------------------------------------------------------
+
+ENDPOINT = "looptrace.endpoint"  # the endpoint (ENDPOINT_*); set on the request's span only, which it marks
+CLIENT_NAME = "looptrace.client.name"  # the client, from its User-Agent (codex_exec, pi, …)
+CLIENT_VERSION = "looptrace.client.version"  # and its version
+USAGE_CACHED_TOKENS = "looptrace.usage.cached_tokens"  # prompt tokens served from a prefix cache
+INPUT_NEW_FROM = "looptrace.input.new_from"  # index of the first message new since the conversation's last request
+INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages, as gen_ai.input.messages has them
+LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from")
+
+# -- looptrace.* of a fork (on its request span) ---------------------------------------------------
+
+FORK_TRACE_ID = "looptrace.fork.trace_id"  # the trace this request runs again
+FORK_INDEX = "looptrace.fork.index"  # the generated token it replaced, and went on from
+FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in its place
+
+# -- looptrace.* on the render span ----------------------------------------------------------------
+
+FAMILY = "looptrace.family"  # the model family that rendered the prompt
+TEMPLATE_SHA256 = "looptrace.template.sha256"  # digest of the chat template it used
+PROMPT_TEXT = "looptrace.prompt.text"  # the exact prompt, as the model read it
+PROMPT_IDS = "looptrace.prompt.ids"  # its token ids
+PROMPT_TOKENS = "looptrace.prompt.tokens"  # how many
+PROMPT_NEW_OFFSET = "looptrace.prompt.new_offset"  # where the part new since the conversation's last request starts
+PROMPT_NEW_TEXT = "looptrace.prompt.new_text"  # that part's text
+PROMPT_THINKING = "looptrace.prompt.thinking"  # whether the prompt leaves the model thinking
+PROMPT_MERGED_SYSTEM_MESSAGES = "looptrace.prompt.merged_system_messages"  # system messages merged into one
+PROMPT_FORCED_TOKENS = "looptrace.prompt.forced_tokens"  # tokens of the answer's forced opening, at the prompt's end
+PROMPT_FORCED_PREFIX = "looptrace.prompt.forced_prefix"  # that opening's text (a forced tool call's)
+PROMPT_NOT_KEPT = "looptrace.prompt.not_kept"  # why text and ids are missing: "past_context" (refused for its length)
+PROMPT_MEDIA = "looptrace.prompt.media"  # JSON: each attached item (kind, MIME type, size, sha256, tokens, thumbnail)
+PROMPT_MEDIA_TOKENS = "looptrace.prompt.media.{kind}_tokens"  # prompt tokens the items of one kind became
+
+
+def prompt_media_tokens(kind: str) -> str:
+    """PROMPT_MEDIA_TOKENS for one kind of item (image, audio, video)."""
+    return PROMPT_MEDIA_TOKENS.format(kind=kind)
+
+
+EVENT_TOOL_RESULT = "looptrace.tool_result"  # on the render span: a tool's result, answering a call traced earlier
+# Its attributes: GEN_AI_TOOL_CALL_ID and GEN_AI_TOOL_NAME of the call, and TOOL_RESULT.
+
+# -- looptrace.* on the prefill span ---------------------------------------------------------------
+
+PREFILL_PROMPT_TOKENS = "looptrace.prefill.prompt_tokens"  # prompt tokens the backend read
+PREFILL_CACHED_TOKENS = "looptrace.prefill.cached_tokens"  # of which served from a prefix cache
+PREFILL_SECONDS = "looptrace.prefill.seconds"  # the backend's own prefill time
+PREFILL_UPSTREAM_PROMPT_TOKENS = "looptrace.prefill.upstream_prompt_tokens"  # vLLM's prompt length, media expanded
+PREFILL_UPSTREAM_DIFFERS_AT = "looptrace.prefill.upstream_differs_at"  # where vLLM's prompt first differs from ours
+
+# -- looptrace.* on the decode span ----------------------------------------------------------------
+
+BACKEND = "looptrace.backend"  # the backend that produced the tokens (local, llama.cpp, vllm, replay)
+BACKEND_ROUTE = "looptrace.backend.route"  # how it asked for them, where it has several ways (vLLM's routes)
+DECODE_TOKENS = "looptrace.decode.tokens"  # tokens generated
+DECODE_SECONDS = "looptrace.decode.seconds"  # from the first token to the last
+DECODE_TOKENS_PER_SECOND = "looptrace.decode.tokens_per_second"  # tokens after the first ÷ that time
+DECODE_BACKEND_FINISH_REASON = "looptrace.decode.backend_finish_reason"  # why the backend stopped (stop, length, …)
+SPEC_DRAFTS = "looptrace.spec.drafts"  # speculative decoding: draft proposals made
+SPEC_DRAFTED_TOKENS = "looptrace.spec.drafted_tokens"  # tokens the drafts proposed
+SPEC_ACCEPTED_TOKENS = "looptrace.spec.accepted_tokens"  # of which the target model accepted
+
+# -- looptrace.* of a vLLM server, on the decode span ----------------------------------------------
+
+UPSTREAM_MOVED_FROM = "looptrace.upstream.moved_from"  # the other server the conversation's last request went to
+EVENT_UPSTREAM_RETRY = "looptrace.upstream.retry"  # a server failed before the first token, and another was tried
+UPSTREAM_FAILED = "looptrace.upstream.failed"  # on that event: the server that failed (and ERROR_TYPE, its code)
+UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server said
+
+# -- the decode span's token events ---------------------------------------------------------------
+
+EVENT_TOKENS = "looptrace.tokens"  # up to 64 generated tokens, as parallel arrays of the columns below
+TOKENS_PREFIX = "looptrace.tokens."  # what every column's name starts with
+TOKENS_INDEX = "looptrace.tokens.index"  # the token's position in the answer
+TOKENS_TIME_UNIX_NANO = "looptrace.tokens.time_unix_nano"  # when it arrived
+TOKENS_ID = "looptrace.tokens.id"  # its id
+TOKENS_PIECE = "looptrace.tokens.piece"  # its vocabulary entry
+TOKENS_TEXT = "looptrace.tokens.text"  # its share of the decoded answer
+TOKENS_SPECIAL = "looptrace.tokens.special"  # whether it is a special token
+TOKENS_CHANNEL = "looptrace.tokens.channel"  # where it fell: thought, content, tool_call
+TOKENS_P = "looptrace.tokens.p"  # the model's probability of it, at temperature 1
+TOKENS_LOGPROB = "looptrace.tokens.logprob"  # and its log
+TOKENS_RANK = "looptrace.tokens.rank"  # its rank among the model's candidates (1: the most likely)
+TOKENS_TOP_IDS = "looptrace.tokens.top_ids"  # the five most likely tokens' ids (TOP_N per token, padded with -1)
+TOKENS_TOP_PIECES = "looptrace.tokens.top_pieces"  # their vocabulary entries (TOP_N per token)
+TOKENS_TOP_P = "looptrace.tokens.top_p"  # their probabilities (TOP_N per token; -1 marks padding)
+TOKENS_DRAFTED = "looptrace.tokens.drafted"  # speculative decoding: 1 where a drafted token stood here
+TOKENS_ACCEPTED = "looptrace.tokens.accepted"  # 1 where the draft was accepted
+
+TOKENS_COLUMNS = (TOKENS_INDEX, TOKENS_TIME_UNIX_NANO, TOKENS_ID, TOKENS_PIECE, TOKENS_TEXT, TOKENS_SPECIAL,
+                  TOKENS_CHANNEL, TOKENS_P, TOKENS_LOGPROB, TOKENS_RANK, TOKENS_TOP_IDS, TOKENS_TOP_PIECES,
+                  TOKENS_TOP_P, TOKENS_DRAFTED, TOKENS_ACCEPTED)  # in the order the arrays are kept
+# Left out with --no-trace-content:
+TOKENS_CONTENT_COLUMNS = (TOKENS_ID, TOKENS_PIECE, TOKENS_TEXT, TOKENS_TOP_IDS, TOKENS_TOP_PIECES)
+TOKENS_TOP_COLUMNS = (TOKENS_TOP_IDS, TOKENS_TOP_PIECES, TOKENS_TOP_P)  # TOP_N entries per token
+
+# -- looptrace.* on an execute_tool span -----------------------------------------------------------
+
+TOOL_OUTCOME = "looptrace.tool.outcome"  # valid, invalid_args, unknown_tool or unparsed
+TOOL_INDEX = "looptrace.tool.index"  # the call's place among the answer's calls
+TOOL_RAW = "looptrace.tool.raw"  # the call as the model wrote it
+TOOL_RESULT = "looptrace.tool.result"  # the tool's result, from the later request that carried it (added in the store)
+TOOL_RESULT_TRACE_ID = "looptrace.tool.result_trace_id"  # that later request's trace (added in the store)
+
+# -- Prometheus metric families (GET /metrics; a counter's samples end in _total) -------------------
+
+METRIC_REQUESTS = "looptrace_requests"  # requests finished, by endpoint and HTTP status
+METRIC_PROMPT_TOKENS = "looptrace_prompt_tokens"  # prompt tokens read
+METRIC_PROMPT_CACHED_TOKENS = "looptrace_prompt_cached_tokens"  # prompt tokens served from a prefix cache
+METRIC_GENERATION_TOKENS = "looptrace_generation_tokens"  # tokens generated, by channel
+METRIC_TIME_TO_FIRST_TOKEN = "looptrace_time_to_first_token_seconds"  # request arrival → first token
+METRIC_INTER_TOKEN_LATENCY = "looptrace_inter_token_latency_seconds"  # between consecutive tokens
+METRIC_REQUEST_DURATION = "looptrace_request_duration_seconds"  # request arrival → end
+METRIC_DECODE_TOKENS_PER_SECOND = "looptrace_decode_tokens_per_second"  # each request's decode speed
+METRIC_SPEC_DECODE_DRAFT_TOKENS = "looptrace_spec_decode_draft_tokens"  # tokens proposed by a draft model
+METRIC_SPEC_DECODE_ACCEPTED_TOKENS = "looptrace_spec_decode_accepted_tokens"  # draft tokens accepted
+METRIC_SPEC_DECODE_DRAFTS = "looptrace_spec_decode_drafts"  # draft proposals made
+METRIC_MEDIA_ITEMS = "looptrace_media_items"  # attached items that reached the model, by kind
+METRIC_MEDIA_TOKENS = "looptrace_media_tokens"  # prompt tokens those items became, by kind
+METRIC_TOOL_CALLS = "looptrace_tool_calls"  # tool calls the model made, by outcome
+METRIC_UPSTREAM_REQUESTS = "looptrace_upstream_requests"  # requests sent to each vLLM server
+METRIC_UPSTREAM_ERRORS = "looptrace_upstream_errors"  # requests a vLLM server failed, by error code
+METRIC_UPSTREAM_GENERATION_TOKENS = "looptrace_upstream_generation_tokens"  # tokens each vLLM server generated
+METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN = "looptrace_upstream_time_to_first_token_seconds"  # the same, by server
+METRIC_UPSTREAM_SESSIONS_MOVED = "looptrace_upstream_sessions_moved"  # conversations moved, by the server left
+METRIC_UPSTREAM_UP = "looptrace_upstream_up"  # 1 while a vLLM server takes requests
+METRIC_UPSTREAM_REQUESTS_RUNNING = "looptrace_upstream_requests_running"  # requests streaming from each server
+METRIC_REQUESTS_RUNNING = "looptrace_requests_running"  # requests being decoded
+METRIC_REQUESTS_WAITING = "looptrace_requests_waiting"  # requests queued for the model
+METRIC_TRACE_SPANS_DROPPED = "looptrace_trace_spans_dropped"  # spans a trace sink lost, by sink
+METRIC_TRACE_QUEUE_SPANS = "looptrace_trace_queue_spans"  # finished spans waiting for a trace sink
+METRIC_TRACE_QUEUE_BYTES = "looptrace_trace_queue_bytes"  # what those spans hold, estimated

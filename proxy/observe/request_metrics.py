@@ -1,0 +1,150 @@
+"""One request's metrics, fed by the Generation it watches (an Observer: engine/observer.py).
+
+The generation's series are labelled by the model the client asked for (checked by then: a request
+for another model is refused before it generates); the request's own, `looptrace_requests` and
+`looptrace_request_duration_seconds`, by the served model once it was checked, else "unknown", so
+that no string a client sends becomes a label value. Histograms carry the trace's id as an
+exemplar, when the trace is kept somewhere.
+
+The per-token path (`token`) is two appends; time to first token is observed at the first token,
+inter-token gaps and token counts once per group of GROUP tokens (the decode span's token events
+are grouped the same way), where the work is done in bulk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from looptrace.backends.base import DecodeRequest
+from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.trace_store.tokens import GROUP
+
+from ..engine.generation import Generation
+from ..engine.observer import Observer
+from .metrics import Metrics, observe_all
+
+
+class RequestMetrics(Observer):
+    def __init__(self, metrics: Metrics, *, endpoint: str, trace_id: str | None) -> None:
+        self.metrics = metrics
+        self.endpoint = endpoint
+        self.model = ""  # the model asked for: the label of the generation's series
+        self._label = "unknown"  # the `model` label of the request's own series: the served model, once checked
+        self.started = time.perf_counter()
+        self._started_ns = time.time_ns()  # on the clock the engine stamps tokens with
+        self._exemplar = {"trace_id": trace_id} if trace_id else None
+        self._server: str | None = None  # the vLLM server the tokens come from, once the backend says
+        self._prefill: PrefillEvent | None = None  # until its cached tokens are counted
+        self._itl = None  # the inter-token latency's child, from submission
+        self._max_itl = 0.0
+        # Arrival times and channels of the tokens since the last group was counted; the arrival of
+        # the last token counted before them (None: none yet, the next is the first).
+        self._times: list[int] = []
+        self._channels: list[str] = []
+        self._last_ns: int | None = None
+
+    def requested(self, model: str) -> None:
+        self.model = model
+
+    def checked(self) -> None:
+        """The model asked for is the one served: from here on it labels the request's own series."""
+        self._label = self.model
+
+    # -- the generation --
+
+    def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:
+        runs, model = generation.media_runs, self.model
+        for n, part in enumerate(generation.media_parts):
+            self.metrics.media_items.labels(model, part.kind).inc()
+            self.metrics.media_tokens.labels(model, part.kind).inc(runs[n][2] if n < len(runs) else 0)
+
+    def submitted(self, generation: Generation, decode: DecodeRequest) -> dict[str, str]:
+        self._itl = self.metrics.itl.labels(self.model)
+        return {}
+
+    def upstream(self, event: UpstreamEvent) -> None:
+        server = self._server = event["server"]
+        metrics = self.metrics
+        metrics.upstream_requests.labels(self.model, server).inc()
+        if event["moved_from"]:
+            metrics.upstream_moved.labels(self.model, event["moved_from"]).inc()
+        retry = event["retry_after"]
+        if retry:
+            metrics.upstream_errors.labels(self.model, retry["server"], retry["code"]).inc()
+
+    def prefill(self, event: PrefillEvent) -> None:
+        self._prefill = event
+        self.metrics.prompt_tokens.labels(self.model).inc(event["prompt_tokens"])
+
+    def _count_cached(self, cached: int | None) -> None:
+        """Once per prefill, when its cached tokens are known (a vLLM server says only at the end)."""
+        if self._prefill is None:
+            return
+        self._prefill = None
+        if cached:
+            self.metrics.cached_tokens.labels(self.model).inc(cached)
+
+    def token(self, event: TokenEvent, channel: str, now_ns: int) -> None:
+        times = self._times
+        times.append(now_ns)
+        self._channels.append(channel)
+        if len(times) >= GROUP:
+            self._flush_tokens()
+        elif self._last_ns is None and len(times) == 1:
+            self._first_token(now_ns)
+
+    def _first_token(self, now_ns: int) -> None:
+        seconds = (now_ns - self._started_ns) / 1e9
+        self.metrics.ttft.labels(self.model, self.endpoint).observe(seconds, self._exemplar)
+        if self._server is not None:
+            self.metrics.upstream_ttft.labels(self.model, self._server).observe(seconds, self._exemplar)
+
+    def _flush_tokens(self) -> None:
+        times, channels = self._times, self._channels
+        if not times:
+            return
+        self._times, self._channels = [], []
+        before = times if self._last_ns is None else [self._last_ns, *times]
+        self._last_ns = times[-1]
+        gaps = [(b - a) / 1e9 for a, b in zip(before, before[1:])]
+        itl = self._itl
+        slowest = max(gaps, default=0.0)
+        if slowest > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
+            self._max_itl = slowest
+            gaps.remove(slowest)
+            itl.observe(slowest, self._exemplar)
+        observe_all(itl, gaps)
+        for channel, count in Counter(channels).items():
+            self.metrics.generation_tokens.labels(self.model, channel).inc(count)
+        if self._server is not None:
+            self.metrics.upstream_tokens.labels(self.model, self._server).inc(len(times))
+
+    def tool_call(self, delta: dict) -> None:
+        outcome = "unparsed" if delta["type"] == "tool_call_unparsed" else delta["outcome"]
+        self.metrics.tool_calls.labels(self.model, outcome).inc()
+
+    def finished(self, generation: Generation) -> None:
+        done = generation.done_event or {}
+        self._count_cached(generation.cached_tokens)
+        rate = done.get("tokens_per_second", 0.0)
+        if rate:
+            self.metrics.decode_rate.labels(self.model).observe(rate, self._exemplar)
+        if done.get("drafted"):
+            self.metrics.spec_draft_tokens.labels(self.model).inc(done["drafted"])
+            self.metrics.spec_accepted_tokens.labels(self.model).inc(done["accepted"])
+            self.metrics.spec_drafts.labels(self.model).inc(done["drafts"])
+        self._flush_tokens()
+
+    # -- the request's end --
+
+    def end(self, status: int, error_type: str | None) -> None:
+        """The request ended with this HTTP status (499: the client left), and this error, if one."""
+        if self._prefill is not None:  # the generation never finished: cached tokens as far as they are known
+            self._count_cached(self._prefill["cached_tokens"])
+        if error_type and self._server is not None and error_type.startswith("upstream_"):  # the server's failure
+            self.metrics.upstream_errors.labels(self.model, self._server, error_type).inc()
+        self._flush_tokens()
+        seconds = time.perf_counter() - self.started
+        self.metrics.requests.labels(self._label, self.endpoint, str(status)).inc()
+        self.metrics.duration.labels(self._label, self.endpoint).observe(seconds, self._exemplar)

@@ -1,0 +1,411 @@
+"""One request's spans, fed by the Generation it watches (an Observer: engine/observer.py).
+
+Span tree, one trace per request (an incoming traceparent is continued):
+
+    chat {model} | responses {model}      server span: request, usage, finish reasons, status
+    ├── render                            the exact prompt, its ids, what is new in this conversation
+    ├── prefill                           submission → first token: prompt and cached tokens
+    ├── decode                            the backend call (its traceparent goes upstream), token events;
+    │                                     with vLLM, the server (server.address, .port) and any retry
+    └── execute_tool {name}               one per tool call the model made
+
+Every name is a constant of common/attributes.py. The per-token path (`token`) is three appends;
+the decode span gets its token events in groups (trace_store/tokens.py), built in bulk.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import logging
+import time
+from math import exp
+from types import MappingProxyType
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagate import inject
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+
+from looptrace.backends.base import DecodeRequest
+from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.common import attributes as attr
+from looptrace.common.jsonio import dumps
+from looptrace.common.sequences import common_prefix
+from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.tokens import GROUP
+
+from ..engine.generation import Generation
+from ..engine.observer import Observer
+from . import genai
+from .conversations import Conversations
+
+log = logging.getLogger("looptrace")
+
+
+class RequestSpans(Observer):
+    def __init__(self, tracer: Tracer, conversations: Conversations, *, content: bool, endpoint: str,
+                 parent: Context | None, attributes: dict) -> None:
+        self.tracer = tracer
+        self.conversations = conversations
+        self.content = content
+        self.endpoint = endpoint
+        self.model = ""
+        self.conversation: str | None = None
+        self.span = tracer.start_span(
+            endpoint, context=parent, kind=SpanKind.SERVER,
+            attributes={attr.ENDPOINT: endpoint, attr.GEN_AI_PROVIDER_NAME: "looptrace",
+                        attr.GEN_AI_OPERATION_NAME: "chat", **attributes},
+        )
+        # Exemplars point at traces only when the trace is kept somewhere.
+        self.trace_id = format(self.span.get_span_context().trace_id, "032x") if self.span.is_recording() else None
+        self._context = trace.set_span_in_context(self.span)
+        self._decode_span = None
+        self._submitted_ns = 0
+        self._prefill: PrefillEvent | None = None  # its span is made at the end, when cached tokens are known
+        self._prefill_ns = 0
+        # Token events since the last group was recorded, with what this trace adds to each: the
+        # channel and the wall-clock time. Events themselves are never written to.
+        self._pending: list[TokenEvent] = []
+        self._channels: list[str] = []
+        self._times: list[int] = []
+        self._recording = False
+        self._output_ids: list[int] = []
+
+    # -- what the adapter knows --
+
+    def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
+        self.model, self.conversation = model, conversation
+        self.span.update_name(f"{self.endpoint} {model}")
+        self.span.set_attributes({attr.GEN_AI_REQUEST_MODEL: model, attr.GEN_AI_REQUEST_STREAM: stream})
+        if conversation:
+            self.span.set_attribute(attr.GEN_AI_CONVERSATION_ID, conversation)
+
+    def responded(self, response_id: str) -> None:
+        self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
+
+    def forked(self, original: dict, index: int, replacement: list[int]) -> None:
+        """This request runs a stored one again from its token `index`: linked to it, and saying where."""
+        root = request_span(original["spans"])
+        if root is not None:
+            context = SpanContext(int(original["trace_id"], 16), int(root["span_id"], 16), is_remote=True,
+                                  trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            self.span.add_link(context, {attr.LINK: "forked_from"})
+        attributes = {attr.FORK_TRACE_ID: original["trace_id"], attr.FORK_INDEX: index}
+        if self.content:
+            attributes[attr.FORK_REPLACEMENT_IDS] = replacement
+        self.span.set_attributes(attributes)
+
+    # -- the generation --
+
+    def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:
+        runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
+        content = content and self.content
+        tokenizer = runtime.tokenizer
+        results, links = self._tool_results(generation.request.messages, content)
+        seen = self.conversations.seen(self.conversation) if self.conversation else None
+        new_at = common_prefix(seen, ids) if seen else 0
+        attributes = {
+            attr.FAMILY: runtime.family.name,
+            attr.TEMPLATE_SHA256: _template_hash(tokenizer),
+            attr.PROMPT_TOKENS: len(ids),
+            attr.PROMPT_NEW_OFFSET: new_at,
+            attr.PROMPT_THINKING: rendered.thinking,
+        }
+        if rendered.merged_system:
+            attributes[attr.PROMPT_MERGED_SYSTEM_MESSAGES] = rendered.merged_system
+        if generation.media_parts:  # a prompt of text alone holds no media tokens: a typed one is text
+            items = _media_items(generation, content)
+            attributes[attr.PROMPT_MEDIA] = dumps(items)
+            for item in items:
+                key = attr.prompt_media_tokens(item["kind"])
+                attributes[key] = attributes.get(key, 0) + item["tokens"]
+        if generation.forced_ids:  # the answer's forced opening, at the end of the prompt ids
+            attributes[attr.PROMPT_FORCED_TOKENS] = len(generation.forced_ids)
+            attributes[attr.PROMPT_FORCED_PREFIX] = generation.forced_text if content else ""
+        if self.content and not content:  # read as "recorded without content" otherwise
+            attributes[attr.PROMPT_NOT_KEPT] = "past_context"
+        if content:
+            attributes[attr.PROMPT_TEXT] = rendered.text + generation.forced_text
+            attributes[attr.PROMPT_IDS] = ids
+            attributes[attr.PROMPT_NEW_TEXT] = tokenizer.decode(ids[new_at:]) if new_at else ""
+        span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
+                                      attributes=attributes)
+        for result in results:
+            span.add_event(attr.EVENT_TOOL_RESULT, result, timestamp=ended_ns)
+        span.end(end_time=ended_ns)
+        if content and generation.request.messages:
+            self._record_messages(generation)
+
+    def _record_messages(self, generation: Generation) -> None:
+        """The conversation in the GenAI conventions' shape (genai.py), and which messages are new
+        since the conversation's last request: what a person reads as this step of the loop. Each
+        message is encoded once; its JSON is also its digest for finding what is new."""
+        request = generation.request
+        messages = [dumps(genai.message(m)) for m in request.messages]
+        instructions, lead = genai.system_instructions(request.messages)
+        new_from = self.conversations.new_messages_from(self.conversation, [hash(m) for m in messages]) \
+            if self.conversation else 0
+        attributes = {
+            attr.GEN_AI_INPUT_MESSAGES: "[" + ",".join(messages[lead:]) + "]",
+            attr.INPUT_NEW_FROM: new_from,
+            attr.INPUT_NEW_MESSAGES: "[" + ",".join(messages[new_from:]) + "]",
+        }
+        if instructions:
+            attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = dumps(instructions)
+        if request.tools:
+            attributes[attr.GEN_AI_TOOL_DEFINITIONS] = dumps(genai.tool_definitions(request.tools))
+        self.span.set_attributes(attributes)
+
+    def submitted(self, generation: Generation, decode: DecodeRequest) -> dict[str, str]:
+        """Opens the decode span; returns its traceparent, for the engine to send upstream."""
+        sampling = decode.sampling
+        self.span.set_attributes({
+            attr.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature, attr.GEN_AI_REQUEST_TOP_P: sampling.top_p,
+            attr.GEN_AI_REQUEST_TOP_K: sampling.top_k, attr.GEN_AI_REQUEST_MAX_TOKENS: decode.max_tokens,
+            attr.GEN_AI_REQUEST_PRESENCE_PENALTY: sampling.presence_penalty,
+            attr.GEN_AI_REQUEST_FREQUENCY_PENALTY: sampling.frequency_penalty,
+            **({attr.GEN_AI_REQUEST_SEED: sampling.seed} if sampling.seed is not None else {}),
+        })
+        self._submitted_ns = time.time_ns()
+        backend = generation.runtime.backend
+        attributes = {attr.BACKEND: backend.name}
+        if backend.route:
+            attributes[attr.BACKEND_ROUTE] = backend.route
+        span = self._decode_span = self.tracer.start_span(attr.SPAN_DECODE, context=self._context,
+                                                          start_time=self._submitted_ns, attributes=attributes)
+        self._pieces = generation.runtime.vocab.pieces
+        self._recording = span.is_recording()
+        carrier: dict = {}
+        inject(carrier, context=trace.set_span_in_context(span))
+        # The traceparent alone, as before: a client's baggage and tracestate are not forwarded upstream.
+        return {"traceparent": carrier["traceparent"]} if "traceparent" in carrier else {}
+
+    def upstream(self, event: UpstreamEvent) -> None:
+        """The vLLM server this attempt goes to; a retry says which one failed first, and how."""
+        span = self._decode_span
+        if span is None:
+            return
+        attributes = {attr.SERVER_ADDRESS: event["address"], attr.SERVER_PORT: event["port"],
+                      attr.BACKEND_ROUTE: event["route"]}
+        if event["moved_from"]:
+            attributes[attr.UPSTREAM_MOVED_FROM] = event["moved_from"]
+        span.set_attributes(attributes)
+        retry = event["retry_after"]
+        if retry:
+            span.add_event(attr.EVENT_UPSTREAM_RETRY, {attr.UPSTREAM_FAILED: retry["server"],
+                                                       attr.ERROR_TYPE: retry["code"],
+                                                       attr.UPSTREAM_ERROR: retry["message"]})
+
+    def prefill(self, event: PrefillEvent) -> None:
+        self._prefill, self._prefill_ns = event, time.time_ns()
+
+    def _end_prefill(self, cached: int | None) -> None:
+        """The prefill span, from submission to the first token, once the cached tokens are known
+        (a vLLM server says how many only at the end); None: never learnt (the request failed)."""
+        event, self._prefill = self._prefill, None
+        if event is None:
+            return
+        attributes = {attr.PREFILL_PROMPT_TOKENS: event["prompt_tokens"], attr.PREFILL_SECONDS: event["seconds"]}
+        if event.get("upstream_prompt_tokens") is not None:  # vLLM expanded the media itself
+            attributes[attr.PREFILL_UPSTREAM_PROMPT_TOKENS] = event["upstream_prompt_tokens"]
+            if event["upstream_differs_at"] is not None:
+                attributes[attr.PREFILL_UPSTREAM_DIFFERS_AT] = event["upstream_differs_at"]
+                log.warning("the vLLM server expanded the media of request %s into another prompt than this "
+                            "server's processor (%d tokens, not %d; from token %d)", self.trace_id,
+                            event["upstream_prompt_tokens"], event["prompt_tokens"], event["upstream_differs_at"])
+        if cached is not None:
+            attributes[attr.PREFILL_CACHED_TOKENS] = cached
+        span = self.tracer.start_span(attr.SPAN_PREFILL, context=self._context, start_time=self._submitted_ns,
+                                      attributes=attributes)
+        span.end(end_time=self._prefill_ns)
+
+    def token(self, event: TokenEvent, channel: str, now_ns: int) -> None:
+        # The per-token path: three appends. Span events are made once per group of tokens
+        # (_flush_tokens), where the work is done in bulk.
+        self._times.append(now_ns)
+        self._channels.append(channel)
+        pending = self._pending
+        pending.append(event)
+        if len(pending) >= GROUP:
+            self._flush_tokens()
+
+    def _flush_tokens(self) -> None:
+        events, channels, times = self._pending, self._channels, self._times
+        if not events:
+            return
+        self._pending, self._channels, self._times = [], [], []
+        self._output_ids.extend(e["id"] for e in events)
+        if self._recording and self._decode_span is not None:
+            _add_event(self._decode_span, attr.EVENT_TOKENS, self._token_attributes(events, channels, times),
+                       times[0])
+
+    def _token_attributes(self, events: list[TokenEvent], channels: list[str], times: list[int]) -> dict:
+        """One group's parallel arrays; the top five of each token padded to TOP_N entries."""
+        columns = {
+            attr.TOKENS_INDEX: [e["index"] for e in events],
+            attr.TOKENS_TIME_UNIX_NANO: times,
+            attr.TOKENS_SPECIAL: [e["special"] for e in events],
+            attr.TOKENS_CHANNEL: channels,
+            attr.TOKENS_P: [e["p"] for e in events],
+            attr.TOKENS_LOGPROB: [e["logprob"] for e in events],
+            attr.TOKENS_RANK: [e["rank"] for e in events],
+            attr.TOKENS_TOP_P: [p for e in events for p in _padded([exp(lp) for lp in e["top_logprobs"]], -1.0)],
+            attr.TOKENS_DRAFTED: [e.get("drafted", 0) for e in events],
+            attr.TOKENS_ACCEPTED: [e.get("accepted", 0) for e in events],
+        }
+        if self.content:
+            pieces = self._pieces
+            top_ids = [i for e in events for i in _padded(e["top_ids"], -1)]
+            columns[attr.TOKENS_ID] = [e["id"] for e in events]
+            columns[attr.TOKENS_PIECE] = [e["piece"] for e in events]
+            columns[attr.TOKENS_TEXT] = [e["text"] for e in events]
+            columns[attr.TOKENS_TOP_IDS] = top_ids
+            columns[attr.TOKENS_TOP_PIECES] = [pieces[i] if 0 <= i < len(pieces) else "" for i in top_ids]
+        return columns
+
+    def tool_call(self, delta: dict) -> None:
+        unparsed = delta["type"] == "tool_call_unparsed"
+        outcome = "unparsed" if unparsed else delta["outcome"]
+        attributes = {attr.GEN_AI_OPERATION_NAME: "execute_tool", attr.TOOL_OUTCOME: outcome}
+        if not unparsed:
+            attributes.update({attr.GEN_AI_TOOL_NAME: delta["name"], attr.GEN_AI_TOOL_CALL_ID: delta["id"],
+                               attr.GEN_AI_TOOL_TYPE: "function", attr.TOOL_INDEX: delta["index"]})
+            if self.content:
+                attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = delta["arguments"]
+        if self.content:
+            attributes[attr.TOOL_RAW] = delta["raw"]
+        name = attr.SPAN_EXECUTE_TOOL if unparsed else f"{attr.SPAN_EXECUTE_TOOL} {delta['name']}"
+        span = self.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
+        span.end()
+        if not unparsed:
+            self.conversations.expect_result(delta["id"], span.get_span_context(), delta["name"])
+
+    def finished(self, generation: Generation) -> None:
+        done = generation.done_event or {}
+        reasons = [generation.finish_reason] if generation.finish_reason else []
+        self.span.set_attributes({
+            attr.GEN_AI_RESPONSE_MODEL: self.model,
+            attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
+            attr.GEN_AI_USAGE_INPUT_TOKENS: generation.prompt_tokens,
+            attr.GEN_AI_USAGE_OUTPUT_TOKENS: generation.completion_tokens,
+            attr.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: generation.reasoning_tokens,
+            attr.USAGE_CACHED_TOKENS: generation.cached_tokens,
+            attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: generation.cached_tokens,
+            attr.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: generation.cache_write_tokens,
+        })
+        if self.content:
+            answer = genai.output_message("".join(generation.reasoning), "".join(generation.text),
+                                          generation.tool_calls, generation.finish_reason)
+            self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
+        self._end_prefill(generation.cached_tokens)
+        self._end_decode({
+            attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
+            attr.DECODE_TOKENS: generation.completion_tokens,
+            attr.DECODE_SECONDS: done.get("seconds", 0.0),
+            attr.DECODE_TOKENS_PER_SECOND: done.get("tokens_per_second", 0.0),
+            attr.DECODE_BACKEND_FINISH_REASON: done.get("finish_reason", ""),
+            attr.SPEC_DRAFTS: done.get("drafts", 0),
+            attr.SPEC_DRAFTED_TOKENS: done.get("drafted", 0),
+            attr.SPEC_ACCEPTED_TOKENS: done.get("accepted", 0),
+        })
+        if self.conversation:
+            self._flush_tokens()
+            self.conversations.saw(self.conversation, generation.prompt_ids + self._output_ids)
+
+    def _end_decode(self, attributes: dict, error: str | None = None) -> None:
+        span = self._decode_span
+        if span is None:
+            return
+        self._flush_tokens()
+        self._decode_span = None
+        span.set_attributes(attributes)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+            span.set_attribute(attr.ERROR_TYPE, error)
+        span.end()
+
+    # -- the request's end --
+
+    def end(self, status: int, error_type: str | None) -> None:
+        """The request ended with this HTTP status (499: the client left), and this error, if one."""
+        prefill = self._prefill
+        if prefill is not None:  # the generation never finished: cached tokens as far as they are known
+            self._end_prefill(prefill["cached_tokens"])
+        if error_type:
+            self._end_decode({}, error_type)
+            self.span.set_status(Status(StatusCode.ERROR, error_type))
+            self.span.set_attribute(attr.ERROR_TYPE, error_type)
+        elif self._decode_span is not None:
+            self._end_decode({}, "incomplete")
+        self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
+        self.span.end()
+
+    # -- helpers --
+
+    def _tool_results(self, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
+        """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
+        results, links = [], []
+        for message in messages:
+            if message.get("role") != "tool":
+                continue
+            pending = self.conversations.take_result(message.get("tool_call_id"))
+            if pending is None:
+                continue
+            context, name = pending
+            result = {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"], attr.GEN_AI_TOOL_NAME: name}
+            if content:
+                text = message.get("content")
+                result[attr.TOOL_RESULT] = text if isinstance(text, str) else str(text)
+            results.append(result)
+            links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
+        return results, links
+
+
+def _padded(values: list, fill) -> list:
+    return values if len(values) == TOP_N else list(values) + [fill] * (TOP_N - len(values))
+
+
+def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:
+    """Deliberately past the SDK's public add_event, which checks every element of every array again
+    (35 µs a token here): these arrays are built above, of plain ints, floats, bools and strings."""
+    add = getattr(span, "_add_event", None)
+    if add is None:
+        span.add_event(name, attributes, timestamp)
+    else:
+        add(Event(name, MappingProxyType(attributes), timestamp))
+
+
+def _template_hash(tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = "".join(template.get(k, "") for k in sorted(template))
+    return _sha256(template)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(text: str) -> str:
+    # Once per template, not per request: a str keeps its own hash, so the lookup costs nothing.
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _media_items(generation: Generation, content: bool) -> list[dict]:
+    """Each attached item as the trace keeps it: what it was, and where the media tokens it became
+    start and how many they are (a video's are spread over its frames, between timestamps)."""
+    runs = generation.media_runs
+    items = []
+    for n, part in enumerate(generation.media_parts):
+        info = dict(part.info)
+        thumbnail = info.pop("thumbnail", None)
+        offset, span, length = runs[n] if n < len(runs) else (None, 0, 0)
+        item = {"kind": part.kind, "mime": part.mime, "param": part.param, **info, "tokens": length, "offset": offset}
+        if span != length:
+            item["span"] = span
+        if part.url:
+            item["url"] = part.url
+        if content and thumbnail:
+            item["thumbnail"] = "data:image/jpeg;base64," + base64.b64encode(thumbnail).decode()
+        items.append(item)
+    return items
