@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
-from .schema import RESULT_EVENT, ROOT_MARK
 from .steps import StepGatherer, searchable_text
 
 OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
@@ -76,17 +76,17 @@ class Batch:
         self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None, span.name,
                            span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
                            dumps(events), dumps(links)))
-        call_id = attrs.get("gen_ai.tool.call.id")
-        if call_id and span.name.startswith("execute_tool"):
+        call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
+        if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
             self.tool_calls.append((call_id, trace_id, span_id))
         for event in events:
-            if event["name"] == RESULT_EVENT:
+            if event["name"] == attr.EVENT_TOOL_RESULT:
                 result = event["attributes"]
-                extra = {"looptrace.tool.result_trace_id": trace_id}
-                if "looptrace.tool.result" in result:
-                    extra["looptrace.tool.result"] = result["looptrace.tool.result"]
-                self.results.append((result.get("gen_ai.tool.call.id"), dumps(extra)))
-        if ROOT_MARK not in attrs:
+                extra = {attr.TOOL_RESULT_TRACE_ID: trace_id}
+                if attr.TOOL_RESULT in result:
+                    extra[attr.TOOL_RESULT] = result[attr.TOOL_RESULT]
+                self.results.append((result.get(attr.GEN_AI_TOOL_CALL_ID), dumps(extra)))
+        if attr.ENDPOINT not in attrs:
             self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
             return
         step = self._steps.finish(trace_id, attrs, span.start_time, span.end_time, status)
@@ -95,9 +95,9 @@ class Batch:
 
     def _add_trace(self, attrs: dict, step: dict) -> None:
         trace_id, fork_of = step["trace_id"], (step.get("fork_of") or {}).get("trace_id")
-        conversation = attrs.get("gen_ai.conversation.id")
+        conversation = attrs.get(attr.GEN_AI_CONVERSATION_ID)
         session = step["session"] = conversation or f"trace:{trace_id}"
-        client, version = attrs.get("looptrace.client.name"), attrs.get("looptrace.client.version")
+        client, version = attrs.get(attr.CLIENT_NAME), attrs.get(attr.CLIENT_VERSION)
         self.traces.append((trace_id, step["start_ns"], step["end_ns"], step.get("endpoint"), step.get("model"),
                             conversation, step["status"], step.get("http_status"), step.get("input_tokens"),
                             step.get("output_tokens"), session, client, version, step.get("error"),

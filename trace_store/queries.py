@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
 from .schema import OUTCOMES
@@ -100,8 +101,8 @@ class TraceQueries:
         """A trace's generated tokens, one dict each, without its other spans (which hold whole prompts)."""
         with self._reader() as db:
             root = db.execute("SELECT model, session, fork_of FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
-            decode = db.execute("SELECT events FROM spans WHERE trace_id = ? AND name = 'decode'",
-                                (trace_id,)).fetchone()
+            decode = db.execute("SELECT events FROM spans WHERE trace_id = ? AND name = ?",
+                                (trace_id, attr.SPAN_DECODE)).fetchone()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
         if root is None and decode is None and lost is None:
             return None
@@ -117,7 +118,7 @@ class TraceQueries:
         found = self.get_trace(trace_id)
         if found is None:
             raise LookupError(f"no trace {trace_id} in {self.path}")
-        decode = [s for s in found["spans"] if s["name"] == "decode"]
+        decode = [s for s in found["spans"] if s["name"] == attr.SPAN_DECODE]
         tokens = decode[0].get("tokens", []) if decode else []
         if not tokens:
             raise LookupError(f"trace {trace_id} has no generated tokens")

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import sqlite3
 
-VERSION = 3  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+from looptrace.common import attributes as attr
 
-# What the store reads on the spans it is given.
-ROOT_MARK = "looptrace.endpoint"  # set on a request's server span only
+VERSION = 3  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
 
 
 def request_span(spans: list[dict]) -> dict | None:
-    """A stored trace's request (server) span: the one marked so. It has a parent when the client sent
-    a traceparent, so "the span without a parent" is not it."""
-    return next((s for s in spans if ROOT_MARK in s["attributes"]), None)
-RESULT_EVENT = "looptrace.tool_result"  # on a render span: a tool's result, arriving in a later request
+    """A stored trace's request (server) span: the one marked with its endpoint. It has a parent when
+    the client sent a traceparent, so "the span without a parent" is not it."""
+    return next((s for s in spans if attr.ENDPOINT in s["attributes"]), None)
+
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS spans (

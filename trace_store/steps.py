@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
-
-from .schema import ROOT_MARK
 
 MAX_PENDING = 4096  # requests whose server span has not arrived yet (it may have been dropped)
 
@@ -57,15 +56,14 @@ class StepGatherer:
     def add(self, trace_id: str, name: str, attrs: dict, start_ns: int, end_ns: int) -> None:
         """A span below the server span."""
         step = self._for(trace_id)
-        if name == "prefill":
-            step["prefill"] = (start_ns, end_ns, attrs.get("looptrace.prefill.seconds"),
-                               attrs.get("looptrace.prefill.cached_tokens"))
-        elif name == "decode":
+        if name == attr.SPAN_PREFILL:
+            step["prefill"] = (start_ns, end_ns, attrs.get(attr.PREFILL_SECONDS), attrs.get(attr.PREFILL_CACHED_TOKENS))
+        elif name == attr.SPAN_DECODE:
             step["decode"] = attrs
-        elif name.startswith("execute_tool"):
-            call = {"outcome": attrs.get("looptrace.tool.outcome"), "name": attrs.get("gen_ai.tool.name"),
-                    "id": attrs.get("gen_ai.tool.call.id"), "index": attrs.get("looptrace.tool.index"),
-                    "arguments": attrs.get("gen_ai.tool.call.arguments"), "raw": attrs.get("looptrace.tool.raw")}
+        elif name.startswith(attr.SPAN_EXECUTE_TOOL):
+            call = {"outcome": attrs.get(attr.TOOL_OUTCOME), "name": attrs.get(attr.GEN_AI_TOOL_NAME),
+                    "id": attrs.get(attr.GEN_AI_TOOL_CALL_ID), "index": attrs.get(attr.TOOL_INDEX),
+                    "arguments": attrs.get(attr.GEN_AI_TOOL_CALL_ARGUMENTS), "raw": attrs.get(attr.TOOL_RAW)}
             step["tool_calls"].append({k: v for k, v in call.items() if v is not None})
 
     def finish(self, trace_id: str, attrs: dict, start_ns: int, end_ns: int, status: str) -> dict:
@@ -73,39 +71,38 @@ class StepGatherer:
         gathered = self._pending.pop(trace_id, None) or {"tool_calls": []}
         prefill = gathered.get("prefill")
         decode = gathered.get("decode") or {}
-        reasons = attrs.get("gen_ai.response.finish_reasons") or ()
+        reasons = attrs.get(attr.GEN_AI_RESPONSE_FINISH_REASONS) or ()
         calls = sorted(gathered["tool_calls"], key=lambda c: c.get("index", 1 << 30))
         tools: dict[str, int] = {}
         for call in calls:
             tools[call.get("outcome", "unparsed")] = tools.get(call.get("outcome", "unparsed"), 0) + 1
         step = {
             "trace_id": trace_id, "start_ns": start_ns, "end_ns": end_ns,
-            "endpoint": attrs.get(ROOT_MARK), "model": attrs.get("gen_ai.request.model"), "status": status,
-            "http_status": attrs.get("http.response.status_code"), "error": attrs.get("error.type"),
+            "endpoint": attrs.get(attr.ENDPOINT), "model": attrs.get(attr.GEN_AI_REQUEST_MODEL), "status": status,
+            "http_status": attrs.get(attr.HTTP_RESPONSE_STATUS_CODE), "error": attrs.get(attr.ERROR_TYPE),
             "finish_reason": reasons[0] if reasons else None,
-            "input_tokens": attrs.get("gen_ai.usage.input_tokens"),
-            "output_tokens": attrs.get("gen_ai.usage.output_tokens"),
-            "reasoning_tokens": attrs.get("gen_ai.usage.reasoning.output_tokens"),
-            "cached_tokens": attrs.get("looptrace.usage.cached_tokens"),
+            "input_tokens": attrs.get(attr.GEN_AI_USAGE_INPUT_TOKENS),
+            "output_tokens": attrs.get(attr.GEN_AI_USAGE_OUTPUT_TOKENS),
+            "reasoning_tokens": attrs.get(attr.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS),
+            "cached_tokens": attrs.get(attr.USAGE_CACHED_TOKENS),
             "ttft_ms": _ms(start_ns, prefill[1]) if prefill else None,
             # The prefill span runs from submission to the first token; the backend's own prefill
             # time is part of it, and the rest is waiting for the model.
             "queue_ms": (max(0.0, round(_ms(prefill[0], prefill[1]) - prefill[2] * 1e3, 3))
                          if prefill and prefill[2] is not None else None),
             "prefill_ms": round(prefill[2] * 1e3, 3) if prefill and prefill[2] is not None else None,
-            "decode_ms": round(decode["looptrace.decode.seconds"] * 1e3, 3)
-            if "looptrace.decode.seconds" in decode else None,
-            "tokens_per_second": decode.get("looptrace.decode.tokens_per_second"),
-            "backend": decode.get("looptrace.backend"),
-            "drafted": decode.get("looptrace.spec.drafted_tokens"),
-            "accepted": decode.get("looptrace.spec.accepted_tokens"),
-            "new_from": attrs.get("looptrace.input.new_from"),
-            "new_messages": _json(attrs, "looptrace.input.new_messages"),
-            "output": _json(attrs, "gen_ai.output.messages"),
+            "decode_ms": round(decode[attr.DECODE_SECONDS] * 1e3, 3) if attr.DECODE_SECONDS in decode else None,
+            "tokens_per_second": decode.get(attr.DECODE_TOKENS_PER_SECOND),
+            "backend": decode.get(attr.BACKEND),
+            "drafted": decode.get(attr.SPEC_DRAFTED_TOKENS),
+            "accepted": decode.get(attr.SPEC_ACCEPTED_TOKENS),
+            "new_from": attrs.get(attr.INPUT_NEW_FROM),
+            "new_messages": _json(attrs, attr.INPUT_NEW_MESSAGES),
+            "output": _json(attrs, attr.GEN_AI_OUTPUT_MESSAGES),
             "tool_calls": calls,
             "tools": tools,
-            "fork_of": ({"trace_id": attrs["looptrace.fork.trace_id"], "index": attrs.get("looptrace.fork.index")}
-                        if "looptrace.fork.trace_id" in attrs else None),
+            "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
+                        if attr.FORK_TRACE_ID in attrs else None),
         }
         return {k: v for k, v in step.items() if v is not None}
 

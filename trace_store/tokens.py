@@ -12,16 +12,13 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from looptrace.backends.events import TOP_N
+from looptrace.common import attributes as attr
 
-EVENT = "looptrace.tokens"
-GROUP = 64
-PREFIX = "looptrace.tokens."
+GROUP = 64  # tokens per event at most
+EVENT, PREFIX = attr.EVENT_TOKENS, attr.TOKENS_PREFIX  # the event's name, and what its columns' names start with
 
-# Per-token fields, in the order the arrays are kept; the *_top ones hold TOP_N entries per token.
-CONTENT_FIELDS = ("id", "piece", "text", "top_ids", "top_pieces")  # left out with --no-trace-content
-FIELDS = ("index", "time_unix_nano", "id", "piece", "text", "special", "channel", "p", "logprob", "rank",
-          "top_ids", "top_pieces", "top_p", "drafted", "accepted")
-TOP_FIELDS = ("top_ids", "top_pieces", "top_p")
+
+TOP_COLUMNS = frozenset(name.removeprefix(PREFIX) for name in attr.TOKENS_TOP_COLUMNS)  # TOP_N slots per token
 
 
 def expand(attributes: Mapping) -> list[dict]:
@@ -31,7 +28,7 @@ def expand(attributes: Mapping) -> list[dict]:
     has one candidate) are padding, marked by a top_p of -1. A probability that was not a number
     when recorded (NaN, from an upstream) is stored as JSON null and read back as None.
     """
-    columns = {f: list(attributes[PREFIX + f]) for f in FIELDS if PREFIX + f in attributes}
+    columns = {name.removeprefix(PREFIX): list(attributes[name]) for name in attr.TOKENS_COLUMNS if name in attributes}
     count = len(columns.get("index", ()))
     top_p = columns.get("top_p", [])
     tokens = []
@@ -41,7 +38,7 @@ def expand(attributes: Mapping) -> list[dict]:
         real = sum(1 for p in top_p[start:start + TOP_N] if p is None or p >= 0)
         token = {}
         for name, values in columns.items():
-            token[name] = values[start:start + real] if name in TOP_FIELDS else values[i]
+            token[name] = values[start:start + real] if name in TOP_COLUMNS else values[i]
         tokens.append(token)
     return tokens
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from looptrace.common import attributes as attr
+
 # Conversation ids, in the order clients are known to send them: codex (session-id, thread-id),
 # pi (session_id, x-session-affinity).
 CONVERSATION_HEADERS = ("session-id", "session_id", "thread-id", "x-session-affinity")
@@ -30,13 +32,13 @@ def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
 
 def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
     """The server span's attributes about the HTTP request and its client."""
-    attributes = {"http.request.method": method, "url.path": path}
+    attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
     agent = headers.get("User-Agent")
     if agent:
         name, version = client_of(agent)
-        attributes["user_agent.original"] = agent
+        attributes[attr.USER_AGENT_ORIGINAL] = agent
         if name:
-            attributes["looptrace.client.name"] = name
+            attributes[attr.CLIENT_NAME] = name
         if version:
-            attributes["looptrace.client.version"] = version
+            attributes[attr.CLIENT_VERSION] = version
     return attributes

@@ -1,4 +1,4 @@
-"""Prometheus metrics, prefix `looptrace_`, served on GET /metrics.
+"""Prometheus metrics, prefix `looptrace_`, served on GET /metrics; names from common/attributes.py.
 
 Histograms carry `trace_id` exemplars, which only the OpenMetrics exposition shows: /metrics
 answers in OpenMetrics when the scraper asks for it (Prometheus does, with exemplar storage on).
@@ -11,6 +11,8 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+
+from looptrace.common import attributes as attr
 
 # Below vLLM's lowest bucket too: a small model on a GPU produces a token every few milliseconds.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
@@ -25,62 +27,62 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("looptrace_requests", "Requests finished, by endpoint and HTTP status.",
+        self.requests = Counter(attr.METRIC_REQUESTS, "Requests finished, by endpoint and HTTP status.",
                                 ["model", "endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter("looptrace_prompt_tokens", "Prompt tokens read.", ["model"], registry=r)
-        self.cached_tokens = Counter("looptrace_prompt_cached_tokens",
+        self.prompt_tokens = Counter(attr.METRIC_PROMPT_TOKENS, "Prompt tokens read.", ["model"], registry=r)
+        self.cached_tokens = Counter(attr.METRIC_PROMPT_CACHED_TOKENS,
                                      "Prompt tokens served from a prefix cache.", ["model"], registry=r)
-        self.generation_tokens = Counter("looptrace_generation_tokens",
+        self.generation_tokens = Counter(attr.METRIC_GENERATION_TOKENS,
                                          "Tokens generated, by channel (thought, content, tool_call).",
                                          ["model", "channel"], registry=r)
-        self.ttft = Histogram("looptrace_time_to_first_token_seconds",
+        self.ttft = Histogram(attr.METRIC_TIME_TO_FIRST_TOKEN,
                               "From the request's arrival to its first generated token.", ["model", "endpoint"],
                               buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("looptrace_inter_token_latency_seconds", "Time between consecutive generated tokens.",
+        self.itl = Histogram(attr.METRIC_INTER_TOKEN_LATENCY, "Time between consecutive generated tokens.",
                              ["model"], buckets=ITL_BUCKETS, registry=r)
-        self.duration = Histogram("looptrace_request_duration_seconds", "From a request's arrival to its end.",
+        self.duration = Histogram(attr.METRIC_REQUEST_DURATION, "From a request's arrival to its end.",
                                   ["model", "endpoint"], buckets=DURATION_BUCKETS, registry=r)
-        self.decode_rate = Histogram("looptrace_decode_tokens_per_second",
+        self.decode_rate = Histogram(attr.METRIC_DECODE_TOKENS_PER_SECOND,
                                      "Decode speed of each request (tokens after the first ÷ their time).",
                                      ["model"], buckets=RATE_BUCKETS, registry=r)
-        self.spec_draft_tokens = Counter("looptrace_spec_decode_draft_tokens", "Tokens proposed by a draft model.",
+        self.spec_draft_tokens = Counter(attr.METRIC_SPEC_DECODE_DRAFT_TOKENS, "Tokens proposed by a draft model.",
                                          ["model"], registry=r)
-        self.spec_accepted_tokens = Counter("looptrace_spec_decode_accepted_tokens",
+        self.spec_accepted_tokens = Counter(attr.METRIC_SPEC_DECODE_ACCEPTED_TOKENS,
                                             "Draft tokens the target model accepted.", ["model"], registry=r)
-        self.spec_drafts = Counter("looptrace_spec_decode_drafts", "Draft proposals made.", ["model"], registry=r)
-        self.media_items = Counter("looptrace_media_items", "Attached items that reached the model, by kind "
+        self.spec_drafts = Counter(attr.METRIC_SPEC_DECODE_DRAFTS, "Draft proposals made.", ["model"], registry=r)
+        self.media_items = Counter(attr.METRIC_MEDIA_ITEMS, "Attached items that reached the model, by kind "
                                    "(image, audio, video).", ["model", "kind"], registry=r)
-        self.media_tokens = Counter("looptrace_media_tokens", "Prompt tokens that attached items became, by kind.",
+        self.media_tokens = Counter(attr.METRIC_MEDIA_TOKENS, "Prompt tokens that attached items became, by kind.",
                                     ["model", "kind"], registry=r)
-        self.tool_calls = Counter("looptrace_tool_calls", "Tool calls the model made, by outcome "
+        self.tool_calls = Counter(attr.METRIC_TOOL_CALLS, "Tool calls the model made, by outcome "
                                   "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
         # Each vLLM server behind --backend vllm, by `server` ("host:port", from --vllm-url: never a
         # client's string). The families above stay whole-model, so their panels need no sum.
-        self.upstream_requests = Counter("looptrace_upstream_requests", "Requests sent to each vLLM server, "
+        self.upstream_requests = Counter(attr.METRIC_UPSTREAM_REQUESTS, "Requests sent to each vLLM server, "
                                          "retries included.", ["model", "server"], registry=r)
-        self.upstream_errors = Counter("looptrace_upstream_errors", "Requests a vLLM server failed, by error "
+        self.upstream_errors = Counter(attr.METRIC_UPSTREAM_ERRORS, "Requests a vLLM server failed, by error "
                                        "code (retried or not).", ["model", "server", "code"], registry=r)
-        self.upstream_tokens = Counter("looptrace_upstream_generation_tokens", "Tokens each vLLM server generated.",
+        self.upstream_tokens = Counter(attr.METRIC_UPSTREAM_GENERATION_TOKENS, "Tokens each vLLM server generated.",
                                        ["model", "server"], registry=r)
-        self.upstream_ttft = Histogram("looptrace_upstream_time_to_first_token_seconds",
+        self.upstream_ttft = Histogram(attr.METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN,
                                        "From the request's arrival to its first token, by the vLLM server that "
                                        "produced it.", ["model", "server"], buckets=TTFT_BUCKETS, registry=r)
-        self.upstream_moved = Counter("looptrace_upstream_sessions_moved", "Conversations whose request went to "
+        self.upstream_moved = Counter(attr.METRIC_UPSTREAM_SESSIONS_MOVED, "Conversations whose request went to "
                                       "another server than their last one, by the server they left.", ["model", "server"],
                                       registry=r)
-        self.upstream_up = Gauge("looptrace_upstream_up", "1 while a vLLM server takes requests (connected, "
+        self.upstream_up = Gauge(attr.METRIC_UPSTREAM_UP, "1 while a vLLM server takes requests (connected, "
                                  "answering its probes), else 0.", ["model", "server"], registry=r)
-        self.upstream_running = Gauge("looptrace_upstream_requests_running", "Requests streaming from each vLLM "
+        self.upstream_running = Gauge(attr.METRIC_UPSTREAM_REQUESTS_RUNNING, "Requests streaming from each vLLM "
                                       "server.", ["model", "server"], registry=r)
-        self.running = Gauge("looptrace_requests_running", "Requests being decoded.", ["model"], registry=r)
-        self.waiting = Gauge("looptrace_requests_waiting", "Requests queued for the model.", ["model"], registry=r)
-        self.spans_dropped = Counter("looptrace_trace_spans_dropped", "Spans a trace sink lost (queue full or "
+        self.running = Gauge(attr.METRIC_REQUESTS_RUNNING, "Requests being decoded.", ["model"], registry=r)
+        self.waiting = Gauge(attr.METRIC_REQUESTS_WAITING, "Requests queued for the model.", ["model"], registry=r)
+        self.spans_dropped = Counter(attr.METRIC_TRACE_SPANS_DROPPED, "Spans a trace sink lost (queue full or "
                                      "export failed), by sink.", ["sink"], registry=r)
         for sink in ("sqlite", "otlp"):
             self.spans_dropped.labels(sink)  # present from the start, so a rate() has a baseline
-        self.trace_queue_spans = Gauge("looptrace_trace_queue_spans", "Finished spans waiting for a trace sink.",
+        self.trace_queue_spans = Gauge(attr.METRIC_TRACE_QUEUE_SPANS, "Finished spans waiting for a trace sink.",
                                        ["sink"], registry=r)
-        self.trace_queue_bytes = Gauge("looptrace_trace_queue_bytes", "What the spans waiting for a trace sink "
+        self.trace_queue_bytes = Gauge(attr.METRIC_TRACE_QUEUE_BYTES, "What the spans waiting for a trace sink "
                                        "hold (attribute and event text, estimated).", ["sink"], registry=r)
 
     def watch(self, model: str, running, waiting) -> None:

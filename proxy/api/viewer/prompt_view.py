@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from difflib import SequenceMatcher
 
+from looptrace.common import attributes as attr
 from looptrace.common.vocabulary import Vocabulary
 from looptrace.common.jsonio import loads
 
@@ -18,12 +19,12 @@ DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token 
 
 
 def _render(trace: dict) -> dict:
-    return next((s["attributes"] for s in trace["spans"] if s["name"] == "render"), {})
+    return next((s["attributes"] for s in trace["spans"] if s["name"] == attr.SPAN_RENDER), {})
 
 
 def _media(render: dict) -> list[dict]:
     """The attached items the render span describes (kind, size, digest, tokens, thumbnail)."""
-    media = render.get("looptrace.prompt.media")
+    media = render.get(attr.PROMPT_MEDIA)
     try:
         items = loads(media) if isinstance(media, str) else []
     except ValueError:
@@ -32,7 +33,7 @@ def _media(render: dict) -> list[dict]:
 
 
 def generated_ids(trace: dict) -> list[int]:
-    decode = next((s for s in trace["spans"] if s["name"] == "decode"), None)
+    decode = next((s for s in trace["spans"] if s["name"] == attr.SPAN_DECODE), None)
     return [t["id"] for t in (decode or {}).get("tokens", ()) if "id" in t]
 
 
@@ -106,12 +107,12 @@ def prompt_view(trace: dict, previous: dict | None, vocab: Vocabulary | None) ->
     render = _render(trace)
     if not render:  # refused before rendering (a prompt far past the context, a template error)
         return {"text": None, "tokens": None, "not_kept": "not_rendered"}
-    ids = render.get("looptrace.prompt.ids")
-    view: dict = {"text": render.get("looptrace.prompt.text"), "tokens": None,
-                  "new_offset": render.get("looptrace.prompt.new_offset", 0),
-                  "thinking": render.get("looptrace.prompt.thinking"),
-                  "count": render.get("looptrace.prompt.tokens"),
-                  "not_kept": render.get("looptrace.prompt.not_kept"),
+    ids = render.get(attr.PROMPT_IDS)
+    view: dict = {"text": render.get(attr.PROMPT_TEXT), "tokens": None,
+                  "new_offset": render.get(attr.PROMPT_NEW_OFFSET, 0),
+                  "thinking": render.get(attr.PROMPT_THINKING),
+                  "count": render.get(attr.PROMPT_TOKENS),
+                  "not_kept": render.get(attr.PROMPT_NOT_KEPT),
                   "media": _media(render)}
     if ids is None:
         return view  # recorded without content
@@ -119,7 +120,7 @@ def prompt_view(trace: dict, previous: dict | None, vocab: Vocabulary | None) ->
     if vocab is not None:
         view["tokens"] = prompt_tokens(ids, vocab)
     if previous is not None:
-        seen = (_render(previous).get("looptrace.prompt.ids") or []) + generated_ids(previous)
+        seen = (_render(previous).get(attr.PROMPT_IDS) or []) + generated_ids(previous)
         edits = diff(seen, ids)
         view["against"] = previous["trace_id"]
         view["diff"] = edits

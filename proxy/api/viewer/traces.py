@@ -9,6 +9,7 @@ from datetime import datetime
 
 from aiohttp import web
 
+from looptrace.common import attributes as attr
 from looptrace.common.vocabulary import Vocabulary
 from looptrace.common.jsonio import dumps
 from looptrace.trace_store.schema import request_span
@@ -66,7 +67,7 @@ def vocabulary_for(request: web.Request, trace: dict) -> Vocabulary | None:
     """The tokenizer a trace's ids mean something in: the served model's, if the trace is of it."""
     runtime = request.app[RUNTIME]
     root = request_span(trace["spans"])
-    model = root["attributes"].get("gen_ai.request.model") if root else None
+    model = root["attributes"].get(attr.GEN_AI_REQUEST_MODEL) if root else None
     return runtime.vocab if runtime.status == "ready" and model == runtime.model_name else None
 
 
