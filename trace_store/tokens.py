@@ -3,22 +3,52 @@
 One span event per token costs about 20 µs in the OpenTelemetry SDK (it validates every attribute),
 which alone would eat most of a token's budget; and the SDK keeps 128 events per span by default.
 So tokens are recorded in groups: each `looptrace.tokens` event holds up to GROUP tokens as
-parallel arrays, one entry per token, and `expand` turns groups back into one dict per token.
+parallel arrays, one entry per token: `columns` makes a group of the backends' token events,
+`expand` turns groups back into one dict per token.
 Nothing is dropped: the span's event limit is raised too, so any length of answer fits.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from math import exp
+from typing import Iterable, Mapping, Sequence
 
-from looptrace.backends.events import TOP_N
+from looptrace.backends.events import TOP_N, TokenEvent
 from looptrace.common import attributes as attr
 
 GROUP = 64  # tokens per event at most
 EVENT, PREFIX = attr.EVENT_TOKENS, attr.TOKENS_PREFIX  # the event's name, and what its columns' names start with
-
-
 TOP_COLUMNS = frozenset(name.removeprefix(PREFIX) for name in attr.TOKENS_TOP_COLUMNS)  # TOP_N slots per token
+
+
+def columns(events: list[TokenEvent], channels: list[str], times: list[int], pieces: Sequence[str] | None) -> dict:
+    """One group's event attributes: the tokens' parallel arrays, with the channel and arrival time of
+    each; the top five of each token padded to TOP_N entries. `pieces` (the vocabulary's) is None when
+    content is not kept: then ids, pieces and text are left out."""
+    group = {
+        attr.TOKENS_INDEX: [e["index"] for e in events],
+        attr.TOKENS_TIME_UNIX_NANO: times,
+        attr.TOKENS_SPECIAL: [e["special"] for e in events],
+        attr.TOKENS_CHANNEL: channels,
+        attr.TOKENS_P: [e["p"] for e in events],
+        attr.TOKENS_LOGPROB: [e["logprob"] for e in events],
+        attr.TOKENS_RANK: [e["rank"] for e in events],
+        attr.TOKENS_TOP_P: [p for e in events for p in _padded([exp(lp) for lp in e["top_logprobs"]], -1.0)],
+        attr.TOKENS_DRAFTED: [e.get("drafted", 0) for e in events],
+        attr.TOKENS_ACCEPTED: [e.get("accepted", 0) for e in events],
+    }
+    if pieces is not None:
+        top_ids = [i for e in events for i in _padded(e["top_ids"], -1)]
+        group[attr.TOKENS_ID] = [e["id"] for e in events]
+        group[attr.TOKENS_PIECE] = [e["piece"] for e in events]
+        group[attr.TOKENS_TEXT] = [e["text"] for e in events]
+        group[attr.TOKENS_TOP_IDS] = top_ids
+        group[attr.TOKENS_TOP_PIECES] = [pieces[i] if 0 <= i < len(pieces) else "" for i in top_ids]
+    return group
+
+
+def _padded(values: list, fill) -> list:
+    return values if len(values) == TOP_N else list(values) + [fill] * (TOP_N - len(values))
 
 
 def expand(attributes: Mapping) -> list[dict]:

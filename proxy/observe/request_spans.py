@@ -10,7 +10,7 @@ Span tree, one trace per request (an incoming traceparent is continued):
     └── execute_tool {name}               one per tool call the model made
 
 Every name is a constant of common/attributes.py. The per-token path (`token`) is three appends;
-the decode span gets its token events in groups (trace_store/tokens.py), built in bulk.
+the decode span gets its token events in groups, built in bulk (trace_store/tokens.py's `columns`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import functools
 import hashlib
 import logging
 import time
-from math import exp
 from types import MappingProxyType
 
 from opentelemetry import trace
@@ -30,12 +29,12 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from looptrace.backends.base import DecodeRequest
-from looptrace.backends.events import TOP_N, PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.schema import request_span
-from looptrace.trace_store.tokens import GROUP
+from looptrace.trace_store.tokens import GROUP, columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
@@ -239,32 +238,8 @@ class RequestSpans(Observer):
         self._pending, self._channels, self._times = [], [], []
         self._output_ids.extend(e["id"] for e in events)
         if self._recording and self._decode_span is not None:
-            _add_event(self._decode_span, attr.EVENT_TOKENS, self._token_attributes(events, channels, times),
-                       times[0])
-
-    def _token_attributes(self, events: list[TokenEvent], channels: list[str], times: list[int]) -> dict:
-        """One group's parallel arrays; the top five of each token padded to TOP_N entries."""
-        columns = {
-            attr.TOKENS_INDEX: [e["index"] for e in events],
-            attr.TOKENS_TIME_UNIX_NANO: times,
-            attr.TOKENS_SPECIAL: [e["special"] for e in events],
-            attr.TOKENS_CHANNEL: channels,
-            attr.TOKENS_P: [e["p"] for e in events],
-            attr.TOKENS_LOGPROB: [e["logprob"] for e in events],
-            attr.TOKENS_RANK: [e["rank"] for e in events],
-            attr.TOKENS_TOP_P: [p for e in events for p in _padded([exp(lp) for lp in e["top_logprobs"]], -1.0)],
-            attr.TOKENS_DRAFTED: [e.get("drafted", 0) for e in events],
-            attr.TOKENS_ACCEPTED: [e.get("accepted", 0) for e in events],
-        }
-        if self.content:
-            pieces = self._pieces
-            top_ids = [i for e in events for i in _padded(e["top_ids"], -1)]
-            columns[attr.TOKENS_ID] = [e["id"] for e in events]
-            columns[attr.TOKENS_PIECE] = [e["piece"] for e in events]
-            columns[attr.TOKENS_TEXT] = [e["text"] for e in events]
-            columns[attr.TOKENS_TOP_IDS] = top_ids
-            columns[attr.TOKENS_TOP_PIECES] = [pieces[i] if 0 <= i < len(pieces) else "" for i in top_ids]
-        return columns
+            group = token_columns(events, channels, times, self._pieces if self.content else None)
+            _add_event(self._decode_span, attr.EVENT_TOKENS, group, times[0])
 
     def tool_call(self, delta: dict) -> None:
         unparsed = delta["type"] == "tool_call_unparsed"
@@ -362,10 +337,6 @@ class RequestSpans(Observer):
             results.append(result)
             links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
         return results, links
-
-
-def _padded(values: list, fill) -> list:
-    return values if len(values) == TOP_N else list(values) + [fill] * (TOP_N - len(values))
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:
