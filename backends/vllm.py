@@ -19,19 +19,17 @@ once: nothing has reached the client yet. After the first token a failure is the
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 
-from looptrace.common import jsonio
-from . import vllm_protocol as protocol
-from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel
 from looptrace.common.vocabulary import Vocabulary
-from .events import Event, done_event, prefill_event, token_event, upstream_event
+
+from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel
+from .events import Event, upstream_event
 from .vllm_pool import Pool
+from .vllm_stream import SSEReader, TokenEmitter, cut, post
 from .vllm_upstream import Upstream, describe
 
 __all__ = ["Pool", "Upstream", "VLLMBackend", "VLLMLoader"]
@@ -131,146 +129,30 @@ class VLLMBackend:
         if room <= 0:
             raise BackendError(f"This model's maximum context length is {up.max_model_len} tokens, and the prompt "
                                f"already has {len(request.prompt_ids)}.", status=400, code="context_length_exceeded")
-        max_tokens = min(request.max_tokens, room)
-        generate_route = up.route == protocol.GENERATE
-        build = protocol.generate_body if generate_route else protocol.completions_body
-        parse = protocol.generate_tokens if generate_route else protocol.completions_tokens
-        data = json.dumps(build(up.model, request, max_tokens)).encode()
-        headers = {**up.headers, "Content-Type": "application/json"}
-        headers.update(request.trace_headers)  # our decode span's traceparent: vLLM's own span becomes its child
-
-        vocab, stop_ids, cancel, timeout = self.vocab, request.stop_ids, request.cancel, up.timeout
-        pieces, special = vocab.pieces, vocab.special
-        detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
-        prefilled, cached, upstream_prompt = False, 0, None
-        spec: tuple[int, int, int] | None = None
-        count, finish, reason, ended = 0, "", None, False
-        response = None
-        started = first_at = time.perf_counter()
+        tokens = TokenEmitter(self.vocab, request, min(request.max_tokens, room), up)
+        reader: SSEReader | None = None
         up.running += 1
         try:
-            try:
-                # sock_read bounds each wait for data, whichever task drives this generator (the Responses
-                # adapter reads its first event in a task of its own), and stops counting while the consumer
-                # is slow to read.
-                response = await up.session.post(up.url + up.route, data=data, headers=headers,
-                                                 timeout=up.stream_timeout)
-            except aiohttp.ClientConnectionError as exc:
-                if isinstance(exc, aiohttp.SocketTimeoutError):
-                    raise  # it answered the connection, then nothing: a timeout, below
-                up.unreachable(f"cannot reach the vLLM server at {up.url}: {describe(exc)}")
-                raise BackendError(up.error, status=502, code="upstream_unreachable") from exc
-            up.answered()
-            if response.status != 200:
-                raise await _refusal(up, response)
-            buffer = b""
-            async for block in response.content.iter_any():
-                lines = (buffer + block).split(b"\n")
-                buffer = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue  # the blank line between events, comments
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        ended = True
-                        break
-                    chunk = jsonio.loads(payload)
-                    upstream_prompt = chunk.get("prompt_token_ids") or upstream_prompt  # asked for with media
-                    choices = chunk.get("choices")
-                    if choices:
-                        choice = choices[0]
-                        reason = choice.get("finish_reason")
-                        tokens = parse(choice)
-                        last = len(tokens) - 1
-                        for k, (token_id, logprob, rank, top_ids, top_logprobs) in enumerate(tokens):
-                            if not prefilled:
-                                first_at = time.perf_counter()
-                                prefilled = True
-                                yield prefill_event(len(request.prompt_ids), None, first_at - started,
-                                                    upstream_prompt=upstream_prompt, rendered=request.prompt_ids)
-                            count += 1
-                            if token_id in stop_ids:
-                                text, finish = "", "stop"
-                            else:
-                                text = detokenizer.step(token_id)
-                                if cancel.is_set():
-                                    finish = "cancelled"
-                                if finish or count >= max_tokens or (k == last and reason is not None):
-                                    text += detokenizer.flush()  # the last token: bytes held back come out now
-                            yield token_event(count - 1, token_id,
-                                              pieces[token_id] if 0 <= token_id < len(pieces) else "", text,
-                                              token_id in special, logprob, rank, top_ids, top_logprobs)
-                            if finish == "cancelled":
-                                break
-                        if finish == "cancelled":
-                            break
-                        if reason is not None and reason not in ("stop", "length"):
-                            raise BackendError(f"the vLLM server at {up.url} ended the generation with "
-                                               f"finish_reason '{reason}' after {_tokens(count)}",
-                                               status=502, code="upstream_finish_reason")
-                    elif "error" in chunk:  # a failure during generation: vLLM's error frame
-                        raise _upstream_error(up.url, chunk, count)
-                    usage = chunk.get("usage")
-                    if usage:
-                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                    spec = protocol.speculative_counts(chunk.get("metrics")) or spec
-                if ended or finish == "cancelled":
+            reader = SSEReader(await post(up, request, tokens.max_tokens))
+            async for chunk in reader:
+                for event in tokens.read(chunk):
+                    yield event
+                if tokens.finish == "cancelled":
                     break
         except TimeoutError as exc:
-            where = f"after token {count}" if prefilled else "before the first token"
-            raise BackendError(f"the vLLM server at {up.url} sent nothing for {timeout:g} s {where} "
+            where = f"after token {tokens.count}" if tokens.prefilled else "before the first token"
+            raise BackendError(f"the vLLM server at {up.url} sent nothing for {up.timeout:g} s {where} "
                                f"(--vllm-timeout)", status=504, code="upstream_timeout") from exc
         except aiohttp.ClientError as exc:  # the connection broke mid-stream
-            raise _cut(up.url, count, describe(exc)) from exc
+            raise cut(up.url, tokens.count, describe(exc)) from exc
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # a chunk we cannot read
             raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read: "
                                f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
         finally:
             up.running -= 1
-            if response is not None and not ended:
-                response.close()  # closing the connection is how vLLM learns to stop generating
-            elif response is not None:
-                response.release()
-
-        if finish != "cancelled":
-            if not ended or reason is None:
-                raise _cut(up.url, count, "the stream ended without [DONE]" if not ended else "no finish_reason")
-            finish = reason
-        drafts, drafted, accepted = spec or (0, 0, 0)
-        yield done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached, drafts=drafts,
-                         drafted=drafted, accepted=accepted)
+            if reader is not None:
+                reader.close()
+        yield tokens.done(reader.ended)
 
     async def close(self) -> None:
         await self.pool.close()
-
-
-async def _refusal(up: Upstream, response: aiohttp.ClientResponse) -> BackendError:
-    text = await response.text()
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = None
-    message = protocol.error_message(body, text.strip() or response.reason or "")
-    status = response.status
-    if status in (401, 403):  # looptrace's key or setup, not the client's fault: don't tell it its key is wrong
-        return BackendError(f"the vLLM server at {up.url} refused looptrace ({status}): {message}",
-                            status=502, code="upstream_refused")
-    if status < 500:
-        return BackendError(message, status=status, code="upstream_rejected")  # its own words, e.g. the context
-    return BackendError(f"the vLLM server at {up.url} failed ({status}): {message}",
-                        status=503 if status == 503 else 502, code="upstream_error")
-
-
-def _upstream_error(url: str, chunk: dict, count: int) -> BackendError:
-    message = protocol.error_message(chunk, json.dumps(chunk))
-    return BackendError(f"the vLLM server at {url} failed after {_tokens(count)}: {message}", status=502,
-                        code="upstream_error")
-
-
-def _cut(url: str, count: int, why: str) -> BackendError:
-    return BackendError(f"the vLLM server at {url} cut the stream after {_tokens(count)}: {why}", status=502,
-                        code="upstream_stream_cut")
-
-
-def _tokens(n: int) -> str:
-    return f"{n} token" if n == 1 else f"{n} tokens"

@@ -1,15 +1,8 @@
 """What every model family provides: rendering, stop tokens, sampling defaults and a parser.
 
 A family wraps the checkpoint's own tokenizer and chat template; it never writes a prompt by hand.
-The parser it makes turns the generated text into channel deltas, which are plain dicts:
-
-    {"type": "thinking", "text": str}
-    {"type": "text", "text": str}
-    {"type": "tool_call", "index": int, "id": "call_…", "name": str,
-     "arguments": str,          # a JSON object, typed by the tool's schema
-     "raw": str,                # the model's own markup for this call, markers included
-     "outcome": "valid" | "invalid_args" | "unknown_tool"}
-    {"type": "tool_call_unparsed", "raw": str}   # counted; the same text follows as a "text" delta
+The parser it makes turns the generated text into channel deltas (deltas.py): thinking, text, whole
+tool calls, and markup that opened a call but was not one.
 
 A tool call is emitted whole, once its closing marker has arrived: a call that is cut off or
 malformed can then still be returned as text instead of as a half-sent call a client cannot undo.
@@ -23,6 +16,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .deltas import Delta
 from .media.parts import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
@@ -55,10 +49,10 @@ class Parser:
 
     channel: str = CONTENT
 
-    def feed(self, text: str) -> list[dict]:
+    def feed(self, text: str) -> list[Delta]:
         raise NotImplementedError
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[Delta]:
         """Flush at the end of generation: held-back text, and an unfinished call as text."""
         raise NotImplementedError
 
@@ -142,16 +136,17 @@ class Family:
         return any(isinstance(a, str) and a.startswith(cls.architectures) for a in archs)
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
-               enable_thinking: bool | None = None, template_ids: bool = False) -> Rendered:
+               enable_thinking: bool | None = None, template_ids: bool = False, media: bool | None = None) -> Rendered:
         """Render with the checkpoint's own template; the text is decoded back from the ids.
-        `template_ids`: also the ids before the processor expands the items (Rendered.template_ids)."""
+        `template_ids`: also the ids before the processor expands the items (Rendered.template_ids).
+        `media`: whether the messages hold decoded items, as the request's media plan says (None: look)."""
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         merged = 0
         if self.system_first_only:
             messages, merged = merge_system_messages(messages)
         if self._control is not None:  # keys too (sanitize.py); transformers marks the values
             messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
-        with_media = self.processor is not None and has_media(messages)
+        with_media = self.processor is not None and (has_media(messages) if media is None else media)
         if with_media:  # the processor writes each item's tokens where the template puts it
             extra["return_tensors"] = "pt"
             if not self.tool_result_media:

@@ -127,7 +127,7 @@ class GemmaParser(StreamParser):
         # Output starts in content either way: the model opens its thought channel itself.
         super().__init__(tools, False)
 
-    def _marker(self, tok: str, out: list[dict]) -> None:
+    def _marker(self, tok: str, out: list[Delta]) -> None:
         if tok == _OPEN:
             self._open_call(tok)
         elif tok == "<|channel>":

@@ -11,6 +11,7 @@ import json
 import re
 
 from .base import CONTENT, THOUGHT, TOOL_CALL, Parser, new_id
+from .deltas import Delta, ToolCallDelta, text_delta, thinking_delta, tool_call_delta, unparsed_call_delta
 from .tool_schema import check_arguments, index_tools
 
 # CallBuilder.advance() results.
@@ -120,20 +121,20 @@ class StreamParser(Parser):
         self._index = 0
         self._plain = False  # nothing held and no state: the per-token fast path applies
 
-    def feed(self, text: str) -> list[dict]:
+    def feed(self, text: str) -> list[Delta]:
         if self._plain and "<" not in text:
             # Fast path: no marker can start here and nothing is held back.
             if self.channel == CONTENT:
-                return [{"type": "text", "text": text}] if text else []
+                return [text_delta(text)] if text else []
             if not text.endswith("\n"):
-                return [{"type": "thinking", "text": text}] if text else []
+                return [thinking_delta(text)] if text else []
         self._buf += text
-        out: list[dict] = []
+        out: list[Delta] = []
         self._run(out)
         return out
 
-    def finish(self) -> list[dict]:
-        out: list[dict] = []
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
         while self._call is not None:
             # The end of the output may be what decides an open call (Qwen's); if it does not, the
             # call is text.
@@ -155,7 +156,7 @@ class StreamParser(Parser):
 
     # -- the scanning loop ------------------------------------------------------------------
 
-    def _run(self, out: list[dict]) -> None:
+    def _run(self, out: list[Delta]) -> None:
         while True:
             if self._call is not None:
                 if not self._advance_call(out):
@@ -205,7 +206,7 @@ class StreamParser(Parser):
         self._skip_name = False
         return True
 
-    def _text(self, text: str, out: list[dict]) -> None:
+    def _text(self, text: str, out: list[Delta]) -> None:
         if not text:
             return
         if self._fresh:
@@ -213,7 +214,7 @@ class StreamParser(Parser):
             if not text:
                 return
             self._fresh = False
-        out.append({"type": "text" if self.channel == CONTENT else "thinking", "text": text})
+        out.append(text_delta(text) if self.channel == CONTENT else thinking_delta(text))
 
     # -- tool calls --------------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ class StreamParser(Parser):
         self.channel = TOOL_CALL
         self._call = self._new_call(opener)
 
-    def _advance_call(self, out: list[dict], final: bool = False) -> bool:
+    def _advance_call(self, out: list[Delta], final: bool = False) -> bool:
         call = self._call
         if self._buf:
             call.raw += self._buf
@@ -241,29 +242,21 @@ class StreamParser(Parser):
             self._fresh = True  # whitespace between calls is not content
         return True
 
-    def _completed(self, call: CallBuilder, raw: str) -> dict | None:
+    def _completed(self, call: CallBuilder, raw: str) -> ToolCallDelta | None:
         try:
             name, args, textual = call.parse()
             args, outcome = check_arguments(name, args, self._tools, textual)
             arguments = json.dumps(args, ensure_ascii=False, allow_nan=False)
         except ValueError:
             return None
-        delta = {
-            "type": "tool_call",
-            "index": self._index,
-            "id": new_id("call_"),
-            "name": name,
-            "arguments": arguments,
-            "raw": raw,
-            "outcome": outcome,
-        }
+        delta = tool_call_delta(self._index, new_id("call_"), name, arguments, raw, outcome)
         self._index += 1
         return delta
 
-    def _unparsed(self, raw: str, out: list[dict]) -> None:
+    def _unparsed(self, raw: str, out: list[Delta]) -> None:
         # Never dropped: counted, then returned to the client as the text the model wrote.
-        out.append({"type": "tool_call_unparsed", "raw": raw})
-        out.append({"type": "text", "text": self._fallback_text(raw)})
+        out.append(unparsed_call_delta(raw))
+        out.append(text_delta(self._fallback_text(raw)))
         if self.channel == CONTENT:
             self._fresh = False
 
@@ -272,7 +265,7 @@ class StreamParser(Parser):
 
     # -- family hooks ---------------------------------------------------------------------------
 
-    def _marker(self, tok: str, out: list[dict]) -> None:
+    def _marker(self, tok: str, out: list[Delta]) -> None:
         raise NotImplementedError
 
     def _new_call(self, opener: str) -> CallBuilder:
@@ -293,7 +286,7 @@ class ThinkTagParser(StreamParser):
         THOUGHT: Markers("<think>", "</think>", "<tool_call>", *dropped),
     }
 
-    def _marker(self, tok: str, out: list[dict]) -> None:
+    def _marker(self, tok: str, out: list[Delta]) -> None:
         if tok == "<tool_call>":
             self._open_call(tok)
         elif tok == "<think>":

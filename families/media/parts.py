@@ -50,12 +50,6 @@ class MediaPart:
         return f"data:{self.mime or 'application/octet-stream'};base64,{encoded}"
 
 
-def media_parts(messages: list[dict]) -> list[MediaPart]:
-    """The attached items of a conversation, in order (the API layer put them in as parts)."""
-    return [part["media"] for message in messages if isinstance(message.get("content"), list)
-            for part in message["content"] if isinstance(part, dict) and isinstance(part.get("media"), MediaPart)]
-
-
 def with_decoded(messages: list[dict], decoded: dict[int, Any]) -> list[dict]:
     """The conversation with each item's part holding its decoded form (`decoded`: id(part) → it),
     as the processor's chat template reads it: {"type": "image", "image": PIL image}; a video's

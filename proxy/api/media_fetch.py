@@ -17,7 +17,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from looptrace.families.media.parts import MediaLimits, MediaPart, media_parts
+from looptrace.families.media.parts import MediaLimits, MediaPart
+from looptrace.families.media.plan import MediaPlan
 
 from .errors import invalid
 
@@ -62,10 +63,10 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-async def fetch_media(messages: list[dict], allowed: frozenset[str], limits: MediaLimits, timeout: float) -> None:
+async def fetch_media(plan: MediaPlan, allowed: frozenset[str], limits: MediaLimits, timeout: float) -> None:
     """Fills in the bytes of every part given by URL (`MediaPart.url`), or refuses the request (400)
     naming the part."""
-    pending = [p for p in media_parts(messages) if p.url and p.raw is None]
+    pending = plan.to_fetch()
     if not pending:
         return
     for part in pending:

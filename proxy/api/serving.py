@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from opentelemetry.propagate import extract
 
-from ..engine.generation import Generation, GenerationRequest
+from ..engine.generation import Generation
+from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
 from .clients import conversation_id, request_attributes
 from .errors import failure_of, model_not_found
@@ -43,7 +44,7 @@ async def prepared(http: web.Request, trace: RequestTelemetry, body: dict, reque
         raise model_not_found(model, runtime.model_name)
     trace.checked()
     settings = runtime.settings
-    await fetch_media(request.messages, frozenset(h.lower() for h in settings.allowed_media_domains),
+    await fetch_media(request.media, frozenset(h.lower() for h in settings.allowed_media_domains),
                       runtime.media_limits, settings.media_fetch_timeout)
     generation = Generation(runtime, request, trace.observers)
     await generation.prepare()

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import aclosing, asynccontextmanager, suppress
+from typing import NamedTuple
+
+from aiohttp import web
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE_SECONDS = 15.0  # the longest a stream waits silent: for its headers, then between keepalives
@@ -108,3 +111,29 @@ async def wait_before_opening(first: asyncio.Future) -> None:
     await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
     if first.done():
         first.result()
+
+
+class Opened(NamedTuple):
+    """A stream whose headers went out: the generation's steps after the first, the first as a
+    task, and the writer for the response's frames."""
+
+    response: web.StreamResponse
+    steps: AsyncIterator
+    first: asyncio.Future
+    out: FrameWriter
+
+
+@asynccontextmanager
+async def opened_stream(request: web.Request, steps: AsyncIterator) -> AsyncIterator[Opened]:
+    """What every streaming adapter does before its first frame: wait up to one keepalive interval for
+    the first step (a refusal by then still gets its status code), then send the SSE headers. On the
+    way out the steps are closed (which stops the generation) and nothing more is written."""
+    async with aclosing(steps), first_step(steps) as first:
+        await wait_before_opening(first)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        out = FrameWriter(response)
+        try:
+            yield Opened(response, steps, first, out)
+        finally:
+            out.close()

@@ -10,65 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import AsyncIterator, NamedTuple
+from typing import AsyncIterator
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.events import DoneEvent, PrefillEvent, TokenEvent
+from looptrace.backends.events import DoneEvent, PrefillEvent
 from looptrace.common.jsonio import dumps
-from looptrace.families.base import THOUGHT, Rendered
-from looptrace.families.media.parts import (
-    MediaError,
-    MediaPart,
-    item_tokens,
-    media_parts,
-    noted_in_tool_results,
-    with_decoded,
+from looptrace.families.base import THOUGHT, Rendered, RenderError
+from looptrace.families.deltas import (
+    Delta,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    UnparsedCallDelta,
+    dispatch,
+    text_delta,
 )
-from looptrace.families.media.decode import decode_audio, decode_image, decode_video, thumbnail
+from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
+from looptrace.families.media.plan import MediaPlan
 
 from .errors import Refused
 from .observer import Observer
+from .request import GenerationRequest, Step, StoredPrompt
 from .runtime import Runtime
 from .stops import StopStrings
-
-
-@dataclass(frozen=True, slots=True)
-class StoredPrompt:
-    """A prompt already rendered (a stored trace's), run again without rendering: how a fork starts."""
-
-    ids: list[int]
-    thinking: bool  # the prompt leaves the model inside its thinking channel
-    answer_prefix: list[int] = field(default_factory=list)  # tokens the answer starts with, as if generated
-
-
-@dataclass(slots=True)
-class GenerationRequest:
-    messages: list[dict]  # Hugging Face's common format; tool-call arguments as dicts
-    tools: list[dict] | None = None  # OpenAI function tools
-    tool_choice: str | dict = "auto"  # "auto" | "none" | "required" | {"name": NAME}
-    parallel_tool_calls: bool = True
-    enable_thinking: bool | None = None  # None: the template's own default
-    max_tokens: int | None = None
-    max_tokens_param: str = "max_tokens"  # the field the client used, for error messages
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop: list[str] = field(default_factory=list)
-    top_logprobs: int | None = None  # None: no logprobs asked for
-    stored: StoredPrompt | None = None  # run this prompt instead of rendering `messages`
-    conversation: str | None = None  # the agent session, as the client names it (api/clients.py)
-
-
-class Step(NamedTuple):
-    """What one turn of `Generation.run()` yields."""
-
-    token: TokenEvent | None  # None for deltas not tied to a token (a forced prefix, the parser's flush)
-    channel: str | None  # where the token fell: THOUGHT, CONTENT or TOOL_CALL
-    deltas: list[dict]  # what the client sees of it: thinking, text, tool calls
 
 
 class Generation:
@@ -95,9 +59,11 @@ class Generation:
         self.reasoning: list[str] = []  # the answer as the client received it, for traces
         self.text: list[str] = []
         self.finish_reason: str | None = None
-        self.media_parts: list[MediaPart] = []  # the attached items, decoded (their info filled)
+        self.media = MediaPlan([], [])  # the items the model reads, decoded (their info filled)
+        self.media_parts: list[MediaPart] = []  # their parts
         self.media_runs: list[tuple[int, int, int]] = []  # (offset, span, count) of the tokens each one became
         self._decode: DecodeRequest | None = None
+        self._screening = _Screening(self)
 
     # -- before any byte goes to the client: everything that can refuse the request --
 
@@ -128,9 +94,9 @@ class Generation:
                               code="context_length_exceeded")
             messages = self._decoded_media(request.messages)
             try:
-                rendered = family.render(messages, tools, request.enable_thinking,
-                                         template_ids=bool(self.media_parts) and runtime.backend.expands_media)
-            except ValueError as exc:
+                rendered = family.render(messages, tools, request.enable_thinking, media=bool(self.media),
+                                         template_ids=bool(self.media) and runtime.backend.expands_media)
+            except RenderError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
                               code="template_error") from exc
             forced_name = request.tool_choice.get("name") if isinstance(request.tool_choice, dict) else None
@@ -172,45 +138,22 @@ class Generation:
     def _decoded_media(self, messages: list[dict]) -> list[dict]:
         """The conversation with its attached items decoded (on this thread, off the event loop), or
         a 400 naming the part: one this model or backend cannot take, past a limit, or undecodable."""
-        parts = media_parts(messages)
-        if not parts:
+        plan = self.request.media
+        if not plan:
             return messages
         runtime = self.runtime
-        accepted = runtime.family.media_kinds
-        if any(p.kind not in accepted for p in parts):
-            # What a tool returned is noted, not refused (the client did not choose to send it here);
-            # what a user attached must be read, or refused.
-            messages = noted_in_tool_results(messages, accepted)
-            parts = media_parts(messages)
-            for part in parts:
-                if part.kind not in accepted:
-                    takes = ", ".join(sorted(accepted)) + " and text" if accepted else "text only"
-                    raise Refused(f"This model ({runtime.model_name}) takes {takes}: the {part.kind} at {part.param} "
-                                  "cannot be read.", param=part.param, code="media_unsupported")
-            if not parts:
-                return messages
         limits = runtime.media_limits
-        if len(parts) > limits.max_items:
-            raise Refused(f"This request attaches {len(parts)} items; the limit is {limits.max_items} "
-                          "(--media-max-items).", param=parts[limits.max_items].param, code="media_too_large")
-        refusal = runtime.backend.media_refusal
-        if refusal:
-            raise Refused(refusal, param=parts[0].param, code="media_unsupported")
-        decoded = {}
-        for part in parts:
-            try:
-                if part.kind == "audio":
-                    decoded[id(part)] = decode_audio(part, limits, runtime.family.audio_rate)
-                elif part.kind == "video":
-                    video = decoded[id(part)] = decode_video(part, limits, runtime.family.sample_video)
-                    part.info["thumbnail"] = thumbnail(video[0][0])  # its first frame
-                else:
-                    image = decoded[id(part)] = decode_image(part, limits)
-                    part.info["thumbnail"] = thumbnail(image)  # a few kB, for the trace (when it keeps content)
-            except MediaError as exc:
-                raise Refused(str(exc), param=exc.param, code=exc.code) from exc
-        self.media_parts = parts
-        return with_decoded(messages, decoded)
+        try:
+            messages, plan = plan.readable(messages, runtime.family.media_kinds, runtime.model_name)
+            if not plan:
+                return messages
+            plan.check(limits, runtime.backend.media_refusal)
+            messages = plan.decoded(messages, limits, runtime.family.audio_rate, runtime.family.sample_video)
+        except MediaError as exc:
+            raise Refused(str(exc), param=exc.param, code=exc.code) from exc
+        self.media = plan
+        self.media_parts = plan.parts
+        return messages
 
     # -- the run --
 
@@ -220,15 +163,13 @@ class Generation:
         parser = family.new_parser(request.tools if request.tool_choice != "none" else None, self.rendered.thinking)
         grammar = family.grammar_ids
         stops = StopStrings(request.stop) if request.stop else None
-        # Which item fills which tokens: part of what the prompt is.
-        media_key = tuple((offset, span, part.info.get("sha256", ""))
-                          for (offset, span, _), part in zip(self.media_runs, self.media_parts))
         self._decode = DecodeRequest(self.prompt_ids, self.max_tokens, self.sampling, family.stop_token_ids,
                                      keep_at=self.rendered.history_length, media=self.rendered.media,
-                                     media_key=media_key, template_ids=self.rendered.template_ids,
-                                     conversation=request.conversation,
-                                     media_urls=[(p.kind, p.data_url()) for p in self.media_parts]
-                                     if self.rendered.template_ids is not None else [])
+                                     # Which item fills which tokens: part of what the prompt is.
+                                     media_key=self.media.cache_key(self.media_runs),
+                                     template_ids=self.rendered.template_ids, conversation=request.conversation,
+                                     media_urls=self.media.data_urls() if self.rendered.template_ids is not None
+                                     else [])
         for observer in observers:  # what a tracer adds to the request (its traceparent), set here
             self._decode.trace_headers.update(observer.submitted(self, self._decode))
 
@@ -301,30 +242,9 @@ class Generation:
         texts.append(detokenizer.flush())
         return "".join(texts)
 
-    def _screen(self, deltas: list[dict]) -> list[dict]:
-        """Record tool calls; with tool_choice "none" a call the model makes anyway comes back as text."""
-        if not deltas:
-            return deltas
-        out = []
-        for delta in deltas:
-            kind = delta["type"]
-            if kind == "text":
-                self.text.append(delta["text"])
-            elif kind == "thinking":
-                self.reasoning.append(delta["text"])
-            if kind == "tool_call":
-                if self.request.tool_choice == "none":
-                    self.text.append(delta["raw"])
-                    out.append({"type": "text", "text": delta["raw"]})
-                    continue
-                self.tool_calls.append(delta)
-                for observer in self.observers:
-                    observer.tool_call(delta)
-            elif kind == "tool_call_unparsed":
-                for observer in self.observers:
-                    observer.tool_call(delta)
-            out.append(delta)
-        return out
+    def _screen(self, deltas: list[Delta]) -> list[Delta]:
+        """Record the answer as the client gets it (_Screening)."""
+        return dispatch(deltas, self._screening) if deltas else deltas
 
     def _finish_reason(self, stopped_by: str | None) -> str:
         if stopped_by:
@@ -358,7 +278,7 @@ RENDER_IN_PLACE_BYTES = 16_384  # a conversation this small (as JSON) renders in
 def _renders_quickly(request: GenerationRequest) -> bool:
     if request.stored is not None:
         return len(request.stored.ids) < RENDER_IN_PLACE_BYTES // 4
-    if media_parts(request.messages):
+    if request.media:
         return False  # media is decoded while rendering: never on the event loop
     size = 0
     for item in (*request.messages, *(request.tools or ())):  # stops as soon as the bound is passed
@@ -380,3 +300,34 @@ def _pick(asked, default, fallback):
     if asked is not None:
         return asked
     return default if default is not None else fallback
+
+
+class _Screening:
+    """What a generation does with each delta (families/deltas.py's DeltaHandler): records the answer as
+    the client gets it, shows tool calls to the observers, and with tool_choice "none" returns a call
+    the model makes anyway as text. Each method returns the delta the client gets."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+
+    def text(self, delta: TextDelta) -> Delta:
+        self.generation.text.append(delta["text"])
+        return delta
+
+    def thinking(self, delta: ThinkingDelta) -> Delta:
+        self.generation.reasoning.append(delta["text"])
+        return delta
+
+    def tool_call(self, delta: ToolCallDelta) -> Delta:
+        generation = self.generation
+        if generation.request.tool_choice == "none":
+            return self.text(text_delta(delta["raw"]))
+        generation.tool_calls.append(delta)
+        for observer in generation.observers:
+            observer.tool_call(delta)
+        return delta
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> Delta:
+        for observer in self.generation.observers:
+            observer.tool_call(delta)
+        return delta

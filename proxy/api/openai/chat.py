@@ -19,7 +19,7 @@ from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
 from ..errors import APIError, api_error
 from ..serving import prepared, traced
 from ..keys import RUNTIME
-from ..streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
+from ..streaming import END, opened_stream
 from ..validation import json_body
 
 log = logging.getLogger("looptrace")
@@ -52,39 +52,32 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
                   trace: RequestTelemetry) -> web.StreamResponse:
-    async with aclosing(generation.run()) as steps, first_step(steps) as first:
-        await wait_before_opening(first)
-        response = web.StreamResponse(headers=SSE_HEADERS)
-        await response.prepare(request)
-        out = FrameWriter(response)
+    async with opened_stream(request, generation.run()) as (response, steps, first, out):
+        await out.opening(stream.start(), first)
         try:
-            await out.opening(stream.start(), first)
-            try:
-                # Until the first token: a comment every interval (after it, tokens keep the stream busy).
-                while not first.done():
-                    await asyncio.wait({first}, timeout=streaming.KEEPALIVE_SECONDS)
-                    if not first.done():
-                        await out.write(KEEPALIVE)
-                step = first.result()
-                if step is not END:
-                    await out.write_now(stream.frames(step))
-                    async for step in steps:
-                        frame = stream.frames(step)
-                        if frame:
-                            await out.write(frame)
-                await out.write(stream.finish(generation))
-            except BackendError as err:
-                # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
-                trace.stream_failed(err.code)
-                await out.write(error_frame(api_error(err).body()))
-            except (asyncio.CancelledError, ConnectionResetError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
-                log.exception("chat stream failed")
-                trace.stream_failed("internal_error")
-                await out.write(error_frame(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                                     type="server_error", code="internal_error").body()))
-            await out.flush()
-        finally:
-            out.close()
+            # Until the first token: a comment every interval (after it, tokens keep the stream busy).
+            while not first.done():
+                await asyncio.wait({first}, timeout=streaming.KEEPALIVE_SECONDS)
+                if not first.done():
+                    await out.write(KEEPALIVE)
+            step = first.result()
+            if step is not END:
+                await out.write_now(stream.frames(step))
+                async for step in steps:
+                    frame = stream.frames(step)
+                    if frame:
+                        await out.write(frame)
+            await out.write(stream.finish(generation))
+        except BackendError as err:
+            # Too late for a status code: the error goes in the stream, where the openai SDK raises it.
+            trace.stream_failed(err.code)
+            await out.write(error_frame(api_error(err).body()))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+            log.exception("chat stream failed")
+            trace.stream_failed("internal_error")
+            await out.write(error_frame(APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                 type="server_error", code="internal_error").body()))
+        await out.flush()
         return response

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from looptrace.backends.events import TOP_N
 
-from ...engine.generation import GenerationRequest
+from ...engine.request import GenerationRequest
 from ..errors import invalid
 from .request_parts import (
     MEDIA_PARTS,

@@ -12,8 +12,10 @@ import time
 from looptrace.backends.events import TokenEvent
 from looptrace.common.jsonio import dumps
 from looptrace.families.base import CONTENT, new_id
+from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
-from ...engine.generation import Generation, Step
+from ...engine.generation import Generation
+from ...engine.request import Step
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
@@ -44,7 +46,7 @@ def usage(generation: Generation) -> dict:
     }
 
 
-def tool_call_json(delta: dict) -> dict:
+def tool_call_json(delta: ToolCallDelta) -> dict:
     return {"id": delta["id"], "type": "function", "function": {"name": delta["name"], "arguments": delta["arguments"]}}
 
 
@@ -70,24 +72,26 @@ class ChatStream:
     def frames(self, step: Step) -> bytes:
         if self.logprobs is not None and step.channel == CONTENT:
             self._pending_logprobs.append(self.logprobs.entry(step.token))
-        deltas = step.deltas
-        if not deltas:
-            return b""
-        out = []
-        for delta in deltas:
-            kind = delta["type"]
-            if kind == "text":
-                logprobs, self._pending_logprobs = (self._pending_logprobs or None), []
-                out.append(self._chunk('{"content":' + dumps(delta["text"]) + "}", logprobs=logprobs))
-            elif kind == "thinking":
-                text = dumps(delta["text"])
-                out.append(self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}"))
-            elif kind == "tool_call":
-                # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
-                call = tool_call_json(delta)
-                call["index"] = delta["index"]
-                out.append(self._chunk({"tool_calls": [call]}))
-        return b"".join(out)
+        return b"".join(dispatch(step.deltas, self)) if step.deltas else b""
+
+    # DeltaHandler: each delta's chunk.
+
+    def text(self, delta: TextDelta) -> bytes:
+        logprobs, self._pending_logprobs = (self._pending_logprobs or None), []
+        return self._chunk('{"content":' + dumps(delta["text"]) + "}", logprobs=logprobs)
+
+    def thinking(self, delta: ThinkingDelta) -> bytes:
+        text = dumps(delta["text"])
+        return self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}")
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
+        call = tool_call_json(delta)
+        call["index"] = delta["index"]
+        return self._chunk({"tool_calls": [call]})
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
+        return b""  # its text follows as a text delta
 
     def finish(self, generation: Generation) -> bytes:
         logprobs = self._pending_logprobs or None
@@ -111,7 +115,7 @@ class ChatCollector:
     def __init__(self, model: str, logprobs: TokenTexts | None) -> None:
         self.model = model
         self.logprobs = logprobs
-        self.text: list[str] = []
+        self.texts: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[dict] = []
         self.entries: list[dict] = []
@@ -119,17 +123,24 @@ class ChatCollector:
     def add(self, step: Step) -> None:
         if self.logprobs is not None and step.channel == CONTENT:
             self.entries.append(self.logprobs.entry(step.token))
-        for delta in step.deltas:
-            kind = delta["type"]
-            if kind == "text":
-                self.text.append(delta["text"])
-            elif kind == "thinking":
-                self.reasoning.append(delta["text"])
-            elif kind == "tool_call":
-                self.calls.append(tool_call_json(delta))
+        dispatch(step.deltas, self)
+
+    # DeltaHandler: the answer, gathered.
+
+    def text(self, delta: TextDelta) -> None:
+        self.texts.append(delta["text"])
+
+    def thinking(self, delta: ThinkingDelta) -> None:
+        self.reasoning.append(delta["text"])
+
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        self.calls.append(tool_call_json(delta))
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> None:
+        return None  # its text follows as a text delta
 
     def body(self, generation: Generation) -> dict:
-        text = "".join(self.text)
+        text = "".join(self.texts)
         message: dict = {"role": "assistant", "content": text if text or not self.calls else None}
         if self.reasoning:
             reasoning = "".join(self.reasoning)

@@ -19,7 +19,7 @@ from ..serving import prepared, traced
 from ..keys import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
-from ..streaming import END, SSE_HEADERS, FrameWriter, first_step, wait_before_opening
+from ..streaming import END, FrameWriter, opened_stream
 from ..validation import field, json_body
 
 log = logging.getLogger("looptrace")
@@ -64,15 +64,8 @@ async def delete_response(request: web.Request) -> web.Response:
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
                   trace: RequestTelemetry) -> web.StreamResponse:
-    async with aclosing(generation.run()) as steps, first_step(steps) as first:
-        await wait_before_opening(first)
-        response = web.StreamResponse(headers=SSE_HEADERS)
-        await response.prepare(request)
-        out = FrameWriter(response)
-        try:
-            await _relay(steps, first, out, builder, generation, trace)
-        finally:
-            out.close()
+    async with opened_stream(request, generation.run()) as (response, steps, first, out):
+        await _relay(steps, first, out, builder, generation, trace)
         return response
 
 

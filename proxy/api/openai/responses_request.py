@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 
-from ...engine.generation import GenerationRequest
+from ...engine.request import GenerationRequest
 from ..errors import invalid
 from .request_parts import (
     MEDIA_PARTS,

@@ -17,6 +17,7 @@ import time
 
 from looptrace.common.jsonio import dumps
 from looptrace.families.base import new_id
+from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
 from ...engine.generation import Generation
 from .responses_request import ToolNames
@@ -83,21 +84,22 @@ class ResponseBuilder:
 
     # -- the run --
 
-    def add(self, deltas: list[dict]) -> bytes:
-        if not deltas:
-            return b""
-        out = []
-        for delta in deltas:
-            kind = delta["type"]
-            if kind == "text":
-                out.append(self._text(MESSAGE, delta["text"]))
-            elif kind == "thinking":
-                out.append(self._text(REASONING, delta["text"]))
-            elif kind == "tool_call":
-                out.append(self._close())
-                out.append(self._call(delta))
-            # tool_call_unparsed: its text follows as a "text" delta.
-        return b"".join(out)
+    def add(self, deltas: list[Delta]) -> bytes:
+        return b"".join(dispatch(deltas, self)) if deltas else b""
+
+    # DeltaHandler: each delta's events.
+
+    def text(self, delta: TextDelta) -> bytes:
+        return self._text(MESSAGE, delta["text"])
+
+    def thinking(self, delta: ThinkingDelta) -> bytes:
+        return self._text(REASONING, delta["text"])
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        return self._close() + self._call(delta)
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
+        return b""  # its text follows as a text delta
 
     def _text(self, kind: str, text: str) -> bytes:
         if not text:
@@ -150,7 +152,7 @@ class ResponseBuilder:
         return (done + self._event("response.content_part.done", {**where, "part": part})
                 + self._event("response.output_item.done", {"output_index": index, "item": item}))
 
-    def _call(self, delta: dict) -> bytes:
+    def _call(self, delta: ToolCallDelta) -> bytes:
         """A parsed call, reported as the client's tool: a function (its namespace apart) or a custom tool."""
         ref = self.names.resolve(delta["name"])
         index = len(self.output)

@@ -20,7 +20,8 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.trace_store.schema import request_span
 
-from ...engine.generation import Generation, GenerationRequest, StoredPrompt
+from ...engine.generation import Generation
+from ...engine.request import GenerationRequest, StoredPrompt
 from ...engine.runtime import Runtime
 from ..openai.chat_response import ChatCollector
 from ..errors import APIError, invalid
