@@ -29,7 +29,6 @@ from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
-from .prefix_cache import MAX_BYTES
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
 from .speculative import Backoff, PromptLookup, judge
 from .speculative_config import SpeculativeConfig
@@ -56,8 +55,8 @@ class LlamaCppBackend(OnDecodeThread):
     name = "llama.cpp"
     media_refusal = "The llama.cpp backend reads text only."
 
-    def __init__(self, load: Callable[[], LlamaContext], vocab: Vocabulary, *, max_queue: int = 64,
-                 prefix_cache_tokens: int = 65536, prefix_cache_bytes: int = MAX_BYTES,
+    def __init__(self, load: Callable[[], LlamaContext], vocab: Vocabulary, *, max_queue: int,
+                 prefix_cache_tokens: int, prefix_cache_bytes: int,
                  speculative: SpeculativeConfig | None = None) -> None:
         """`load` makes the context, on the decode thread, the one thread that will ever use it."""
         self.vocab = vocab

@@ -27,10 +27,10 @@ class Settings:
     speculative_config: str | None = None
     # Attached media: the largest item as sent, an image's pixels, items per request (400s beyond).
     media_max_mb: float = 20.0
-    media_max_pixels: int = 33_554_432
+    media_max_pixels: int = 33_554_432  # 8K: a 5K or 6K screenshot fits, a decompression bomb does not
     media_max_items: int = 16
-    media_max_audio_seconds: float = 30.0
-    media_max_video_frames: int = 64
+    media_max_audio_seconds: float = 30.0  # what Gemma 4's audio encoder reads (750 tokens of 40 ms)
+    media_max_video_frames: int = 64  # as the processor samples them: Gemma 4 takes 32, Qwen3.5 2 a second
     allowed_media_domains: list[str] = field(default_factory=list)  # hosts media URLs may be fetched from
     media_fetch_timeout: float = 10.0  # seconds for one fetch, all of it
     backend: str = "local"  # a name in looptrace.backends.registry (the command line may pick one by MODEL)

@@ -23,11 +23,13 @@ class MediaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MediaLimits:
-    max_bytes: int = 20 * 1024**2  # per item: its bytes (base64 decoded, or as fetched)
-    max_pixels: int = 33_554_432  # per image: a 5K or 6K screenshot fits, a decompression bomb does not
-    max_items: int = 16  # per request
-    max_audio_seconds: float = 30.0  # per clip: Gemma 4's audio encoder reads 30 s (750 tokens of 40 ms)
-    max_video_frames: int = 64  # per video, as the processor samples it: Gemma 4 takes 32, Qwen3.5 2 a second
+    """What one request may attach (the server's --media-* settings, whose defaults are Settings')."""
+
+    max_bytes: int  # per item: its bytes (base64 decoded, or as fetched)
+    max_pixels: int  # per image (or video frame): a 5K or 6K screenshot fits, a decompression bomb does not
+    max_items: int  # per request
+    max_audio_seconds: float  # per clip
+    max_video_frames: int  # per video, as the processor samples it
 
 
 @dataclass(slots=True)

@@ -14,9 +14,10 @@ from .viewer import pages
 from .openai.chat import chat_completions
 from .errors import APIError, error_middleware
 from .viewer.fork import fork_trace
-from .monitoring import health, metrics, models
-from .keys import RESPONSE_STORE, RUNTIME, SETTINGS, TELEMETRY
-from .openai.response_store import ResponseStore
+from .monitoring import health, metrics
+from .openai.models import models
+from .keys import RUNTIME, SETTINGS, TELEMETRY
+from .openai.response_store import RESPONSE_STORE, ResponseStore
 from .openai.responses import create_response, delete_response, get_response
 from .viewer.sessions import get_session, list_sessions, live
 from .viewer.traces import get_prompt, get_tokens, get_trace, list_traces

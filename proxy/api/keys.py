@@ -1,4 +1,5 @@
-"""Typed keys for what the aiohttp application holds."""
+"""Typed keys for what the aiohttp application holds, for every API (an API's own state keys its own:
+openai/response_store.py's RESPONSE_STORE)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from .openai.response_store import ResponseStore
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
-RESPONSE_STORE: web.AppKey[ResponseStore] = web.AppKey("response_store", ResponseStore)

@@ -15,7 +15,7 @@ from ...engine.generation import Generation
 from ...observe.telemetry import RequestTelemetry
 from .. import streaming
 from .chat_request import parse_chat
-from .chat_response import ChatCollector, ChatStream, TokenTexts, error_frame
+from .chat_response import ChatCollector, ChatStream, LogprobEntries, error_frame
 from ..errors import APIError, api_error
 from ..serving import prepared, traced
 from ..keys import RUNTIME
@@ -33,7 +33,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
         tokenizer = request.app[RUNTIME].tokenizer
-        texts = TokenTexts(tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
+        texts = LogprobEntries(tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
         try:
             if options.stream:
                 stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts)

@@ -20,7 +20,7 @@ from ...engine.request import Step
 DONE_FRAME = b"data: [DONE]\n\n"
 
 
-class TokenTexts:
+class LogprobEntries:
     """Logprob entries in OpenAI's shape; built only when the client asked for logprobs."""
 
     def __init__(self, tokenizer, top: int) -> None:
@@ -51,7 +51,7 @@ def tool_call_json(delta: ToolCallDelta) -> dict:
 
 
 class ChatStream:
-    def __init__(self, model: str, *, include_usage: bool, logprobs: TokenTexts | None) -> None:
+    def __init__(self, model: str, *, include_usage: bool, logprobs: LogprobEntries | None) -> None:
         self.id = new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
@@ -112,7 +112,7 @@ def error_frame(body: dict) -> bytes:
 class ChatCollector:
     """Accumulates a whole answer for a non-streaming response."""
 
-    def __init__(self, model: str, logprobs: TokenTexts | None) -> None:
+    def __init__(self, model: str, logprobs: LogprobEntries | None) -> None:
         self.model = model
         self.logprobs = logprobs
         self.texts: list[str] = []

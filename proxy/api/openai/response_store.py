@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
+from aiohttp import web
+
 from looptrace.common.jsonio import dumps
 
 from ..errors import APIError
@@ -73,3 +75,6 @@ def _not_found(response_id: str) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found. This server keeps the last responses "
                     f"created with store=true, in memory: {DEFAULT_MAX_RESPONSES} of them, "
                     f"{DEFAULT_MAX_BYTES >> 20} MiB in all.", param="response_id", code="response_not_found")
+
+
+RESPONSE_STORE: web.AppKey[ResponseStore] = web.AppKey("response_store", ResponseStore)

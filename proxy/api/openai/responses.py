@@ -16,7 +16,7 @@ from ...engine.generation import Generation
 from ...observe.telemetry import RequestTelemetry
 from .. import streaming
 from ..serving import prepared, traced
-from ..keys import RESPONSE_STORE
+from .response_store import RESPONSE_STORE
 from .responses_request import parse_responses
 from .responses_stream import ResponseBuilder
 from ..streaming import END, FrameWriter, opened_stream

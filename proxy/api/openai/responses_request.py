@@ -34,7 +34,7 @@ log = logging.getLogger("looptrace")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant")
 CALL_ITEMS = ("function_call", "custom_tool_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
-REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn
+REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn (an item that goes back starts a new one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,85 +242,103 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
     sends several developer messages. Later ones stay where they are, as system messages; a family
     whose template refuses that joins them into the first (Family.system_first_only).
     """
-    system: list[str] = [instructions] if instructions else []
-    messages: list[dict] = []
-    turn: dict | None = None  # the assistant turn being gathered
-    stage = 0  # how far that turn has got: REASONING, TEXT, CALLS
-    call_names: dict[str, str] = {}  # call_id → the name the model called, for tool messages
-    leading = True
-
-    def assistant(step: int) -> dict:
-        nonlocal turn, stage
-        # A turn reads reasoning, then text, then calls; an item that goes back starts a new turn.
-        if turn is None or step < stage:
-            turn = {"role": "assistant", "content": ""}
-            messages.append(turn)
-        stage = step
-        return turn
-
+    out = _Messages(instructions)
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            role = field(item, "role", str, f"{where}.role", required=True)
-            if role not in MESSAGE_ROLES:
-                raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of "
-                              f"{', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
-            # Images go to the model from a user's message; elsewhere (a system prompt, the assistant's
-            # own words) they are noted as text.
-            text = content_text(item.get("content"), f"{where}.content", media=role == "user")
-            if role in ("system", "developer"):
-                if leading:
-                    system.append(text)
-                    continue
-                messages.append({"role": "system", "content": text})
-                turn = None
-            elif role == "assistant":
-                assistant(TEXT)["content"] += text
-            else:
-                messages.append({"role": "user", "content": text})
-                turn = None
+            if out.message(item, where):
+                continue  # a leading system message: more may follow
         elif kind in CALL_ITEMS:
-            call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
-            name = _name(item, where)
-            namespace = field(item, "namespace", str, f"{where}.namespace")
-            flat = f"{namespace}.{name}" if namespace else name
-            if kind == "function_call":
-                arguments = call_arguments(item.get("arguments", "{}"), f"{where}.arguments")
-            else:
-                arguments = {"input": field(item, "input", str, f"{where}.input", default="")}
-            call_names[call_id] = flat
-            assistant(CALLS).setdefault("tool_calls", []).append(
-                {"id": call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
+            out.call(item, where, kind)
         elif kind in OUTPUT_ITEMS:
-            call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
-            message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output", media=True),
-                       "tool_call_id": call_id}
-            if call_id in call_names:
-                message["name"] = call_names[call_id]
-            messages.append(message)
-            turn = None
+            out.output(item, where)
         elif kind == "reasoning":
-            text = reasoning_text(item)
-            current = assistant(REASONING)
-            if text:
-                previous = current.get("reasoning_content")
-                current["reasoning_content"] = f"{previous}\n\n{text}" if previous else text
+            out.reasoning(reasoning_text(item))
         else:
             text = _loose_text(item)
             if not text:
                 log.warning("skipping input item %d of type %r: nothing here can replay it", i, kind)
                 continue
-            role = item.get("role") if item.get("role") in ("user", "assistant") else "user"
-            if role == "assistant":
-                assistant(TEXT)["content"] += text
-            else:
-                messages.append({"role": "user", "content": text})
-                turn = None
-        leading = False
-    if system:
-        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    return messages
+            out.said("assistant" if item.get("role") == "assistant" else "user", text)
+        out.leading = False
+    return out.messages()
+
+
+class _Messages:
+    """The messages being gathered from items: assistant turns (reasoning, then text, then calls; an
+    item that goes back starts a new turn), tool results named after their calls, the leading system
+    text apart."""
+
+    def __init__(self, instructions: str | None) -> None:
+        self.system: list[str] = [instructions] if instructions else []
+        self.out: list[dict] = []
+        self.turn: dict | None = None  # the assistant turn being gathered
+        self.stage = REASONING  # how far that turn has got: REASONING, TEXT, CALLS
+        self.call_names: dict[str, str] = {}  # call_id → the name the model called, for tool messages
+        self.leading = True  # no item but system messages yet
+
+    def assistant(self, step: int) -> dict:
+        if self.turn is None or step < self.stage:
+            self.turn = {"role": "assistant", "content": ""}
+            self.out.append(self.turn)
+        self.stage = step
+        return self.turn
+
+    def said(self, role: str, text) -> None:
+        if role == "assistant":
+            self.assistant(TEXT)["content"] += text
+        else:
+            self.out.append({"role": role, "content": text})
+            self.turn = None
+
+    def message(self, item: dict, where: str) -> bool:
+        """True when it joined the leading system text."""
+        role = field(item, "role", str, f"{where}.role", required=True)
+        if role not in MESSAGE_ROLES:
+            raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of "
+                          f"{', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
+        # Images go to the model from a user's message; elsewhere (a system prompt, the assistant's own
+        # words) they are noted as text.
+        text = content_text(item.get("content"), f"{where}.content", media=role == "user")
+        if role in ("system", "developer") and self.leading:
+            self.system.append(text)
+            return True
+        self.said("system" if role == "developer" else role, text)
+        return False
+
+    def call(self, item: dict, where: str, kind: str) -> None:
+        call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
+        name = _name(item, where)
+        namespace = field(item, "namespace", str, f"{where}.namespace")
+        flat = f"{namespace}.{name}" if namespace else name
+        if kind == "function_call":
+            arguments = call_arguments(item.get("arguments", "{}"), f"{where}.arguments")
+        else:
+            arguments = {"input": field(item, "input", str, f"{where}.input", default="")}
+        self.call_names[call_id] = flat
+        self.assistant(CALLS).setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
+
+    def output(self, item: dict, where: str) -> None:
+        call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
+        message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output", media=True),
+                   "tool_call_id": call_id}
+        if call_id in self.call_names:
+            message["name"] = self.call_names[call_id]
+        self.out.append(message)
+        self.turn = None
+
+    def reasoning(self, text: str) -> None:
+        current = self.assistant(REASONING)
+        if text:
+            previous = current.get("reasoning_content")
+            current["reasoning_content"] = f"{previous}\n\n{text}" if previous else text
+
+    def messages(self) -> list[dict]:
+        if self.system:
+            return [{"role": "system", "content": "\n\n".join(self.system)}, *self.out]
+        return self.out
 
 
 def content_text(content: object, param: str, media: bool = False) -> str | list[dict]:

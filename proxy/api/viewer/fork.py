@@ -28,7 +28,7 @@ from ..errors import APIError, invalid
 from ..serving import traced
 from ..keys import RUNTIME
 from ..openai.request_parts import seed, temperature_and_top_p
-from .prompt_view import TokenTexts
+from .prompt_view import AlternativeTexts
 from .traces import stored_trace
 from ..validation import field, in_range, json_body
 
@@ -80,7 +80,7 @@ async def fork_trace(request: web.Request) -> web.Response:
                     collector.add(step)
                     if step.token is not None:
                         tokens.append({**step.token, "channel": step.channel})
-            TokenTexts(runtime.vocab).add_to(tokens)
+            AlternativeTexts(runtime.vocab).add_to(tokens)
         finally:
             generation.cancel()
         answer = collector.body(generation)

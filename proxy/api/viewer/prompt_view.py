@@ -37,7 +37,7 @@ def generated_ids(trace: dict) -> list[int]:
     return [t["id"] for t in (decode or {}).get("tokens", ()) if "id" in t]
 
 
-class TokenTexts:
+class AlternativeTexts:
     """A token's text on its own (what a person reads for an alternative), each id decoded once."""
 
     def __init__(self, vocab: Vocabulary) -> None:
@@ -58,7 +58,7 @@ class TokenTexts:
 
 
 def with_alternative_texts(trace: dict, vocab: Vocabulary) -> dict:
-    texts = TokenTexts(vocab)
+    texts = AlternativeTexts(vocab)
     for span in trace["spans"]:
         texts.add_to(span.get("tokens", ()))
     return trace

@@ -17,7 +17,7 @@ from looptrace.trace_store.sqlite import SQLiteTraceStore
 
 from ..errors import APIError, invalid
 from ..keys import RUNTIME, TELEMETRY
-from .prompt_view import TokenTexts, prompt_view, with_alternative_texts
+from .prompt_view import AlternativeTexts, prompt_view, with_alternative_texts
 
 
 async def list_traces(request: web.Request) -> web.Response:
@@ -50,7 +50,7 @@ async def get_tokens(request: web.Request) -> web.Response:
                        param="trace_id", code="trace_not_found")
     runtime = request.app[RUNTIME]
     if runtime.status == "ready" and found["model"] == runtime.model_name:
-        await asyncio.to_thread(TokenTexts(runtime.vocab).add_to, found["tokens"])
+        await asyncio.to_thread(AlternativeTexts(runtime.vocab).add_to, found["tokens"])
     return web.json_response(found, dumps=dumps)
 
 
