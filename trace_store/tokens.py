@@ -21,7 +21,7 @@ EVENT, PREFIX = attr.EVENT_TOKENS, attr.TOKENS_PREFIX  # the event's name, and w
 TOP_COLUMNS = frozenset(name.removeprefix(PREFIX) for name in attr.TOKENS_TOP_COLUMNS)  # TOP_N slots per token
 
 
-def columns(events: list[TokenEvent], channels: list[str], times: list[int], pieces: Sequence[str] | None) -> dict:
+def columns(events: Sequence[TokenEvent], channels: list[str], times: list[int], pieces: Sequence[str] | None) -> dict:
     """One group's event attributes: the tokens' parallel arrays, with the channel and arrival time of
     each; the top five of each token padded to TOP_N entries. `pieces` (the vocabulary's) is None when
     content is not kept: then ids, pieces and text are left out."""

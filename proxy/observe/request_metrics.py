@@ -6,7 +6,7 @@ for another model is refused before it generates); the request's own, `looptrace
 that no string a client sends becomes a label value. Histograms carry the trace's id as an
 exemplar, when the trace is kept somewhere.
 
-The per-token path (`token`) is two appends; time to first token is observed at the first token,
+The per-token path (`token`) is one append; time to first token is observed at the first token,
 inter-token gaps and token counts once per group of GROUP tokens (the decode span's token events
 are grouped the same way), where the work is done in bulk.
 """
@@ -14,7 +14,7 @@ are grouped the same way), where the work is done in bulk.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from operator import sub
 
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
@@ -23,6 +23,8 @@ from looptrace.trace_store.tokens import GROUP
 from ..engine.generation import Generation
 from ..engine.observer import Observer
 from .metrics import Metrics, observe_all
+
+NS_PER_SECOND = 1_000_000_000
 
 
 class RequestMetrics(Observer):
@@ -36,13 +38,19 @@ class RequestMetrics(Observer):
         self._exemplar = {"trace_id": trace_id} if trace_id else None
         self._server: str | None = None  # the vLLM server the tokens come from, once the backend says
         self._prefill: PrefillEvent | None = None  # until its cached tokens are counted
-        self._itl = None  # the inter-token latency's child, from submission
-        self._max_itl = 0.0
-        # Arrival times and channels of the tokens since the last group was counted; the arrival of
-        # the last token counted before them (None: none yet, the next is the first).
-        self._times: list[int] = []
-        self._channels: list[str] = []
+        # The children the per-group counts go to, labelled once: inter-token latency (from submission),
+        # generated tokens by channel, and by the vLLM server that generated them (once it is known).
+        self._itl = None
+        self._by_channel: dict[str, object] = {}
+        self._upstream_tokens = None
+        self._max_itl_ns = 0  # the slowest gap so far
+        # (arrival, channel) of each token since the last group was counted, and the arrival of the
+        # last token counted before them (None: none yet).
+        self._pending: list[tuple[int, str]] = []
         self._last_ns: int | None = None
+        # Until the first token, `token` is `_first_token`, which also times the wait for it: the
+        # per-token path asks no question that is answered once.
+        self.token = self._first_token
 
     def requested(self, model: str) -> None:
         self.model = model
@@ -67,6 +75,7 @@ class RequestMetrics(Observer):
         server = self._server = event["server"]
         metrics = self.metrics
         metrics.upstream_requests.labels(self.model, server).inc()
+        self._upstream_tokens = metrics.upstream_tokens.labels(self.model, server)
         if event["moved_from"]:
             metrics.upstream_moved.labels(self.model, event["moved_from"]).inc()
         retry = event["retry_after"]
@@ -86,39 +95,43 @@ class RequestMetrics(Observer):
             self.metrics.cached_tokens.labels(self.model).inc(cached)
 
     def token(self, event: TokenEvent, channel: str, now_ns: int) -> None:
-        times = self._times
-        times.append(now_ns)
-        self._channels.append(channel)
-        if len(times) >= GROUP:
+        pending = self._pending
+        pending.append((now_ns, channel))
+        if len(pending) >= GROUP:
             self._flush_tokens()
-        elif self._last_ns is None and len(times) == 1:
-            self._first_token(now_ns)
 
-    def _first_token(self, now_ns: int) -> None:
-        seconds = (now_ns - self._started_ns) / 1e9
+    def _first_token(self, event: TokenEvent, channel: str, now_ns: int) -> None:
+        del self.token  # the class's own from now on
+        seconds = (now_ns - self._started_ns) / NS_PER_SECOND
         self.metrics.ttft.labels(self.model, self.endpoint).observe(seconds, self._exemplar)
         if self._server is not None:
             self.metrics.upstream_ttft.labels(self.model, self._server).observe(seconds, self._exemplar)
+        self.token(event, channel, now_ns)
 
     def _flush_tokens(self) -> None:
-        times, channels = self._times, self._channels
-        if not times:
+        pending = self._pending
+        if not pending:
             return
-        self._times, self._channels = [], []
-        before = times if self._last_ns is None else [self._last_ns, *times]
+        self._pending = []
+        times, channels = zip(*pending)
+        arrivals = times if self._last_ns is None else (self._last_ns, *times)
         self._last_ns = times[-1]
-        gaps = [(b - a) / 1e9 for a, b in zip(before, before[1:])]
+        gaps = list(map(sub, arrivals[1:], arrivals))  # between consecutive tokens, in nanoseconds
         itl = self._itl
-        slowest = max(gaps, default=0.0)
-        if slowest > self._max_itl:  # an exemplar on each new slowest gap points slow buckets at this trace
-            self._max_itl = slowest
+        slowest = max(gaps, default=0)
+        if slowest > self._max_itl_ns:  # an exemplar on each new slowest gap points slow buckets at this trace
+            self._max_itl_ns = slowest
             gaps.remove(slowest)
-            itl.observe(slowest, self._exemplar)
-        observe_all(itl, gaps)
-        for channel, count in Counter(channels).items():
-            self.metrics.generation_tokens.labels(self.model, channel).inc(count)
-        if self._server is not None:
-            self.metrics.upstream_tokens.labels(self.model, self._server).inc(len(times))
+            itl.observe(slowest / NS_PER_SECOND, self._exemplar)
+        observe_all(itl, gaps, NS_PER_SECOND)
+        by_channel = self._by_channel
+        for channel in set(channels):
+            child = by_channel.get(channel)
+            if child is None:
+                child = by_channel[channel] = self.metrics.generation_tokens.labels(self.model, channel)
+            child.inc(channels.count(channel))
+        if self._upstream_tokens is not None:
+            self._upstream_tokens.inc(len(pending))
 
     def tool_call(self, delta: dict) -> None:
         outcome = "unparsed" if delta["type"] == "tool_call_unparsed" else delta["outcome"]
@@ -145,6 +158,7 @@ class RequestMetrics(Observer):
         if error_type and self._server is not None and error_type.startswith("upstream_"):  # the server's failure
             self.metrics.upstream_errors.labels(self.model, self._server, error_type).inc()
         self._flush_tokens()
+        self.__dict__.pop("token", None)  # a request that never got a token: `_first_token` held `self`
         seconds = time.perf_counter() - self.started
         self.metrics.requests.labels(self._label, self.endpoint, str(status)).inc()
         self.metrics.duration.labels(self._label, self.endpoint).observe(seconds, self._exemplar)

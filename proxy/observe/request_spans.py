@@ -9,7 +9,7 @@ Span tree, one trace per request (an incoming traceparent is continued):
     │                                     with vLLM, the server (server.address, .port) and any retry
     └── execute_tool {name}               one per tool call the model made
 
-Every name is a constant of common/attributes.py. The per-token path (`token`) is three appends;
+Every name is a constant of common/attributes.py. The per-token path (`token`) is one append;
 the decode span gets its token events in groups, built in bulk (trace_store/tokens.py's `columns`).
 """
 
@@ -65,11 +65,9 @@ class RequestSpans(Observer):
         self._submitted_ns = 0
         self._prefill: PrefillEvent | None = None  # its span is made at the end, when cached tokens are known
         self._prefill_ns = 0
-        # Token events since the last group was recorded, with what this trace adds to each: the
-        # channel and the wall-clock time. Events themselves are never written to.
-        self._pending: list[TokenEvent] = []
-        self._channels: list[str] = []
-        self._times: list[int] = []
+        # (event, channel, arrival) of each token since the last group was recorded: what this trace
+        # adds to an event beside it. Events themselves are never written to.
+        self._pending: list[tuple[TokenEvent, str, int]] = []
         self._recording = False
         self._output_ids: list[int] = []
 
@@ -222,23 +220,23 @@ class RequestSpans(Observer):
         span.end(end_time=self._prefill_ns)
 
     def token(self, event: TokenEvent, channel: str, now_ns: int) -> None:
-        # The per-token path: three appends. Span events are made once per group of tokens
+        # The per-token path: one append. Span events are made once per group of tokens
         # (_flush_tokens), where the work is done in bulk.
-        self._times.append(now_ns)
-        self._channels.append(channel)
         pending = self._pending
-        pending.append(event)
+        pending.append((event, channel, now_ns))
         if len(pending) >= GROUP:
             self._flush_tokens()
 
     def _flush_tokens(self) -> None:
-        events, channels, times = self._pending, self._channels, self._times
-        if not events:
+        pending = self._pending
+        if not pending:
             return
-        self._pending, self._channels, self._times = [], [], []
-        self._output_ids.extend(e["id"] for e in events)
+        self._pending = []
+        if self.conversation:  # what the conversation's model saw, for its next request's render span
+            self._output_ids += [event["id"] for event, _, _ in pending]
         if self._recording and self._decode_span is not None:
-            group = token_columns(events, channels, times, self._pieces if self.content else None)
+            events, channels, times = zip(*pending)
+            group = token_columns(events, list(channels), list(times), self._pieces if self.content else None)
             _add_event(self._decode_span, attr.EVENT_TOKENS, group, times[0])
 
     def tool_call(self, delta: dict) -> None:
