@@ -112,8 +112,10 @@ def _check_llama_cpp(settings) -> str | None:
 
 def _check_vllm(settings) -> str | None:
     urls = settings.vllm_urls
-    if not urls:
-        return "--backend vllm needs --vllm-url URL"
+    if not urls and not settings.model:
+        return "--backend vllm without --vllm-url starts vLLM itself (--vllm-command): give MODEL, the checkpoint to serve"
+    if urls and settings.vllm_command:
+        return "--vllm-command starts a vLLM server when no --vllm-url is given; give one or the other"
     if len({url.rstrip("/").removesuffix("/v1") for url in urls}) < len(urls):
         return "--vllm-url: a server is named twice (each URL once, one per server)"
     return None
@@ -155,7 +157,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
         check=_check_llama_cpp, claims=_is_gguf_with_binding,
     ),
     BackendEntry(
-        "vllm", "forward token ids to vLLM servers (--vllm-url)", "looptrace.backends.vllm:VLLMLoader",
+        "vllm", "forward token ids to vLLM servers (--vllm-url), or to one it starts (--vllm-command)", "looptrace.backends.vllm:VLLMLoader",
         Needs(), Capabilities(fork=True, media=True, upstreams=True, workers=True),
         options=(
             Option("vllm_urls", ("--vllm-url",), {
@@ -166,6 +168,12 @@ ENTRIES: tuple[BackendEntry, ...] = (
             Option("vllm_timeout", ("--vllm-timeout",), {
                 "type": float, "metavar": "SECONDS",
                 "help": "how long to wait for a server's first token, and between tokens"}),
+            Option("vllm_command", ("--vllm-command",), {
+                "metavar": "COMMAND",
+                "help": "without --vllm-url, the command that starts vLLM, {model} and {port} filled in "
+                        "(default: 'vllm serve {model} --host 127.0.0.1 --port {port}')"}),
+            Option("vllm_start_timeout", ("--vllm-start-timeout",), {
+                "type": float, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
             TOKENIZER),
         check=_check_vllm, default_model=False,
     ),

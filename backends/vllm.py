@@ -29,6 +29,7 @@ from looptrace.common.vocabulary import Vocabulary
 from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel
 from .events import Event, upstream_event
 from .vllm_pool import Pool
+from .vllm_spawn import DEFAULT_COMMAND, SpawnedVLLM
 from .vllm_stream import SSEReader, TokenEmitter, cut, post
 from .vllm_upstream import Upstream, describe
 
@@ -40,14 +41,23 @@ log = logging.getLogger("looptrace")
 class VLLMLoader(Loader):
     """MODEL is what the servers serve (any of them names it when none is given); the checkpoint's
     tokenizer and template are read where --tokenizer says, else where the server read them; the
-    context is the servers' (--max-model-len may only lower it)."""
+    context is the servers' (--max-model-len may only lower it). Without --vllm-url, looptrace starts
+    the server itself (vllm_spawn.py) and forwards to it."""
 
     def __init__(self, settings, host: LoaderHost) -> None:
         super().__init__(settings, host)
-        self.pool = Pool([Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in settings.vllm_urls])
+        urls = settings.vllm_urls
+        self.spawned = None
+        if not urls:
+            self.spawned = SpawnedVLLM(settings.vllm_command or DEFAULT_COMMAND, settings.model,
+                                       start_timeout=settings.vllm_start_timeout)
+            urls = [self.spawned.url]
+        self.pool = Pool([Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in urls])
 
     async def connect(self) -> str:
         """Waits for the first server to answer, saying meanwhile why none has."""
+        if self.spawned is not None:
+            await self.spawned.start(self.host.waiting)
         first = await self.pool.reach(self.settings.model, self.host.waiting)
         self.host.waiting(None)
         return first.model
@@ -60,13 +70,25 @@ class VLLMLoader(Loader):
         return min(asked or limit, limit)
 
     def load(self, model: TextModel) -> VLLMBackend:
-        return VLLMBackend(self.pool, model.vocab)
+        return VLLMBackend(self.pool, model.vocab, self.spawned)
 
     def health_details(self) -> dict:
-        return {"upstreams": self.pool.health()}
+        return _health(self.pool, self.spawned)
 
     async def close(self) -> None:
         await self.pool.close()
+        if self.spawned is not None:
+            await self.spawned.stop()
+        if self.spawned is not None:
+            await self.spawned.stop()
+
+
+def _health(pool: Pool, spawned: SpawnedVLLM | None) -> dict:
+    """Where tokens come from, by which route, whether each server answers; the one looptrace started."""
+    details = {"upstreams": pool.health()}
+    if spawned is not None:
+        details["spawned"] = spawned.health()
+    return details
 
 
 class VLLMBackend:
@@ -75,9 +97,10 @@ class VLLMBackend:
     expands_media = True  # vLLM's own processor expands each item's placeholder
     waiting = 0  # vLLM queues; nothing waits here
 
-    def __init__(self, pool: Pool, vocab: Vocabulary) -> None:
+    def __init__(self, pool: Pool, vocab: Vocabulary, spawned: SpawnedVLLM | None = None) -> None:
         self.pool = pool  # the backend's from here on: closed with it
         self.vocab = vocab
+        self.spawned = spawned  # the server looptrace started, if it did: stopped with it
 
     @property
     def running(self) -> int:
@@ -96,7 +119,7 @@ class VLLMBackend:
         return self.pool.media_refusal()
 
     def health_details(self) -> dict:
-        return {"upstreams": self.pool.health()}  # where tokens come from, by which route, whether each answers
+        return _health(self.pool, self.spawned)
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         up, moved_from = self.pool.choose(request.conversation)
@@ -156,3 +179,5 @@ class VLLMBackend:
 
     async def close(self) -> None:
         await self.pool.close()
+        if self.spawned is not None:
+            await self.spawned.stop()

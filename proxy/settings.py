@@ -38,6 +38,10 @@ class Settings:
     vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
+    # Without vllm_urls: the command that starts vLLM ({model}, {port}; None: `vllm serve`, in vllm_spawn.py),
+    # and how long it may take to get ready (the first start compiles for minutes on a CPU).
+    vllm_command: str | None = None
+    vllm_start_timeout: float = 900.0
     # vllm: where the served checkpoint's tokenizer is here (None: its root); llama.cpp: a checkpoint
     # whose tokenizer, template and config to use (None: the GGUF's own)
     tokenizer: str | None = None
