@@ -177,7 +177,7 @@ class RequestSpans(Observer):
         self._recording = span.is_recording()
         carrier: dict = {}
         inject(carrier, context=trace.set_span_in_context(span))
-        # The traceparent alone, as before: a client's baggage and tracestate are not forwarded upstream.
+        # The traceparent alone: a client's baggage and tracestate are not sent on to the server behind.
         return {"traceparent": carrier["traceparent"]} if "traceparent" in carrier else {}
 
     def upstream(self, event: UpstreamEvent) -> None:
