@@ -59,6 +59,7 @@ class Generation:
         self.reasoning: list[str] = []  # the answer as the client received it, for traces
         self.text: list[str] = []
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None  # the client's stop string that ended the answer, if one did
         self.media = MediaPlan([], [])  # the items the model reads, decoded (their info filled)
         self.media_parts: list[MediaPart] = []  # their parts
         self.media_runs: list[tuple[int, int, int]] = []  # (offset, span, count) of the tokens each one became
@@ -200,7 +201,7 @@ class Generation:
                         observer.token(event, channel, now_ns)
                     yield Step(event, channel, deltas)
                     if stops is not None and stops.hit:
-                        stopped_by = "stop"
+                        stopped_by, self.stop_sequence = "stop", stops.matched
                         break
                     if self.tool_calls and not request.parallel_tool_calls:
                         stopped_by = "tool_calls"  # one call per turn was asked for: don't wait for more

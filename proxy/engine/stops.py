@@ -13,12 +13,14 @@ class StopStrings:
         self._starts = frozenset(s[:k] for s in self.stops for k in range(1, len(s)))
         self._pending = ""
         self.hit = False
+        self.matched: str | None = None  # the stop string that matched (Anthropic's answer names it)
 
     def feed(self, text: str) -> str:
         """The text that is safe to pass on; sets `hit` when a stop string matched."""
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := buffer.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda hit: hit[0])
             self.hit = True
             self._pending = ""
             return buffer[:cut]
