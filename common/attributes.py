@@ -19,6 +19,7 @@ from __future__ import annotations
 # A request's own (server) span is named "{endpoint} {model}", its endpoint one of these.
 ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
+ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 SPAN_RENDER = "render"  # the prompt rendered with the checkpoint's chat template, and tokenized
 SPAN_PREFILL = "prefill"  # from submission to the first token

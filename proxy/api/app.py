@@ -11,6 +11,7 @@ from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from .viewer import pages
+from .anthropic.messages import count_tokens, create_message
 from .openai.chat import chat_completions
 from .errors import APIError, error_middleware
 from .viewer.fork import fork_trace
@@ -42,6 +43,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/v1/messages", create_message)  # Anthropic's Messages API (Claude Code)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/traces", list_traces)
@@ -84,11 +87,14 @@ async def _stop(app: web.Application) -> None:
 async def _auth_middleware(request: web.Request, handler):
     key = request.app[SETTINGS].api_key
     if key and not pages.is_public(request.path):
+        # OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`.
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError(
-                401, "Incorrect API key provided: send it as 'Authorization: Bearer KEY'." if given
-                else "No API key provided: send it as 'Authorization: Bearer KEY'.", code="invalid_api_key",
-            )
+        token = token.strip() if scheme.lower() == "bearer" else None
+        if token is None and "x-api-key" in request.headers:
+            token = given = request.headers["x-api-key"].strip()
+        if token is None or not hmac.compare_digest(token.encode(errors="surrogateescape"), key.encode()):
+            how = "send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+            raise APIError(401, f"Incorrect API key provided: {how}." if given else f"No API key provided: {how}.",
+                           code="invalid_api_key")
     return await handler(request)

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from looptrace.common import attributes as attr
 
 # Conversation ids, in the order clients are known to send them: codex (session-id, thread-id),
-# pi (session_id, x-session-affinity).
-CONVERSATION_HEADERS = ("session-id", "session_id", "thread-id", "x-session-affinity")
+# pi (session_id, x-session-affinity), Claude Code (X-Claude-Code-Session-Id, on every request).
+CONVERSATION_HEADERS = ("session-id", "session_id", "thread-id", "x-session-affinity", "x-claude-code-session-id")
 
 
 def conversation_id(headers: Mapping[str, str], body: dict | None) -> str | None:

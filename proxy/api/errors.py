@@ -1,4 +1,5 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status.
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status;
+under /v1/messages in Anthropic's, `{"type": "error", "error": {"type", "message"}}`.
 
 The engine and the backends refuse in their own terms (engine errors, BackendError); `api_error`
 is the one place that turns those into HTTP answers.
@@ -35,8 +36,26 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, dumps=dumps)
+    def anthropic_body(self) -> dict:
+        return {"type": "error", "error": {"type": anthropic_type(self.status), "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> web.Response:
+        return web.json_response(self.anthropic_body() if anthropic else self.body(), status=self.status, dumps=dumps)
+
+
+ANTHROPIC_PATH = "/v1/messages"  # its routes answer errors in Anthropic's shape
+# The error types of Anthropic's API by status (its SDK's ErrorObject); a 413 is its invalid request.
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def _anthropic(request: web.Request) -> bool:
+    path = request.path
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -74,26 +93,27 @@ def failure_of(exc: BaseException) -> tuple[int, str]:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Every failure leaves in OpenAI's shape; nothing reaches the client as an HTML page or a bare 500."""
+    """Every failure leaves in its API's shape; nothing reaches the client as an HTML page or a bare 500."""
     try:
         return await handler(request)
     except APIError as err:
-        return err.response()
+        return err.response(_anthropic(request))
     except (Refused, Unavailable, BackendError) as err:
-        return api_error(err).response()
+        return api_error(err).response(_anthropic(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else None
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else f"{exc.reason}: {request.method} {request.path}"
-        return APIError(exc.status, message, code=kind).response()
+        return APIError(exc.status, message, code=kind).response(_anthropic(request))
     except ConnectionResetError:
         # The client left mid-answer (traced as 499): nothing to log. This response is never sent;
         # aiohttp finds the connection gone and lets it be, where a raise would log a traceback.
         return web.Response(status=499)
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error").response()
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                        code="internal_error").response(_anthropic(request))
 
 
 class ProtocolErrorsInOneLine(logging.Filter):

@@ -1,0 +1,127 @@
+"""Channel deltas → Anthropic's event stream.
+
+    message_start, ping
+    content_block_start / content_block_delta … / content_block_stop   per block, in the model's order:
+        thinking (thinking_delta …, then signature_delta), text (text_delta …),
+        tool_use (one input_json_delta: a call is parsed whole before it is sent)
+    message_delta (stop_reason, stop_sequence, usage), message_stop
+
+`ping` also fills every silence of a keepalive interval, and an `error` event ends a stream that
+failed after it began. Text and thinking deltas are the per-token path: their frames are a prefix
+made once per block and one JSON encoding of the new text.
+"""
+
+from __future__ import annotations
+
+import time
+
+from looptrace.common.jsonio import dumps
+from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
+
+from ...engine.generation import Generation
+from .answer import message_id, signature, stop_reason, tool_input, tool_use_block, usage
+
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_DELTA_FIELD = {"text": "text_delta", "thinking": "thinking_delta"}
+
+
+def event(kind: str, payload: dict) -> bytes:
+    return f"event: {kind}\ndata: {dumps({'type': kind, **payload})}\n\n".encode()
+
+
+def error_event(body: dict) -> bytes:
+    """An error after the stream began: Anthropic's `error` event, which its SDK raises from."""
+    return f"event: error\ndata: {dumps(body)}\n\n".encode()
+
+
+class MessageStream:
+    def __init__(self, model: str) -> None:
+        self.id = message_id()
+        self.model = model
+        self.last_sent = time.monotonic()
+        self._index = -1  # the open block's, or the last one's
+        self._open: str | None = None  # the open block's type
+        self._thinking: list[str] = []  # the open thinking block's text, for its signature
+        self._head = ""  # the open block's delta frame up to its text
+
+    def start(self, generation: Generation) -> bytes:
+        # The prompt's size is known before the first token; the cache's share of it only at the end
+        # (message_delta's usage has the final figures).
+        start_usage = {"input_tokens": generation.prompt_tokens, "cache_creation_input_tokens": 0,
+                       "cache_read_input_tokens": 0, "output_tokens": 0}
+        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+        return self._sent(event("message_start", {"message": message}) + PING)
+
+    def keepalive(self) -> bytes:
+        return self._sent(PING)
+
+    def frames(self, deltas: list[Delta]) -> bytes:
+        return self._sent(b"".join(dispatch(deltas, self))) if deltas else b""
+
+    def _sent(self, frames: bytes) -> bytes:
+        if frames:
+            self.last_sent = time.monotonic()
+        return frames
+
+    # DeltaHandler: each delta's frames.
+
+    def text(self, delta: TextDelta) -> bytes:
+        return self._text("text", delta["text"])
+
+    def thinking(self, delta: ThinkingDelta) -> bytes:
+        return self._text("thinking", delta["text"])
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        closed = self._close()
+        self._index += 1
+        where = {"index": self._index}
+        return (closed + event("content_block_start", {**where, "content_block": tool_use_block(delta, {})})
+                + event("content_block_delta", {**where, "delta": {"type": "input_json_delta",
+                                                                   "partial_json": _compact(delta)}})
+                + event("content_block_stop", where))
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
+        return b""  # its text follows as a text delta
+
+    def _text(self, kind: str, text: str) -> bytes:
+        if not text:
+            return b""
+        opened = b""
+        if self._open != kind:
+            opened = self._close() + self._start(kind)
+        if kind == "thinking":
+            self._thinking.append(text)
+        return opened + f"{self._head}{dumps(text)}}}}}\n\n".encode()
+
+    def _start(self, kind: str) -> bytes:
+        self._index += 1
+        self._open = kind
+        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text",
+                                                                                                "text": ""}
+        self._head = (f'event: content_block_delta\ndata: {{"type":"content_block_delta","index":{self._index},'
+                      f'"delta":{{"type":"{_DELTA_FIELD[kind]}","{kind}":')
+        return event("content_block_start", {"index": self._index, "content_block": block})
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        out = b""
+        if self._open == "thinking":
+            mark = {"type": "signature_delta", "signature": signature("".join(self._thinking))}
+            out = event("content_block_delta", {"index": self._index, "delta": mark})
+            self._thinking = []
+        self._open = None
+        return out + event("content_block_stop", {"index": self._index})
+
+    def finish(self, generation: Generation) -> bytes:
+        reason, sequence = stop_reason(generation)
+        return self._sent(self._close()
+                          + event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                                    "usage": usage(generation)})
+                          + event("message_stop", {}))
+
+
+def _compact(delta: ToolCallDelta) -> str:
+    """The call's input as the JSON text a client accumulates and parses (the object tool_use holds)."""
+    return dumps(tool_input(delta))
