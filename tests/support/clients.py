@@ -1,4 +1,5 @@
-"""The real agent clients, codex and pi, installed from npm once per cache and run in isolated homes.
+"""The real agent clients (codex, pi, Claude Code, opencode, qwen-code), installed from npm once per
+cache and run in isolated homes, with nothing that calls elsewhere than looptrace.
 
 `python tests/clients.py` installs them (CI does this before the tests); the tests install them on
 first use too. They land in `<test cache>/npm-clients-<versions>`, built in a temporary folder under
@@ -29,6 +30,14 @@ import build_cache
 # The versions shared/clients/README.md was recorded with; bump both here and re-run the client tests.
 CODEX = "@openai/codex@0.169.0"
 PI = "@mariozechner/pi-coding-agent@0.73.1"
+# Claude Code (a native binary inside the npm package), opencode (likewise) and qwen-code.
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
+OPENCODE = "opencode-ai@1.18.33"
+QWEN_CODE = "@qwen-code/qwen-code@0.24.4"
+# opencode installs this into its configuration folder on first start, from the npm registry: it is
+# installed here once instead, and each run's home links to it (opencode then fetches nothing).
+OPENCODE_PLUGIN = "@opencode-ai/plugin@" + OPENCODE.rsplit("@", 1)[1]
+NPM_CLIENTS = (CODEX, PI, CLAUDE_CODE, OPENCODE, QWEN_CODE)
 API_KEY_ENV = "LOOPTRACE_API_KEY"
 
 
@@ -40,17 +49,24 @@ class MissingNpm(RuntimeError):
 class Clients:
     codex: Path
     pi: Path
+    claude: Path
+    opencode: Path
+    qwen: Path
+    opencode_config: Path  # a configuration folder with opencode's plugin installed
 
 
 def install_dir() -> Path:
-    tag = f"{CODEX}-{PI}".replace("@", "").replace("/", "_")
+    tag = "-".join(NPM_CLIENTS).replace("@", "").replace("/", "_")
     return build_cache.cache_root() / f"npm-clients-{tag}"
 
 
 def install() -> Clients:
     final = install_dir()
-    clients = Clients(codex=final / "node_modules" / ".bin" / "codex", pi=final / "node_modules" / ".bin" / "pi")
-    if clients.codex.exists() and clients.pi.exists():
+    bin_dir = final / "node_modules" / ".bin"
+    clients = Clients(codex=bin_dir / "codex", pi=bin_dir / "pi", claude=bin_dir / "claude",
+                      opencode=bin_dir / "opencode", qwen=bin_dir / "qwen", opencode_config=final / "opencode-config")
+    if all(path.exists() for path in (clients.codex, clients.pi, clients.claude, clients.opencode, clients.qwen,
+                                      clients.opencode_config / "node_modules")):
         return clients
     npm = shutil.which("npm")
     if npm is None:
@@ -63,8 +79,10 @@ def install() -> Clients:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
             try:
-                subprocess.run([npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--loglevel=error",
-                                CODEX, PI], check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+                for prefix, packages in ((tmp, NPM_CLIENTS), (tmp / "opencode-config", (OPENCODE_PLUGIN,))):
+                    subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                                    "--loglevel=error", *packages], check=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=900)
                 os.chmod(tmp, 0o755)
                 os.rename(tmp, final)
             except subprocess.CalledProcessError as exc:
@@ -134,6 +152,96 @@ def run_pi(clients: Clients, home: Path, workdir: Path, api_key: str, model: str
     env = client_env(home, api_key, PI_CODING_AGENT_DIR=str(home / ".pi" / "agent"), PI_OFFLINE="1")
     return subprocess.run(command, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# Claude Code, pointed at looptrace: what README's setup says, so the tests run what users paste.
+# CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC turns off its telemetry, error reports, auto-updates and
+# feedback surveys (without it, it looks up api.anthropic.com); CLAUDE_CODE_ATTRIBUTION_HEADER=0
+# leaves out the billing line it puts first in the system prompt.
+CLAUDE_SETTINGS = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
+
+
+def claude_env(home: Path, url: str, api_key: str, model: str, *, context: int = 32768, max_tokens: int = 4096) -> dict:
+    """`url`: the server's root (Claude Code adds /v1/messages). Every model it would pick (its
+    background "haiku" tasks too) is the one served; its context and answer fit the model's."""
+    return client_env(home, api_key, ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=api_key,
+                      ANTHROPIC_DEFAULT_HAIKU_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
+                      ANTHROPIC_DEFAULT_OPUS_MODEL=model, CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
+                      CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_tokens), **CLAUDE_SETTINGS)
+
+
+def run_claude(clients: Clients, env: dict, workdir: Path, model: str, prompt: str, *args: str,
+               timeout: float = 90, connections: Path | None = None) -> subprocess.CompletedProcess:
+    """`claude -p` (print mode; JSON result on stdout). With `connections`, run under strace, which
+    writes every socket connect to that file (see `connected_to`)."""
+    command = [str(clients.claude), "-p", prompt, "--model", model, "--output-format", "json", *args]
+    return _run(command, env, workdir, timeout, connections)
+
+
+def opencode_home(home: Path, clients: Clients, base_url: str, model: str) -> Path:
+    """opencode's configuration: looptrace as an OpenAI-compatible provider, and the plugin it would
+    otherwise install from npm on first start, linked in."""
+    config = home / ".config" / "opencode"
+    config.mkdir(parents=True, exist_ok=True)
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "looptrace",
+                "options": {"baseURL": base_url, "apiKey": "{env:" + API_KEY_ENV + "}"},
+                "models": {model: {"name": model}}}
+    (config / "opencode.json").write_text(json.dumps({"provider": {"looptrace": provider},
+                                                      "model": f"looptrace/{model}"}))
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(clients.opencode_config / name, config / name)
+    (config / "node_modules").symlink_to(clients.opencode_config / "node_modules")
+    return config
+
+
+OPENCODE_SETTINGS = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+                     "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
+
+
+def run_opencode(clients: Clients, home: Path, workdir: Path, api_key: str, prompt: str, *args: str,
+                 timeout: float = 90, connections: Path | None = None) -> subprocess.CompletedProcess:
+    """`opencode run` with JSON events on stdout; `--title` so that it asks the model for no title
+    (a request of its own, which would take a replayed answer meant for the agent)."""
+    command = [str(clients.opencode), "run", "--pure", "--title", "looptrace test", "--format", "json", *args, prompt]
+    return _run(command, client_env(home, api_key, **OPENCODE_SETTINGS), workdir, timeout, connections)
+
+
+def qwen_home(home: Path) -> Path:
+    """qwen-code's settings: no usage statistics (it sends them to Alibaba Cloud otherwise)."""
+    qwen = home / ".qwen"
+    qwen.mkdir(parents=True, exist_ok=True)
+    (qwen / "settings.json").write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}}))
+    return qwen
+
+
+def run_qwen(clients: Clients, home: Path, workdir: Path, base_url: str, api_key: str, model: str, prompt: str,
+             *args: str, timeout: float = 90, connections: Path | None = None) -> subprocess.CompletedProcess:
+    """qwen-code's one-shot mode (the prompt first: its array options would take it), JSON on stdout."""
+    command = [str(clients.qwen), prompt, "--auth-type", "openai", "--openai-base-url", base_url, "--openai-api-key",
+               api_key, "-m", model, "-o", "json", *args]
+    return _run(command, client_env(home, api_key), workdir, timeout, connections)
+
+
+def _run(command: list[str], env: dict, workdir: Path, timeout: float,
+         connections: Path | None) -> subprocess.CompletedProcess:
+    if connections is not None:
+        command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(connections), *command]
+    return subprocess.run(command, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def connected_to(log: Path) -> set[str]:
+    """The IP addresses and ports a traced client connected to (or tried to): `host:port`, DNS
+    servers included. Local sockets (AF_UNIX, netlink) are not network."""
+    import re
+
+    found = set()
+    for line in log.read_text().splitlines():
+        match = re.search(r'sin6?_port=htons\((\d+)\).*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")',
+                          line)
+        if match:
+            found.add(f"{match.group(2) or match.group(3)}:{match.group(1)}")
+    return found
 
 
 def json_lines(text: str) -> list[dict]:
@@ -228,4 +336,5 @@ class RecordingProxy:
 
 if __name__ == "__main__":
     installed = install()
-    print(f"codex: {installed.codex}\npi: {installed.pi}")
+    for name in ("codex", "pi", "claude", "opencode", "qwen"):
+        print(f"{name}: {getattr(installed, name)}")
