@@ -95,17 +95,29 @@ class DecodeThread:
             if request.cancel.is_set():  # the client left while it waited
                 emit(done_event("cancelled", 0, 0.0, cached_tokens=0))
                 continue
+            # The request's last word (its `done`, or its failure) is held until the model is free, so a
+            # client that sends its next request the moment an answer ends never finds it busy.
+            last: list = []
+
+            def emit_until_done(event: object, emit: Emit = emit, last: list = last) -> None:
+                if isinstance(event, dict) and event.get("type") == "done":
+                    last.append(event)
+                else:
+                    emit(event)
+
             self.running += 1
             try:
-                self.decode(request, emit)
+                self.decode(request, emit_until_done)
             except BackendError as exc:
-                emit(exc)
+                last[:] = [exc]
             except Exception as exc:  # the client must hear why, and the thread must live on
                 log.exception("%s decoding failed", self.name)
-                emit(BackendError(f"{self.name} decoding failed: {type(exc).__name__}: {exc}", status=500,
-                                  code="decode_failed"))
+                last[:] = [BackendError(f"{self.name} decoding failed: {type(exc).__name__}: {exc}", status=500,
+                                        code="decode_failed")]
             finally:
                 self.running -= 1
+            for event in last:
+                emit(event)
 
 
 class OnDecodeThread:

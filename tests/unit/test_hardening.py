@@ -300,3 +300,32 @@ def test_arguments_sent_as_a_string_are_held_to_what_a_body_is(replay_app):
     assert status == 400 and "nested" in error["error"]["message"], error
     status, error = with_arguments(json.dumps(json.loads("[" * 70 + "]" * 70)))
     assert status == 400 and error["error"]["param"].endswith("arguments"), error
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 31: the second pass
+# ---------------------------------------------------------------------------------------------
+
+
+def test_max_queue_zero_takes_a_strictly_sequential_client():
+    # The running count must drop before `done` reaches the client: a client that sends its next
+    # request as soon as the answer ends found the model "busy" (4 of 30 got a 429). A decode that
+    # still works a moment after emitting `done` makes the window wide enough to see every time.
+    from looptrace.backends.decode_thread import DecodeThread
+    from looptrace.backends.events import done_event, prefill_event
+
+    def decode(req: DecodeRequest, emit) -> None:
+        emit(prefill_event(len(req.prompt_ids), 0, 0.0))
+        emit(done_event("stop", 0, 0.0, cached_tokens=0))
+        time.sleep(0.05)  # what a backend may do after its last event (its prefix cache, say)
+
+    async def main():
+        thread = DecodeThread(decode, max_queue=0, name="test")
+        finished = []
+        for _ in range(5):
+            events = [e async for e in thread.generate(DecodeRequest([1], 1, SamplingParams(), frozenset()))]
+            finished.append(events[-1]["finish_reason"])
+        await thread.close()
+        return finished
+
+    assert asyncio.run(main()) == ["stop"] * 5
