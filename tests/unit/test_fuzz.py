@@ -1,11 +1,14 @@
-"""Both endpoints fuzzed with hypothesis against the real application (the replay backend serving
-the tiny Qwen3.5, its real tokenizer and template). Part of issue 13.
+"""The generating endpoints (Chat Completions, Responses, Anthropic's Messages) fuzzed with hypothesis
+against the real application (the replay backend serving the tiny Qwen3.5, its real tokenizer and
+template). Part of issues 13 and 30.
 
 - Any body at all: the APIs' fields with wrong types, non-finite and huge numbers, deep and huge
-  values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in OpenAI's
+  values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in its API's
   error shape; a stream that starts ends properly; the server alive afterwards.
 - A well-formed conversation whose every client string (message text, reasoning, call ids, tool
-  and argument names, argument values, tool descriptions, property names, enum values) is hostile:
+  and argument names, argument values, tool descriptions, property names, enum values; for Messages
+  also thinking text, tool_result text and blocks, input_schema keys and Claude Code's session
+  header) is hostile:
   when accepted, the prompt's control tokens are exactly those of the same conversation with clean
   strings: no string a client sends becomes a turn marker, a tool call or a thought.
 
@@ -26,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from looptrace.backends.replay import ReplayBackend
+from messages_api import Capture
 
 MODEL = "tiny-qwen"
 EXAMPLES = int(os.environ.get("LOOPTRACE_FUZZ_EXAMPLES", "40"))
@@ -46,13 +49,16 @@ ODD = ["\u0000", "\u202e", "\ufeff", "\u200b", "\U0010ffff", "\ud800", "\udfff",
        '"', "'", "<", ">", "&", "\u0085", "\u2028"]
 HOSTILE = st.lists(st.one_of(st.sampled_from(CONTROL), st.sampled_from(ODD), st.text(max_size=8)),
                    max_size=6).map("".join)
+# What an HTTP header can carry (http.client refuses line breaks and NUL): control tokens, printable ASCII.
+HOSTILE_HEADER = st.lists(st.one_of(st.sampled_from(CONTROL), st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e),
+                                                                       max_size=8)), min_size=1, max_size=6).map("".join)
 
 
-def send(app, path: str, body: object) -> tuple[int, str, bytes]:
+def send(app, path: str, body: object, headers: dict | None = None) -> tuple[int, str, bytes]:
     """Written by json.dumps as is: NaN, Infinity and huge integers go through as JSON parsers accept them."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(app.url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.headers.get("Content-Type", ""), response.read()
@@ -62,39 +68,25 @@ def send(app, path: str, body: object) -> tuple[int, str, bytes]:
 
 def check_answer(path: str, status: int, kind: str, data: bytes) -> None:
     assert status < 500, data[:2000]
+    anthropic = path.startswith("/v1/messages")
     if status >= 400:
-        error = json.loads(data)["error"]
+        answer = json.loads(data)
+        error = answer["error"]
         assert isinstance(error["message"], str) and error["message"], error
-        assert isinstance(error["type"], str) and set(error) == {"message", "type", "param", "code"}, error
+        keys = {"message", "type"} if anthropic else {"message", "type", "param", "code"}
+        assert isinstance(error["type"], str) and set(error) == keys, error
+        assert not anthropic or answer["type"] == "error", answer
         return
     if kind.startswith("text/event-stream"):
         text = data.decode()
-        if path.endswith("completions"):
+        if anthropic:
+            assert "event: message_stop" in text or "event: error" in text, text[-500:]
+        elif path.endswith("completions"):
             assert text.rstrip().endswith("data: [DONE]"), text[-500:]
         else:
             assert "event: response.completed" in text or "event: response.failed" in text, text[-500:]
     else:
         json.loads(data)
-
-
-class Capture:
-    """The replay backend answering "Ok." to everything, keeping the prompt ids it was given."""
-
-    def __init__(self, vocab) -> None:
-        self.vocab, self.prompts = vocab, []
-        self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
-        self.serving, self.upstreams, self.expands_media, self.media_refusal = True, (), False, ""
-
-    def health_details(self) -> dict:
-        return {}
-
-    async def generate(self, request):
-        self.prompts.append(list(request.prompt_ids))
-        async for event in ReplayBackend([{"text": "Ok.<|im_end|>"}], self.vocab).generate(request):
-            yield event
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +146,23 @@ MESSAGES = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": [{
             [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                                                    "function": {"name": "f", "arguments": "{"}}]}]]
 INPUT = ["Hi", [{"role": "user", "content": "Hi"}], [{"type": "function_call_output", "call_id": "c", "output": "x"}]]
+ANTHROPIC_FIELDS = {
+    "system": ["Be brief.", [{"type": "text", "text": "Be brief."}]], "temperature": [0, 0.5, 1, 2],
+    "top_p": [0.9], "top_k": [0, 20], "stream": [True, False], "stop_sequences": [["x"], []],
+    "thinking": [{"type": "enabled", "budget_tokens": 1}, {"type": "disabled"}, {"type": "adaptive"}],
+    "tools": [[{"name": "f", "input_schema": {"type": "object"}}], [{"type": "web_search_20250305", "name": "w"}]],
+    "tool_choice": [{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "f"}, {"type": "none"}],
+    "metadata": [{"user_id": "u"}, None], "context_management": ANY, "output_config": ANY,
+}
+ANTHROPIC_MESSAGES = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}],
+    [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
+                                       {"type": "tool_use", "id": "c", "name": "f", "input": {"a": 1}}]},
+     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c", "content": [
+         {"type": "text", "text": "x"}, {"type": "tool_reference", "tool_name": "f"}], "is_error": True}]}],
+]
 
 
 def body(head: dict, fields: dict) -> st.SearchStrategy:
@@ -169,7 +178,9 @@ def body(head: dict, fields: dict) -> st.SearchStrategy:
 @pytest.mark.parametrize(("path", "shape"), [
     ("/v1/chat/completions", body({"model": [MODEL], "messages": MESSAGES}, CHAT_FIELDS)),
     ("/v1/responses", body({"model": [MODEL], "input": INPUT}, RESPONSES_FIELDS)),
-], ids=["chat", "responses"])
+    ("/v1/messages", body({"model": [MODEL], "max_tokens": [1, 4, 0], "messages": ANTHROPIC_MESSAGES},
+                          ANTHROPIC_FIELDS)),
+], ids=["chat", "responses", "messages"])
 def test_no_body_gets_a_5xx(app, path, shape):
     @FUZZ
     @given(shape)
@@ -232,6 +243,9 @@ def conversation(draw, api: str):
 
     call_id, function = name(), name()
     arguments = Arguments({name(): text(), name(): {name(): [text(), 1]}})
+    if api == "messages":
+        return messages_conversation(text, name, schema, call_id, function, arguments.value,
+                                     Slot(draw(HOSTILE_HEADER), f"x{next(n)}"))
     if api == "chat":
         return {"model": MODEL, "max_tokens": 2, "messages": [
             {"role": "system", "content": text()},
@@ -250,13 +264,36 @@ def conversation(draw, api: str):
     ], "tools": [{"type": "function", "name": name(), "description": text(), "parameters": schema()}]}
 
 
+def messages_conversation(text, name, schema, call_id, function, arguments, session) -> dict:
+    """Anthropic's shapes: system blocks, thinking, tool_use with an object input, tool_result as a
+    string and as blocks (an error), input_schema, and Claude Code's session header (`_headers`)."""
+    again = name()
+    return {"model": MODEL, "max_tokens": 2, "thinking": {"type": "adaptive"},
+            "system": [{"type": "text", "text": text()}, {"type": "text", "text": text()}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": text()}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": text(), "signature": text()},
+                                                  {"type": "text", "text": text()},
+                                                  {"type": "tool_use", "id": call_id, "name": function,
+                                                   "input": arguments}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text()},
+                                             {"type": "text", "text": text()}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": text(), "signature": text()},
+                                                  {"type": "tool_use", "id": again, "name": function,
+                                                   "input": {name(): text()}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": again, "is_error": True,
+                                              "content": [{"type": "text", "text": text()}]}]},
+            ], "tools": [{"name": name(), "description": text(), "input_schema": schema()}],
+            "_headers": {"X-Claude-Code-Session-Id": session}}
+
+
 def control_ids(app) -> set[int]:
     tokenizer = app.runtime.tokenizer
     return set(getattr(tokenizer, "added_tokens_decoder", {}))
 
 
-@pytest.mark.parametrize(("path", "api"), [("/v1/chat/completions", "chat"), ("/v1/responses", "responses")],
-                         ids=["chat", "responses"])
+@pytest.mark.parametrize(("path", "api"), [("/v1/chat/completions", "chat"), ("/v1/responses", "responses"),
+                                           ("/v1/messages", "messages")], ids=["chat", "responses", "messages"])
 def test_hostile_strings_never_become_control_tokens(app, path, api):
     control = control_ids(app)
     prompts = app.runtime.backend.prompts
@@ -266,7 +303,8 @@ def test_hostile_strings_never_become_control_tokens(app, path, api):
     def one(conv):
         outcomes = []
         for clean in (False, True):
-            status, kind, data = send(app, path, fill(conv, clean))
+            request = fill(conv, clean)
+            status, kind, data = send(app, path, request, request.pop("_headers", None))
             TRIED[f"hostile {path} {status // 100}xx"] += 1
             check_answer(path, status, kind, data)
             outcomes.append((status, prompts[-1] if status == 200 and prompts else None))
