@@ -199,7 +199,8 @@ def _assistant(blocks: list, where: str) -> dict:
         else:
             raise invalid(f"Invalid value for '{param}.type': {kind!r}; an assistant message takes text, "
                           "thinking, redacted_thinking and tool_use blocks.", param=f"{param}.type")
-    out: dict = {"role": "assistant", "content": joined(texts) if texts or not calls else None}
+    # No text is "" rather than None, which some templates (SmolLM2's) cannot render.
+    out: dict = {"role": "assistant", "content": joined(texts)}
     if thoughts:
         out["reasoning_content"] = "\n".join(thoughts)
     if calls:
