@@ -185,6 +185,19 @@ class Family:
                         history_length=len(ids) - self._transient_tail_length(text, ids), media=media,
                         template_ids=list(unexpanded) if unexpanded is not None else None)
 
+    def encode_as_text(self, text: str) -> list[int]:
+        """Text a client typed outside any message (a fork's replacement) as tokens, every control token
+        in it, marked special or not, encoded as plain text: what the template's sanitizing does to a
+        message, by transformers' own marking and encoder. (`split_special_tokens` splits special tokens
+        only; Qwen's <tool_call> and <think> are added tokens that are not special.)"""
+        from transformers.utils.chat_template_utils import encode_marked_chat, mark_control_tokens
+
+        tok = getattr(self.tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
+        tok = tok if hasattr(tok, "convert_tokens_to_ids") else self.tokenizer
+        if self._control is None:
+            return tok.encode(text, add_special_tokens=False)
+        return encode_marked_chat(tok, mark_control_tokens(text, self._control))
+
     def runs_of(self, part: MediaPart) -> int:
         """How many runs of placeholder tokens an item becomes: a video one per frame, or per
         temporal patch of frames (Qwen3.5's two), with each one's timestamp between them."""

@@ -24,6 +24,7 @@ from looptrace.families.deltas import (
     UnparsedCallDelta,
     dispatch,
     text_delta,
+    thinking_delta,
 )
 from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
 from looptrace.families.media.plan import MediaPlan
@@ -48,6 +49,7 @@ class Generation:
         # fork's prefix), and their text, which the parser reads as the model's own words.
         self.forced_ids: list[int] = []
         self.forced_text = ""
+        self.typed_text = ""  # the end of forced_text a client typed (StoredPrompt.typed)
         self.max_tokens = 0
         self.sampling = SamplingParams()
         # Filled in while running:
@@ -87,7 +89,10 @@ class Generation:
             rendered = Rendered(text=runtime.tokenizer.decode(stored.ids), ids=stored.ids, thinking=stored.thinking,
                                 history_length=len(stored.ids))
             self.forced_ids = list(stored.answer_prefix)
-            self.forced_text = self._text_of(stored.ids, self.forced_ids)
+            generated = self.forced_ids[:len(self.forced_ids) - stored.typed]
+            self.typed_text = self._text_of(stored.ids + generated, self.forced_ids[len(generated):]) \
+                if stored.typed else ""
+            self.forced_text = self._text_of(stored.ids, generated) + self.typed_text
         else:
             at_least = family.tokens_beyond(request.messages, runtime.max_model_len)
             if at_least:  # refused before the whole of it is tokenized (families/prompt_length.py)
@@ -175,8 +180,13 @@ class Generation:
             self._decode.trace_headers.update(observer.submitted(self, self._decode))
 
         if self.forced_text:
-            # The prompt already holds the answer's opening; the parser must read it as the model's own words.
-            yield Step(None, None, self._screen(parser.feed(self.forced_text)))
+            # The prompt already holds the answer's opening; the parser must read it as the model's own
+            # words, but for what a client typed, which is text whatever markup it holds.
+            read = self.forced_text[:len(self.forced_text) - len(self.typed_text)]
+            deltas = parser.feed(read) if read else []
+            if self.typed_text:
+                deltas.append((thinking_delta if parser.channel == THOUGHT else text_delta)(self.typed_text))
+            yield Step(None, None, self._screen(deltas))
 
         stopped_by: str | None = None
         try:

@@ -18,6 +18,9 @@ class StoredPrompt:
     ids: list[int]
     thinking: bool  # the prompt leaves the model inside its thinking channel
     answer_prefix: list[int] = field(default_factory=list)  # tokens the answer starts with, as if generated
+    # How many of answer_prefix's last tokens a client typed (a fork's text): the model reads them, the
+    # answer shows them as text, and the parser never reads them as markup (a call, a thought).
+    typed: int = 0
 
 
 @dataclass(slots=True)

@@ -57,18 +57,20 @@ async def fork_trace(request: web.Request) -> web.Response:
                           f"so 0 to {len(generated) - 1}.", param="index")
         replacement = [_token(token_id, runtime)] if token_id is not None else _encode(text, runtime)
         prefix = generated[:index] + replacement
-        stored = StoredPrompt(original.ids, original.thinking, original.forced + prefix)
+        stored = StoredPrompt(original.ids, original.thinking, original.forced + prefix,
+                              typed=len(replacement) if text is not None else 0)
         room = runtime.max_model_len - len(stored.ids) - len(stored.answer_prefix)
         if room <= 0:
             raise invalid("The prompt and the tokens before the fork already fill the model's context.",
                           param="index", code="context_length_exceeded")
-        if max_tokens is None:  # as long as the original answer could have run, from here
-            max_tokens = max(1, (original.max_tokens or DEFAULT_MAX_TOKENS) - len(prefix))
+        if max_tokens is None:  # as long as the original answer could have run, from here, and fits
+            max_tokens = min(max(1, (original.max_tokens or DEFAULT_MAX_TOKENS) - len(prefix)), room)
         trace.requested(runtime.model_name, stream=False, conversation=None)
         trace.checked()
         trace.forked(recorded, index, replacement)
         generation = Generation(runtime, GenerationRequest(
-            messages=[], tools=original.tools, max_tokens=min(max_tokens, room), stored=stored,
+            # One asked for past what fits is refused as Chat refuses it (Generation.prepare), not cut.
+            messages=[], tools=original.tools, max_tokens=max_tokens, stored=stored,
             temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k,
             seed=seed(body)), trace.observers)
         await generation.prepare()
@@ -149,6 +151,9 @@ def _token(token_id: int, runtime: Runtime) -> int:
 
 
 def _encode(text: str, runtime: Runtime) -> list[int]:
-    # split_special_tokens: a control token typed here is text, never a turn or call marker.
-    return runtime.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    # Every control token typed here is text, as in a message: never a turn, a thought or a call.
+    try:
+        return runtime.family.encode_as_text(text)
+    except ValueError as exc:  # a control token this vocabulary also makes from plain text
+        raise invalid(f"'text' cannot be read as plain text: {exc}", param="text") from exc
 
