@@ -380,3 +380,45 @@ def test_typed_text_never_becomes_a_control_token_in_any_family(request, checkpo
     ids = family.encode_as_text(text)
     assert not set(ids) & set(tokenizer.added_tokens_decoder)
     assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize(("q", "why"), [("abc\u0000def", "NUL"), ("word " * 12_000, "characters"),
+                                         (" ".join(f"w{i}" for i in range(40)), "words")])
+def test_a_search_is_bounded_and_a_nul_is_a_400(replay_app, q, why):
+    # A 60 KB phrase took 4.5–16.8 s and stalled the server; a NUL answered 503 "trace store unreadable".
+    status, error = replay_app.call("GET", "/v1/sessions?" + urllib.parse.urlencode({"q": q}))
+    assert status == 400 and error["error"]["param"] == "q" and why in error["error"]["message"], error
+
+
+def test_serving_never_waits_for_the_viewers_reads(replay_app, monkeypatch):
+    # Store reads shared the event loop's small thread pool with rendering: eight long searches at once
+    # made a chat wait 31 s. However many reads are stuck, a chat rendered on a thread still answers.
+    from looptrace.proxy.api.keys import TELEMETRY
+
+    store = replay_app.app[TELEMETRY].store
+    gate, stuck = threading.Event(), []
+
+    def slow_search(*args, **kwargs):
+        stuck.append(1)
+        gate.wait(60)
+        return {"data": [], "next": None, "models": [], "clients": []}
+
+    monkeypatch.setattr(store, "list_sessions", slow_search)
+    searches = [threading.Thread(target=replay_app.call, args=("GET", "/v1/sessions?q=x")) for _ in range(12)]
+    try:
+        for search in searches:
+            search.start()
+        deadline = time.monotonic() + 10
+        while len(stuck) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        replay_app.replay("Still here.<|im_end|>")
+        answered = []
+        long_chat = threading.Thread(target=lambda: answered.append(chat(replay_app, messages=[
+            {"role": "user", "content": "word " * 8_000}])))  # past 16 KB: rendered on a thread
+        long_chat.start()
+        long_chat.join(20)
+        assert answered and answered[0][0] == 200, answered
+    finally:
+        gate.set()
+        for search in searches:
+            search.join(60)

@@ -4,12 +4,13 @@ stream of requests as they are stored, for pages that watch an agent run."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 from aiohttp import web
 
 from looptrace.common.jsonio import dumps
 
-from ..errors import APIError
+from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
 from .traces import bounded_int, cursor, read, store_of, timestamp
@@ -24,9 +25,29 @@ async def list_sessions(request: web.Request) -> web.Response:
     before = cursor(query.get("before"))
     page = await read(store_of(request).list_sessions, EMPTY, model=query.get("model") or None,
                       client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
-                      until_ns=timestamp(query.get("until"), "until"), text=query.get("q", "").strip() or None,
+                      until_ns=timestamp(query.get("until"), "until"), text=search_text(query.get("q", "")),
                       before=before, limit=bounded_int(query.get("limit", "50"), "limit", 1, 500))
     return web.json_response({"object": "list", **page}, dumps=dumps)
+
+
+# A search is a conversation id or a few words: far past either, it only costs the store's time (a 60 KB
+# phrase took seconds, eight of them half a minute).
+MAX_SEARCH_CHARS = 256
+MAX_SEARCH_WORDS = 16
+_WORD = re.compile(r"\w+")  # about what the full-text index's tokenizer (unicode61) takes as a word
+
+
+def search_text(value: str) -> str | None:
+    """`?q=`, checked: None when empty; a 400 past its bounds or with a NUL (which no store takes)."""
+    text = value.strip()
+    if "\x00" in text:
+        raise invalid("'q' must not hold a NUL character.", param="q")
+    if len(text) > MAX_SEARCH_CHARS:
+        raise invalid(f"'q' is {len(text):,} characters; a search takes at most {MAX_SEARCH_CHARS}.", param="q")
+    if len(_WORD.findall(text)) > MAX_SEARCH_WORDS:
+        raise invalid(f"'q' holds more than {MAX_SEARCH_WORDS} words; a search takes at most {MAX_SEARCH_WORDS}.",
+                      param="q")
+    return text or None
 
 
 async def get_session(request: web.Request) -> web.Response:

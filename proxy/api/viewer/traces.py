@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from aiohttp import web
@@ -37,7 +39,7 @@ async def get_trace(request: web.Request) -> web.Response:
     trace = await stored_trace(request, request.match_info["trace_id"])
     vocab = vocabulary_for(request, trace)
     if vocab is not None:
-        trace = await asyncio.to_thread(with_alternative_texts, trace, vocab)
+        trace = await on_viewer_thread(with_alternative_texts, trace, vocab)
     return web.json_response(trace, dumps=dumps)
 
 
@@ -50,7 +52,7 @@ async def get_tokens(request: web.Request) -> web.Response:
                        param="trace_id", code="trace_not_found")
     runtime = request.app[RUNTIME]
     if runtime.status == "ready" and found["model"] == runtime.model_name:
-        await asyncio.to_thread(AlternativeTexts(runtime.vocab).add_to, found["tokens"])
+        await on_viewer_thread(AlternativeTexts(runtime.vocab).add_to, found["tokens"])
     return web.json_response(found, dumps=dumps)
 
 
@@ -59,7 +61,7 @@ async def get_prompt(request: web.Request) -> web.Response:
     trace = await stored_trace(request, request.match_info["trace_id"])
     against = request.query.get("against")
     previous = await stored_trace(request, against, param="against") if against else None
-    view = await asyncio.to_thread(prompt_view, trace, previous, vocabulary_for(request, trace))
+    view = await on_viewer_thread(prompt_view, trace, previous, vocabulary_for(request, trace))
     return web.json_response(view, dumps=dumps)
 
 
@@ -79,11 +81,22 @@ async def stored_trace(request: web.Request, trace_id: str, param: str = "trace_
     return found
 
 
+# The viewer's reads, and the work on what they read, run on threads of their own, a few at most: a
+# slow search (or eight) then waits for the viewer's threads, never for those serving requests (a long
+# prompt renders on the event loop's default pool), and holds at most this many cores.
+VIEWER_THREADS = 4
+_VIEWER_POOL = ThreadPoolExecutor(VIEWER_THREADS, thread_name_prefix="looptrace-viewer")
+
+
+async def on_viewer_thread(function, *args, **kwargs):
+    return await asyncio.get_running_loop().run_in_executor(_VIEWER_POOL, functools.partial(function, *args, **kwargs))
+
+
 async def read(query, empty, *args, **kwargs):
-    """A store query off the event loop; a store with nothing written yet reads as `empty`, and one that
-    cannot be read (not a database, a directory, locked) is a 503 that says why."""
+    """A store query on the viewer's threads; a store with nothing written yet reads as `empty`, and one
+    that cannot be read (not a database, a directory, locked) is a 503 that says why."""
     try:
-        return await asyncio.to_thread(query, *args, **kwargs)
+        return await on_viewer_thread(query, *args, **kwargs)
     except FileNotFoundError:
         return empty
     except (sqlite3.Error, OSError) as exc:
