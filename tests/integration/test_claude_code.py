@@ -1,0 +1,130 @@
+"""The real Claude Code (`@anthropic-ai/claude-code` from npm) against a real `looptrace serve`, through
+/v1/messages, end to end, set up as README says.
+
+With the replay backend the tiny Qwen3.5 checkpoint "writes" recorded Qwen3.5-format output, so
+Claude Code is driven deterministically through a tool call: `claude -p` with permission for Bash
+runs the command, sends its result back, and prints the final answer; the session is then read from
+the viewer's API with its two steps. Under strace, every socket it opened went to looptrace: no
+telemetry, update check or DNS lookup of Anthropic's hosts. Against SmolLM2-135M-Instruct (llama.cpp)
+it gets a real model's answer. A recording proxy between client and server keeps what it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import clients
+from messages_api import qwen_call
+
+API_KEY = "sk-looptrace-test"
+MODEL = "qwen3.5-tiny"
+ANSWER = "The command printed looptrace-ok."
+
+
+@pytest.fixture(scope="module")
+def installed() -> clients.Clients:
+    try:
+        return clients.install()
+    except clients.MissingNpm as exc:
+        if os.environ.get("CI"):
+            raise  # CI installs npm: a missing one is a failure there, not a skip
+        pytest.skip(str(exc))
+
+
+def strace_log(tmp_path):
+    """Where strace writes Claude Code's connects; None (the check skipped) where strace is missing,
+    except in CI, which installs it (tests/run.sh)."""
+    if shutil.which("strace") is None:
+        assert not os.environ.get("CI"), "strace is missing: tests/run.sh installs it"
+        return None
+    return tmp_path / "connects.txt"
+
+
+def outcome(process) -> str:
+    return f"exit {process.returncode}\nstdout:\n{process.stdout[-4000:]}\nstderr:\n{process.stderr[-4000:]}"
+
+
+def test_claude_code_runs_a_tool_and_answers(installed, serve, qwen3_5_dir, tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("".join(json.dumps({"text": s}) + "\n" for s in (
+        "I will run it.\n</think>\n\n" + qwen_call("Bash", command="echo looptrace-ok", description="Print a word")
+        + "<|im_end|>",
+        "It worked.\n</think>\n\n" + ANSWER + "<|im_end|>")))
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(steps), "--served-model-name", MODEL,
+                   api_key=API_KEY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    connects = strace_log(tmp_path)
+    with clients.RecordingProxy(server.url) as proxy:
+        env = clients.claude_env(home, f"http://127.0.0.1:{proxy.port}", API_KEY, MODEL)
+        done = clients.run_claude(installed, env, work, MODEL, "Run echo looptrace-ok", "--allowedTools", "Bash",
+                                  connections=connects)
+    assert done.returncode == 0, outcome(done)
+    result = json.loads(done.stdout)
+    assert (result["result"], result["num_turns"], result["is_error"]) == (ANSWER, 2, False), outcome(done)
+    if connects is not None:
+        assert clients.connected_to(connects) == {f"127.0.0.1:{proxy.port}"}
+
+    first, second = proxy.requests
+    assert (first["method"], first["path"]) == ("POST", "/v1/messages")  # nothing else first
+    assert first["headers"]["x-api-key"] == API_KEY and first["body"]["stream"] is True
+    session = first["headers"]["X-Claude-Code-Session-Id"]
+    assert second["headers"]["X-Claude-Code-Session-Id"] == session == result["session_id"]
+    assert "Bash" in [t["name"] for t in first["body"]["tools"]]
+    assistant, user = second["body"]["messages"][-2:]
+    thinking, call = assistant["content"]
+    assert (thinking["type"], thinking["thinking"]) == ("thinking", "I will run it.") and thinking["signature"]
+    assert (call["type"], call["name"], call["input"]) == ("tool_use", "Bash", {"command": "echo looptrace-ok",
+                                                                                "description": "Print a word"})
+    (tool_result,) = user["content"]
+    assert tool_result["tool_use_id"] == call["id"] and "looptrace-ok" in json.dumps(tool_result["content"])
+
+    # The session in the viewer, step by step.
+    def both_stored() -> bool:
+        status, found = server.get(f"/v1/sessions/{session}")
+        return status == 200 and len(found["steps"]) == 2
+
+    server.wait_until(both_stored, 15)
+    _, found = server.get(f"/v1/sessions/{session}")
+    assert (found["client"], found["client_version"]) == ("claude-cli", installed_version())
+    asked, answered = found["steps"]
+    assert asked["endpoint"] == answered["endpoint"] == "messages"
+    assert [(t["name"], t["outcome"]) for t in asked["tool_calls"]] == [("Bash", "valid")]
+    assert asked["finish_reason"] == "tool_calls" and answered["finish_reason"] == "stop"
+    (response,) = [p for m in answered["new_messages"] for p in m["parts"] if p["type"] == "tool_call_response"]
+    assert response["id"] == call["id"] and "looptrace-ok" in response["response"]
+    assert answered["output"][0]["parts"][-1] == {"type": "text", "content": ANSWER}
+
+
+def installed_version() -> str:
+    return clients.CLAUDE_CODE.rsplit("@", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def smollm2(serve, smollm2_gguf_path):
+    # SmolLM2's template has no tools, so Claude Code's prompt is its system prompt and the question:
+    # about 4,000 tokens, which llama.cpp prefills in seconds on two idle cores.
+    return serve(str(smollm2_gguf_path), "--backend", "llama.cpp", "--served-model-name", "smollm2",
+                 "--max-model-len", "8192", api_key=API_KEY)
+
+
+def test_claude_code_gets_an_answer_from_smollm2(installed, smollm2, tmp_path):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with clients.RecordingProxy(smollm2.url) as proxy:
+        env = clients.claude_env(home, f"http://127.0.0.1:{proxy.port}", API_KEY, "smollm2", context=8192,
+                                 max_tokens=64)
+        done = clients.run_claude(installed, env, work, "smollm2",
+                                  "What is the capital of France? Answer in one short sentence.", timeout=300)
+    assert done.returncode == 0, outcome(done)
+    result = json.loads(done.stdout)
+    assert result["result"].strip() and not result["is_error"], outcome(done)
+    assert result["usage"]["input_tokens"] > 1000 and result["usage"]["output_tokens"] > 0
+    (request,) = [r["body"] for r in proxy.requests if r["path"] == "/v1/messages"]
+    assert request["model"] == "smollm2" and request["max_tokens"] == 64
