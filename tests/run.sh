@@ -12,6 +12,7 @@ command -v prometheus >/dev/null || missing="$missing prometheus"
 command -v chromium >/dev/null || missing="$missing chromium"
 command -v npm >/dev/null || missing="$missing nodejs npm"
 command -v c++ >/dev/null || missing="$missing g++"  # llama-cpp-python compiles llama.cpp (below)
+command -v strace >/dev/null || missing="$missing strace"  # shows where Claude Code connects (test_claude_code.py)
 if [ -n "$missing" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
