@@ -1,13 +1,13 @@
 """Speculative decoding on the local backend (issue 15): lossless, and traced token by token.
 
-Prompt lookup's verification and rollback are checked with an oracle drafter: it proposes the plain decoder's
-own next tokens with mistakes put in on purpose (a rejection mid-way, a first draft wrong, all
-right), so every path runs on every architecture: the tiny Qwen3.5 (its Gated DeltaNet state put
-back and the accepted tokens run again), the tiny Gemma 4 well past its 32-token sliding window,
-and SmolLM2 (plain attention). Greedy output must be the plain decoder's token for token. Prompt
-lookup itself, on real copying, is checked end to end with SmolLM2 (test_speculative_serving.py). A
-draft model is checked with the tiny model drafting for itself, its weights nudged so that it mostly
-agrees: its own cache is cut back too.
+Prompt lookup's verification and rollback are checked with an oracle drafter (tests/support/speculative_checks.py):
+it proposes the plain decoder's own next tokens with mistakes put in on purpose (a rejection mid-way, a
+first draft wrong, all right), so every path runs on every architecture: here the tiny Qwen3.5 (its Gated
+DeltaNet state put back and the accepted tokens run again) and the tiny Gemma 4 well past its 32-token
+sliding window; SmolLM2 (plain attention, a real model) in tests/integration/test_speculative.py. Greedy
+output must be the plain decoder's token for token. Prompt lookup itself, on real copying, is checked end
+to end with SmolLM2 (tests/integration/test_speculative_serving.py). A draft model is checked with the
+tiny model drafting for itself, its weights nudged so that it mostly agrees: its own cache is cut back too.
 """
 
 from __future__ import annotations
@@ -20,149 +20,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.speculative import Backoff, Drafting, PromptLookup, SpeculativeConfig
+from looptrace.common.vocabulary import Vocabulary
 
-NGRAM = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 4}')
-NEW_TOKENS = 72
-
-
-def collect(backend: LocalBackend, request: DecodeRequest) -> list[dict]:
-    async def run():
-        return [event async for event in backend.generate(request)]
-
-    return asyncio.run(run())
+from speculative_checks import NEW_TOKENS, NGRAM, Oracle, VerifiedDecodingChecks, collect, prompt_of, tokens
 
 
-def tokens(events: list[dict]) -> list[dict]:
-    return [e for e in events if e["type"] == "token"]
-
-
-class Oracle:
-    """Proposes what plain decoding produced next, wrong where `mistakes` says: by the proposal's
-    number, the position in it to spoil (0: the first draft; None: all right)."""
-
-    def __init__(self, prompt: list[int], truth: list[int], mistakes: dict[int, int | None]) -> None:
-        self.length, self.truth, self.mistakes = len(prompt), truth, mistakes
-        self.ids: list[int] = list(prompt)
-        self.proposals = 0
-
-    def append(self, token: int) -> None:
-        self.ids.append(token)
-
-    def propose(self, count: int) -> list[int]:
-        done = len(self.ids) - self.length
-        drafts = list(self.truth[done:done + count])
-        spoil = self.mistakes.get(self.proposals % len(self.mistakes))
-        self.proposals += 1
-        if spoil is not None and spoil < len(drafts):
-            drafts[spoil] = (drafts[spoil] + 1) % 1000 + 3
-        return drafts
-
-
-@pytest.fixture(scope="module", params=["qwen3_5", "gemma4", "smollm2"])
+@pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
 def model(request):
-    if request.param == "smollm2":
-        path = request.getfixturevalue("smollm2_gguf_path")
-        kwargs = {"gguf_file": path.name}
-        folder = path.parent
-    else:
-        folder, kwargs = request.getfixturevalue(f"{request.param}_dir"), {}
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
+    folder = request.getfixturevalue(f"{request.param}_dir")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return request.param, tokenizer, loaded
 
 
-def prompt_of(tokenizer) -> list[int]:
-    text = "Copy this list back: apples, pears, plums, cherries, apples, pears, figs. " * 3
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0),
-                                      SamplingParams(temperature=0, presence_penalty=0.7, frequency_penalty=0.2)],
-                         ids=["greedy", "greedy-penalised"])
-def test_verified_output_is_the_plain_decoders(model, sampling, monkeypatch):
-    name, tokenizer, loaded = model
-    prompt = prompt_of(tokenizer)
-    if name == "gemma4":
-        assert len(prompt) + NEW_TOKENS > 3 * 32  # past Gemma 4's sliding window, several times
-    plain = LocalBackend(loaded, Vocabulary(tokenizer))
-    truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, sampling, frozenset())))]
-    asyncio.run(plain.close())
-    assert len(truth) == NEW_TOKENS
-
-    oracles = []
-
-    class Drafted(Drafting):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.lookup = Oracle(prompt, truth, {0: 2, 1: None, 2: 0, 3: 1, 4: None})
-            oracles.append(self.lookup)
-
-    monkeypatch.setattr(local_module, "Drafting", Drafted)
-    spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
-    events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, sampling, frozenset()))
-    asyncio.run(spec.close())
-    got = tokens(events)
-    assert [e["id"] for e in got] == truth
-    marks = "".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in got)
-    assert "AAx" in marks and ".x" in marks and "AAAA." in marks, marks  # mid-way, first, all accepted
-    done = events[-1]
-    assert done["finish_reason"] == "length" and done["drafts"] == oracles[0].proposals
-    assert done["drafted"] >= marks.count("A") + marks.count("x") and done["accepted"] == marks.count("A")
-
-
-def test_max_tokens_and_stops_hold_inside_a_verified_run(model, monkeypatch):
-    # A run of accepted drafts is emitted token by token: max_tokens ends it exactly, and a stop
-    # token among the drafts ends the generation there.
-    _, tokenizer, loaded = model
-    prompt = prompt_of(tokenizer)
-    greedy = SamplingParams(temperature=0)
-    plain = LocalBackend(loaded, Vocabulary(tokenizer))
-    truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, 24, greedy, frozenset())))]
-    asyncio.run(plain.close())
-
-    class Drafted(Drafting):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.lookup = Oracle(prompt, truth, {0: None})
-
-    monkeypatch.setattr(local_module, "Drafting", Drafted)
-    spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
-    for limit in (1, 2, 7):
-        got = tokens(collect(spec, DecodeRequest(prompt, limit, greedy, frozenset())))
-        assert [e["id"] for e in got] == truth[:limit]
-    stop = truth[9]
-    first = truth.index(stop)
-    events = collect(spec, DecodeRequest(prompt, 24, greedy, frozenset({stop})))
-    assert [e["id"] for e in tokens(events)] == truth[:first + 1] and events[-1]["finish_reason"] == "stop"
-    asyncio.run(spec.close())
-
-
-def test_sampling_runs_with_marks_and_counts(model, monkeypatch):
-    # Sampling verifies by speculative sampling (its distribution: test_speculative_sampling.py).
-    _, tokenizer, loaded = model
-    prompt = prompt_of(tokenizer)
-    sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7)
-    plain = LocalBackend(loaded, Vocabulary(tokenizer))
-    truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, 32, sampled, frozenset())))]
-    asyncio.run(plain.close())
-
-    class Drafted(Drafting):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.lookup = Oracle(prompt, truth, {0: None, 1: 1})
-
-    monkeypatch.setattr(local_module, "Drafting", Drafted)
-    spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
-    events = collect(spec, DecodeRequest(prompt, 32, sampled, frozenset()))
-    asyncio.run(spec.close())
-    got = tokens(events)
-    assert len(got) == 32 and events[-1]["drafted"] > 0
-    assert events[-1]["accepted"] == sum(e["accepted"] for e in got)
-    for e in got:  # the report is the target's own distribution at T = 1
-        assert e["top_logprobs"][0] >= e["logprob"] - 1e-6 and e["rank"] >= 1
+class TestTinyModels(VerifiedDecodingChecks):
+    """The tiny Qwen3.5 and Gemma 4."""
 
 
 # -- the parts, on their own --
@@ -254,8 +128,8 @@ def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, fami
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir):
-    from looptrace.common.checkpoint import read_config
     from looptrace.backends.loading import same_tokenizer
+    from looptrace.common.checkpoint import read_config
 
     same_tokenizer(read_config(str(qwen3_5_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
     with pytest.raises(ValueError, match="another tokenizer"):
@@ -268,11 +142,12 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     import json
 
     from PIL import Image
-    from tiny_media import with_images
     from transformers import AutoModelForImageTextToText
 
     from looptrace.families import family_for_config
     from looptrace.families.media.processor import load_processor
+
+    from tiny_media import with_images
 
     folder = with_images(qwen3_5_dir, "qwen3_5")
     tokenizer = AutoTokenizer.from_pretrained(folder)

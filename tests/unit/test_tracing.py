@@ -6,20 +6,16 @@ in-memory exporter can sit beside the real SQLite store and see every span as it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient, TestServer
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from transformers import AutoTokenizer
 
-from looptrace.proxy.api.app import create_app
-from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.tokens import expand_events
+
+from traced_app import App, run
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -32,52 +28,11 @@ LONG = " word" * 4000 + "<|im_end|>"
 SESSION = {"session_id": "pi-session-1", "User-Agent": "pi/0.73.1 (linux)"}
 
 
-class App:
-    """The real application in this process, with an in-memory exporter beside its sinks."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.spans = InMemorySpanExporter()
-
-    async def __aenter__(self):
-        app = create_app(self.settings)
-        self.telemetry = app[TELEMETRY]
-        self.telemetry.provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.client = TestClient(TestServer(app))
-        await self.client.start_server()
-        while (await self.client.get("/health")).status != 200:
-            await asyncio.sleep(0.05)
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.client.close()
-
-    async def chat(self, headers=None, **body):
-        body.setdefault("model", "qwen")
-        response = await self.client.post("/v1/chat/completions", json=body, headers=headers or {})
-        return response.status, await response.json()
-
-    async def stream_text(self, headers=None, **body):
-        body.update(model="qwen", stream=True)
-        response = await self.client.post("/v1/chat/completions", json=body, headers=headers or {})
-        text = await response.text()
-        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-
-    def tree(self, trace_id: int) -> dict:
-        spans = [s for s in self.spans.get_finished_spans() if s.context.trace_id == trace_id]
-        return {s.name: s for s in spans}
-
-
 def settings_for(qwen3_5_dir, tmp_path, steps, **extra) -> Settings:
     replay = tmp_path / "steps.jsonl"
     replay.write_text("".join(json.dumps({"text": s}) + "\n" for s in steps))
     extra.setdefault("trace_db", str(tmp_path / "traces.sqlite3"))
     return Settings(model=str(qwen3_5_dir), served_model_name="qwen", backend="replay", replay=str(replay), **extra)
-
-
-def run(coroutine):
-    return asyncio.run(coroutine)
 
 
 def test_a_tool_calling_session_makes_the_documented_span_tree(qwen3_5_dir, tmp_path):
@@ -282,36 +237,6 @@ def test_a_responses_request_is_traced_the_same_way(qwen3_5_dir, tmp_path):
     assert root.attributes["looptrace.client.name"] == "codex_exec"
     assert root.attributes["gen_ai.response.id"].startswith("resp_") and root.attributes["gen_ai.response.id"] in text
     assert list(root.attributes["gen_ai.response.finish_reasons"]) == ["tool_calls"]
-
-
-def test_the_vllm_server_is_handed_our_decode_span(qwen3_5_dir, tmp_path):
-    """The traceparent vLLM receives names our `decode` span, so its own span nests under it."""
-    from server import free_port
-    from vllm_double import DoubleProcess
-
-    double = DoubleProcess(qwen3_5_dir, port=free_port(), log_path=tmp_path / "double.log")
-    try:
-        double.wait_ready()
-        settings = Settings(model=None, backend="vllm", vllm_urls=[double.url], trace_db=str(tmp_path / "t.sqlite3"))
-
-        async def session():
-            async with App(settings) as app:
-                model = (await (await app.client.get("/health")).json())["model"]
-                response = await app.client.post("/v1/chat/completions", json={
-                    "model": model, "messages": ASK, "max_tokens": 4})
-                assert response.status == 200, await response.text()
-                return app
-
-        app = run(session())
-        decode = [s for s in app.spans.get_finished_spans() if s.name == "decode"][0]
-        sent = [r for r in double.requests() if r["path"] != "/v1/models" and "traceparent" in r["headers"]][-1]
-        _, trace_id, span_id, _ = sent["headers"]["traceparent"].split("-")
-        assert trace_id == format(decode.context.trace_id, "032x")
-        assert span_id == format(decode.context.span_id, "016x")
-        assert decode.attributes["looptrace.backend"] == "vllm"
-        assert decode.attributes["looptrace.backend.route"] == sent["path"]
-    finally:
-        double.stop()
 
 
 def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
