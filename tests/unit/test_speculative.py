@@ -131,9 +131,10 @@ def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir
     from looptrace.backends.loading import same_tokenizer
     from looptrace.common.checkpoint import read_config
 
-    same_tokenizer(read_config(str(qwen3_5_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
+    qwen_tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)  # loaded once: seconds for its real vocabulary
+    same_tokenizer(read_config(str(qwen3_5_dir)), qwen_tokenizer)
     with pytest.raises(ValueError, match="another tokenizer"):
-        same_tokenizer(read_config(str(gemma4_dir)), AutoTokenizer.from_pretrained(qwen3_5_dir))
+        same_tokenizer(read_config(str(gemma4_dir)), qwen_tokenizer)
 
 
 def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypatch):
