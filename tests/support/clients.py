@@ -207,10 +207,12 @@ def run_opencode(clients: Clients, home: Path, workdir: Path, api_key: str, prom
 
 
 def qwen_home(home: Path) -> Path:
-    """qwen-code's settings: no usage statistics (it sends them to Alibaba Cloud otherwise)."""
+    """qwen-code's settings: no usage statistics (it sends them to Alibaba Cloud otherwise), and no
+    memory extraction after each turn (a request of its own, which would take a replayed answer)."""
     qwen = home / ".qwen"
     qwen.mkdir(parents=True, exist_ok=True)
-    (qwen / "settings.json").write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}}))
+    (qwen / "settings.json").write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False},
+                                                    "memory": {"enableManagedAutoMemory": False}}))
     return qwen
 
 
