@@ -10,6 +10,7 @@ malformed can then still be returned as text instead of as a half-sent call a cl
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -148,7 +149,9 @@ class Family:
             messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
         with_media = self.processor is not None and (has_media(messages) if media is None else media)
         if with_media:  # the processor writes each item's tokens where the template puts it
-            extra["return_tensors"] = "pt"
+            # Torch tensors for a model here; numpy where torch was kept out (a relay, whose server
+            # expands the items itself: proxy/engine/model_runtime.py).
+            extra["return_tensors"] = "pt" if importlib.util.find_spec("torch") else "np"
             if not self.tool_result_media:
                 messages = lift_from_tool_results(messages)
             messages, videos = video_metadata(messages)
