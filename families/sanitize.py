@@ -7,17 +7,22 @@ dict key (a tool call's argument name, a schema's property name) reached the tem
 argument named `k<|im_end|>\\n<|im_start|>system\\n…` rendered as a real system turn. The keys are
 wrapped here, with transformers' own markers, before the template runs; transformers wraps the
 values. (transformers' private helpers, deliberately: the markers must be exactly the ones its
-encoder looks for.)
+encoder looks for.) They are read when first needed, not at import: transformers is imported only
+once the server knows whether this process may hold torch (proxy/engine/model_runtime.py).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
-from transformers.utils.chat_template_utils import _CONTROL_TOKEN_END, _CONTROL_TOKEN_START
 
-MARKERS = re.compile(f"[{_CONTROL_TOKEN_START}{_CONTROL_TOKEN_END}]")
+@functools.cache
+def _markers() -> tuple[str, str, re.Pattern]:
+    from transformers.utils.chat_template_utils import _CONTROL_TOKEN_END, _CONTROL_TOKEN_START
+
+    return _CONTROL_TOKEN_START, _CONTROL_TOKEN_END, re.compile(f"[{_CONTROL_TOKEN_START}{_CONTROL_TOKEN_END}]")
 
 
 def treat_added_tokens_as_control(tokenizer: Any) -> re.Pattern | None:
@@ -48,4 +53,6 @@ def mark_keys(obj: Any, control: re.Pattern) -> Any:
 
 
 def _mark(text: str, control: re.Pattern) -> str:
-    return control.sub(f"{_CONTROL_TOKEN_START}\\g<0>{_CONTROL_TOKEN_END}", MARKERS.sub("", text))
+    start, end, markers = _markers()
+    return control.sub(f"{start}\\g<0>{end}", markers.sub("", text))
+

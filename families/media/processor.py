@@ -35,10 +35,11 @@ class _OptionalSlots:
         return super().check_argument_for_proper_class(name, arg)
 
 
-def load_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict) -> Any | None:
+def load_processor(folder: str | Path, processor_class: str, tokenizer: Any, load_kwargs: dict,
+                   video: bool = True) -> Any | None:
     """The processor for images, and video and audio where the checkpoint has their configs, or
     None when the checkpoint has no image preprocessing config (a text-only checkpoint) or this
-    transformers lacks the class."""
+    transformers lacks the class. `video=False` leaves video out (its processor is torch code)."""
     import transformers
     from transformers import AutoImageProcessor
 
@@ -55,7 +56,7 @@ def load_processor(folder: str | Path, processor_class: str, tokenizer: Any, loa
         return None
     cls = type(processor_class, (_OptionalSlots, base), {})
     kwargs: dict = {"image_processor": images, "tokenizer": tokenizer,
-                    "video_processor": load_video_processor(folder, processor_class, load_kwargs),
+                    "video_processor": load_video_processor(folder, processor_class, load_kwargs) if video else None,
                     "chat_template": tokenizer.chat_template}
     if "feature_extractor" in base.__init__.__code__.co_varnames:
         kwargs["feature_extractor"] = _feature_extractor(folder, load_kwargs)

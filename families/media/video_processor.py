@@ -119,14 +119,15 @@ def load_video_processor(folder: str | Path, processor_class: str, load_kwargs: 
     except (OSError, ValueError, ImportError, AttributeError, NameError, TypeError) as exc:
         log.warning("%s: video is not read: its video processor could not be built (%s)", folder, exc)
         return None
-    if not _has_video_config(folder, processor):
+    if not has_video_config(folder):
         return None
     return processor
 
 
-def _has_video_config(folder: str | Path, processor: Any) -> bool:
-    # from_pretrained falls back to the image preprocessing config: a checkpoint that ships no video
-    # config (a local folder without video_preprocessor_config.json) reads no video.
+def has_video_config(folder: str | Path) -> bool:
+    """Whether the checkpoint ships video preprocessing (read before transformers is imported: a
+    relay lets torch in only for a video processor). from_pretrained falls back to the image
+    preprocessing config, so a local folder without a video config reads no video."""
     local = Path(folder)
     if not local.is_dir():
         return True

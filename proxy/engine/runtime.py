@@ -21,9 +21,11 @@ from looptrace.families import family_for_config
 from looptrace.families.base import Family
 from looptrace.families.media.parts import MediaLimits
 from looptrace.families.media.processor import load_processor
+from looptrace.families.media.video_processor import has_video_config
 from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings
+from . import model_runtime
 from .errors import Unavailable
 
 log = logging.getLogger("looptrace")
@@ -73,20 +75,24 @@ class Runtime:
             self._loaded.set()
 
     def _load_sync(self) -> Backend:
-        # Imported here, on the loading thread: transformers takes seconds to import, and /health
-        # answers from the first second.
-        from transformers import AutoTokenizer
-
         settings, loader = self.settings, self._loader
         source = loader.checkpoint_source()
         checkpoint = ckpt.read_config(source, settings.revision)
         family_cls = family_for_config(checkpoint.config)  # refuses an unsupported family before any weights move
         log.info("%s: %s family; fetching the checkpoint", source, family_cls.name)
         folder = ckpt.fetch(checkpoint, weights=self.entry.needs.weights)
-        tokenizer = AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
+        media = bool(family_cls.processor_class) and not checkpoint.gguf_file
+        video = media and settings.media_max_video_frames > 0 and has_video_config(folder)
+        if video and model_runtime.kept_out():
+            model_runtime.let_in(f"{source} reads video, and transformers' video processors are torch code "
+                                 "(--media-max-video-frames 0 leaves video out, and torch with it)")
+        # Imported here, on the loading thread, once it is settled whether torch may come too:
+        # transformers takes seconds to import, and /health answers from the first second.
+        tokenizer = _tokenizer(folder, checkpoint, lean=not self.entry.needs.model_runtime)
         processor = None
-        if family_cls.processor_class and not checkpoint.gguf_file:
-            processor = load_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs())
+        if media:
+            processor = load_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs(),
+                                       video=video)
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
@@ -94,7 +100,11 @@ class Runtime:
         self.vocab = Vocabulary(tokenizer)
         own = ckpt.context_length(checkpoint.config) or tokenizer.model_max_length
         self.max_model_len = loader.context(settings.max_model_len, own)
-        return loader.load(TextModel(checkpoint, self.vocab, bool(self.family.media_kinds), self.max_model_len))
+        backend = loader.load(TextModel(checkpoint, self.vocab, bool(self.family.media_kinds), self.max_model_len))
+        if not self.entry.needs.model_runtime:
+            model_runtime.return_freed_memory()
+            log.info(model_runtime.report())
+        return backend
 
     # -- what a loader may ask of the server (backends.base.LoaderHost) --
 
@@ -147,6 +157,18 @@ class Runtime:
             await self.backend.close()
         elif self._loader is not None:
             await self._loader.close()  # what it opened while connecting, never handed over
+
+
+def _tokenizer(folder: Path, checkpoint: ckpt.Checkpoint, lean: bool):
+    """The checkpoint's tokenizer. A relay (`lean`) reads its tokenizer.json as it is, through
+    transformers' generic class: a model's own class (Qwen3.5's) rebuilds the same tokenizer from the
+    vocabulary and merges and keeps Python copies of both (190 MiB for 248,000 tokens). The two
+    render, encode and decode alike (tests/unit/test_relay_tokenizer.py)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if lean and not checkpoint.gguf_file and (folder / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(folder, **checkpoint.load_kwargs())
+    return AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
 
 
 def _generation_config(folder: Path, checkpoint: ckpt.Checkpoint) -> dict | None:
