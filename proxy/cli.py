@@ -15,6 +15,8 @@ import sys
 
 from looptrace.backends import registry
 
+from . import workers
+from .engine import model_runtime
 from .settings import DEFAULT_MODEL, Settings
 
 DEFAULTS = Settings()
@@ -66,6 +68,10 @@ def _server_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
     serve.add_argument("--max-model-len", type=int, help="context length to allow (default: the checkpoint's)")
+    serve.add_argument("--workers", type=int, default=_default("workers"), metavar="N",
+                       help="server processes on the one port, for a relay (--backend vllm or replay): each has an "
+                       "event loop of its own; this process supervises them and holds no model")
+    serve.add_argument("--worker-slot", type=int, help=argparse.SUPPRESS)  # set by the supervisor for its workers
 
 
 def _media_options(serve: argparse.ArgumentParser) -> None:
@@ -118,13 +124,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     settings = settings_from(args)
-    refused = registry.refusal(settings, DEFAULTS)
+    refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings)
     if refused:
         parser.error(refused)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    worker = "" if args.worker_slot is None else f" [worker {args.worker_slot}]"
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")
+    if settings.workers > 1 and args.worker_slot is None:
+        sys.exit(workers.supervise(settings, sys.argv[1:] if argv is None else argv))
     if args.backend is None and settings.model and settings.model.endswith(".gguf"):
         _say_how_gguf_decodes(settings)
+    if not registry.entry(settings.backend).needs.model_runtime:
+        model_runtime.keep_out()  # before anything imports transformers
     from aiohttp import web  # after the arguments: `looptrace --help` answers at once
 
     from .api.app import create_app
@@ -133,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("aiohttp.server").addFilter(ProtocolErrorsInOneLine())
     app = create_app(settings)
     # handler_cancellation: a client that disconnects cancels its handler, which stops its generation.
+    # reuse_port: a worker shares the port with the others (SO_REUSEPORT).
     web.run_app(app, host=settings.host, port=settings.port, handler_cancellation=True, access_log=None,
-                print=lambda *_: logging.getLogger("looptrace").info(
+                reuse_port=args.worker_slot is not None, print=lambda *_: logging.getLogger("looptrace").info(
                     "serving %s on http://%s:%d/v1", settings.model or ", ".join(settings.vllm_urls), settings.host,
                     settings.port))
 

@@ -18,6 +18,7 @@ class Settings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     api_key: str | None = None
     max_model_len: int | None = None  # None: the checkpoint's own
+    workers: int = 1  # server processes on the one port (a relay's backend only; proxy/workers.py)
     enforce_eager: bool = False  # no CUDA graph for the decode step
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
     prefix_cache_tokens: int = 65536  # prompt tokens whose state the local backend keeps for the next turn; 0: off

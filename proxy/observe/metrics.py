@@ -2,18 +2,38 @@
 
 Histograms carry `trace_id` exemplars, which only the OpenMetrics exposition shows: /metrics
 answers in OpenMetrics when the scraper asks for it (Prometheus does, with exemplar storage on).
+
+Under `looptrace serve --workers N` every worker runs prometheus_client's multiprocess mode (the
+parent sets PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads when imported, as under
+gunicorn): each worker writes its values to files of its own, and whichever worker answers a scrape
+sums every worker's files, so /metrics on the shared port is the same whole, each series once.
+What that mode cannot do, and what is done instead:
+
+- Gauges read by a function at scrape time cannot be read across processes: each worker copies
+  its own into its file every second (and before it answers a scrape), and the gauge sums the live
+  workers' values (`livesum`; `livemax` for a vLLM server's up/down).
+- Its exposition has no exemplars (the files hold numbers only): the worker that answers adds its
+  own, its last exemplar of each bucket, to the summed buckets. An exemplar is an example of its
+  bucket, and the traces it names are in the store every worker writes to.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import os
+import threading
 from bisect import bisect_right
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from looptrace.backends.speculative_config import METHODS
 from looptrace.common import attributes as attr
+
+log = logging.getLogger("looptrace")
 
 # Below vLLM's lowest bucket too: a small model on a GPU produces a token every few milliseconds.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
@@ -24,9 +44,48 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0,
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000)
 
 
+SAMPLE_SECONDS = 1.0  # how often a worker copies its function-read gauges into its file
+
+
+class _KeptExemplar:
+    """A histogram bucket's value that keeps its last exemplar in this process: a multiprocess value
+    drops exemplars (prometheus_client has none in that mode)."""
+
+    __slots__ = ("value", "exemplar")
+
+    def __init__(self, value) -> None:
+        self.value, self.exemplar = value, None
+
+    def inc(self, amount: float) -> None:
+        self.value.inc(amount)
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self.value.set(value, timestamp)
+
+    def get(self) -> float:
+        return self.value.get()
+
+    def set_exemplar(self, exemplar) -> None:
+        self.exemplar = exemplar
+
+    def get_exemplar(self):
+        return self.exemplar
+
+
+class _ExemplarHistogram(Histogram):
+    def _metric_init(self) -> None:  # prometheus_client's hook that makes a child's buckets
+        super()._metric_init()
+        self._buckets = [_KeptExemplar(bucket) for bucket in self._buckets]
+
+
 class Metrics:
     def __init__(self) -> None:
+        # The same switch prometheus_client read when it was imported: values in per-process files.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         self.registry = CollectorRegistry(auto_describe=True)
+        self._sampled: list[tuple[object, object]] = []  # (gauge child, read) copied every second
+        self._sampling: threading.Event | None = None
+        histogram = _ExemplarHistogram if self.multiprocess_dir else Histogram
         r = self.registry
         self.requests = Counter(attr.METRIC_REQUESTS, "Requests finished, by endpoint and HTTP status.",
                                 ["model", "endpoint", "status"], registry=r)
@@ -36,21 +95,24 @@ class Metrics:
         self.generation_tokens = Counter(attr.METRIC_GENERATION_TOKENS,
                                          "Tokens generated, by channel (thought, content, tool_call).",
                                          ["model", "channel"], registry=r)
-        self.ttft = Histogram(attr.METRIC_TIME_TO_FIRST_TOKEN,
+        self.ttft = histogram(attr.METRIC_TIME_TO_FIRST_TOKEN,
                               "From the request's arrival to its first generated token.", ["model", "endpoint"],
                               buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(attr.METRIC_INTER_TOKEN_LATENCY, "Time between consecutive generated tokens.",
+        self.itl = histogram(attr.METRIC_INTER_TOKEN_LATENCY, "Time between consecutive generated tokens.",
                              ["model"], buckets=ITL_BUCKETS, registry=r)
-        self.duration = Histogram(attr.METRIC_REQUEST_DURATION, "From a request's arrival to its end.",
+        self.duration = histogram(attr.METRIC_REQUEST_DURATION, "From a request's arrival to its end.",
                                   ["model", "endpoint"], buckets=DURATION_BUCKETS, registry=r)
-        self.decode_rate = Histogram(attr.METRIC_DECODE_TOKENS_PER_SECOND,
+        self.decode_rate = histogram(attr.METRIC_DECODE_TOKENS_PER_SECOND,
                                      "Decode speed of each request (tokens after the first ÷ their time).",
                                      ["model"], buckets=RATE_BUCKETS, registry=r)
-        self.spec_draft_tokens = Counter(attr.METRIC_SPEC_DECODE_DRAFT_TOKENS, "Tokens proposed by a draft model.",
-                                         ["model"], registry=r)
+        # Speculative decoding by `method` (ngram, suffix, draft_model, mtp: backends/speculative_config.py).
+        self.spec_draft_tokens = Counter(attr.METRIC_SPEC_DECODE_DRAFT_TOKENS, "Tokens proposed by drafting, by "
+                                         "method.", ["model", "method"], registry=r)
         self.spec_accepted_tokens = Counter(attr.METRIC_SPEC_DECODE_ACCEPTED_TOKENS,
-                                            "Draft tokens the target model accepted.", ["model"], registry=r)
-        self.spec_drafts = Counter(attr.METRIC_SPEC_DECODE_DRAFTS, "Draft proposals made.", ["model"], registry=r)
+                                            "Draft tokens the target model accepted, by method.", ["model", "method"],
+                                            registry=r)
+        self.spec_drafts = Counter(attr.METRIC_SPEC_DECODE_DRAFTS, "Draft proposals made, by method.",
+                                   ["model", "method"], registry=r)
         self.media_items = Counter(attr.METRIC_MEDIA_ITEMS, "Attached items that reached the model, by kind "
                                    "(image, audio, video).", ["model", "kind"], registry=r)
         self.media_tokens = Counter(attr.METRIC_MEDIA_TOKENS, "Prompt tokens that attached items became, by kind.",
@@ -65,57 +127,113 @@ class Metrics:
                                        "code (retried or not).", ["model", "server", "code"], registry=r)
         self.upstream_tokens = Counter(attr.METRIC_UPSTREAM_GENERATION_TOKENS, "Tokens each vLLM server generated.",
                                        ["model", "server"], registry=r)
-        self.upstream_ttft = Histogram(attr.METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN,
+        self.upstream_ttft = histogram(attr.METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN,
                                        "From the request's arrival to its first token, by the vLLM server that "
                                        "produced it.", ["model", "server"], buckets=TTFT_BUCKETS, registry=r)
         self.upstream_moved = Counter(attr.METRIC_UPSTREAM_SESSIONS_MOVED, "Conversations whose request went to "
                                       "another server than their last one, by the server they left.", ["model", "server"],
                                       registry=r)
+        # Each gauge's multiprocess_mode says how workers' values add up (ignored in one process).
         self.upstream_up = Gauge(attr.METRIC_UPSTREAM_UP, "1 while a vLLM server takes requests (connected, "
-                                 "answering its probes), else 0.", ["model", "server"], registry=r)
+                                 "answering its probes), else 0.", ["model", "server"], registry=r,
+                                 multiprocess_mode="livemax")
         self.upstream_running = Gauge(attr.METRIC_UPSTREAM_REQUESTS_RUNNING, "Requests streaming from each vLLM "
-                                      "server.", ["model", "server"], registry=r)
-        self.running = Gauge(attr.METRIC_REQUESTS_RUNNING, "Requests being decoded.", ["model"], registry=r)
-        self.waiting = Gauge(attr.METRIC_REQUESTS_WAITING, "Requests queued for the model.", ["model"], registry=r)
+                                      "server.", ["model", "server"], registry=r, multiprocess_mode="livesum")
+        self.running = Gauge(attr.METRIC_REQUESTS_RUNNING, "Requests being decoded.", ["model"], registry=r,
+                             multiprocess_mode="livesum")
+        self.waiting = Gauge(attr.METRIC_REQUESTS_WAITING, "Requests queued for the model.", ["model"], registry=r,
+                             multiprocess_mode="livesum")
         self.spans_dropped = Counter(attr.METRIC_TRACE_SPANS_DROPPED, "Spans a trace sink lost (queue full or "
                                      "export failed), by sink.", ["sink"], registry=r)
         for sink in ("sqlite", "otlp"):
             self.spans_dropped.labels(sink)  # present from the start, so a rate() has a baseline
         self.trace_queue_spans = Gauge(attr.METRIC_TRACE_QUEUE_SPANS, "Finished spans waiting for a trace sink.",
-                                       ["sink"], registry=r)
+                                       ["sink"], registry=r, multiprocess_mode="livesum")
         self.trace_queue_bytes = Gauge(attr.METRIC_TRACE_QUEUE_BYTES, "What the spans waiting for a trace sink "
-                                       "hold (attribute and event text, estimated).", ["sink"], registry=r)
+                                       "hold (attribute and event text, estimated).", ["sink"], registry=r,
+                                       multiprocess_mode="livesum")
+        self._scrape = self.registry
+        if self.multiprocess_dir:  # what a scrape reads: every worker's files, with this one's exemplars
+            self._scrape = CollectorRegistry(auto_describe=False)
+            self._scrape.register(_SummedWithOwnExemplars(self.multiprocess_dir, self.registry))
 
     def watch(self, model: str, running, waiting) -> None:
         """Gauges read at scrape time, so requests do no gauge bookkeeping."""
-        self.running.labels(model).set_function(running)
-        self.waiting.labels(model).set_function(waiting)
-        # The model's children of the families labelled by model alone, at zero from the start: a
+        self._read_by(self.running.labels(model), running)
+        self._read_by(self.waiting.labels(model), waiting)
+        # The model's children at zero from the start (speculative decoding's under each method): a
         # dashboard's rate() of cached tokens or speculative drafts is then 0 (or 0/0), not "no data",
         # on a backend that never reports any.
-        for family in (self.prompt_tokens, self.cached_tokens, self.spec_draft_tokens, self.spec_accepted_tokens,
-                       self.spec_drafts, self.itl, self.decode_rate):
+        for family in (self.prompt_tokens, self.cached_tokens, self.itl, self.decode_rate):
             family.labels(model)
+        for family in (self.spec_draft_tokens, self.spec_accepted_tokens, self.spec_drafts):
+            for method in METHODS:
+                family.labels(model, method)
 
     def watch_upstreams(self, model: str, upstreams) -> None:
         """Each vLLM server's state, read at scrape time; its counters at zero from the start."""
         for upstream in upstreams:
             name = upstream.name
-            self.upstream_up.labels(model, name).set_function(lambda u=upstream: float(u.serving))
-            self.upstream_running.labels(model, name).set_function(lambda u=upstream: u.running)
+            self._read_by(self.upstream_up.labels(model, name), lambda u=upstream: float(u.serving))
+            self._read_by(self.upstream_running.labels(model, name), lambda u=upstream: u.running)
             for family in (self.upstream_requests, self.upstream_tokens, self.upstream_ttft, self.upstream_moved):
                 family.labels(model, name)
 
     def watch_queue(self, sink: str, spans, held_bytes) -> None:
-        self.trace_queue_spans.labels(sink).set_function(spans)
-        self.trace_queue_bytes.labels(sink).set_function(held_bytes)
+        self._read_by(self.trace_queue_spans.labels(sink), spans)
+        self._read_by(self.trace_queue_bytes.labels(sink), held_bytes)
 
     def dropped(self, sink: str, count: int) -> None:
         self.spans_dropped.labels(sink).inc(count)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        self._sample()  # this worker's own gauges as of now; the others' as of their last second
+        return encoder(self._scrape), content_type
+
+    def close(self) -> None:
+        if self._sampling is not None:
+            self._sampling.set()
+
+    def _read_by(self, child, read) -> None:
+        """A gauge whose value `read()` gives: read at scrape time in one process; in a worker, copied
+        into its file every SAMPLE_SECONDS, since another worker may answer the scrape."""
+        if not self.multiprocess_dir:
+            child.set_function(read)
+            return
+        self._sampled.append((child, read))
+        if self._sampling is None:
+            self._sampling = threading.Event()
+            threading.Thread(target=self._sample_until_closed, name="looptrace-metrics", daemon=True).start()
+
+    def _sample(self) -> None:
+        for child, read in list(self._sampled):
+            try:
+                child.set(read())
+            except Exception:  # noqa: BLE001 - a gauge that cannot be read now keeps its last value
+                log.debug("a gauge could not be read", exc_info=True)
+
+    def _sample_until_closed(self) -> None:
+        while not self._sampling.wait(SAMPLE_SECONDS):
+            self._sample()
+
+
+class _SummedWithOwnExemplars:
+    """Every worker's series from the multiprocess files, summed (prometheus_client's collector), with
+    the exemplars this worker's histograms kept put on the buckets they belong to."""
+
+    def __init__(self, path: str, own: CollectorRegistry) -> None:
+        self._summed = MultiProcessCollector(None, path)
+        self._own = own
+
+    def collect(self):
+        kept = {(sample.name, tuple(sorted(sample.labels.items()))): sample.exemplar
+                for family in self._own.collect() for sample in family.samples if sample.exemplar is not None}
+        for family in self._summed.collect():
+            if kept:
+                family.samples = [s._replace(exemplar=kept.get((s.name, tuple(sorted(s.labels.items()))), s.exemplar))
+                                  for s in family.samples]
+            yield family
 
 
 def observe_all(histogram, values: list[float], per_second: int = 1) -> None:
