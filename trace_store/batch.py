@@ -18,6 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
+from .packing import Unpackable, pack
+from .schema import SPAN_COLUMNS
 from .steps import StepGatherer, searchable_text
 
 OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
@@ -73,9 +75,10 @@ class Batch:
         links = [{"trace_id": hex_id(link.context.trace_id, 32), "span_id": hex_id(link.context.span_id, 16),
                   "attributes": dict(link.attributes or {})} for link in span.links]
         status = span.status.status_code.name.lower()
+        kept, tokens = packed_events(events)
         self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None, span.name,
                            span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
-                           dumps(events), dumps(links)))
+                           dumps(kept), dumps(links), tokens))
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
         if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
             self.tool_calls.append((call_id, trace_id, span_id))
@@ -115,13 +118,26 @@ class Batch:
 
     def write(self, db: sqlite3.Connection) -> None:
         """In the caller's transaction. Spans and tool calls before the results that join them."""
-        insert(db, "INSERT OR REPLACE INTO spans VALUES", self.spans)
+        insert(db, f"INSERT OR REPLACE INTO spans ({', '.join(SPAN_COLUMNS)}) VALUES", self.spans)
         insert(db, "INSERT OR REPLACE INTO tool_calls VALUES", self.tool_calls)
         insert(db, f"INSERT OR REPLACE INTO traces ({', '.join(TRACE_COLUMNS)}) VALUES", self.traces)
         insert(db, "INSERT INTO trace_text (trace_id, text) VALUES", self.texts)
         insert(db, "INSERT INTO sessions VALUES", self.sessions, SESSION_UPSERT)
         for rows in _chunks(self.results, 2, db):
             db.execute(ATTACH_RESULTS.format(rows=_placeholders(2, len(rows))), [v for row in rows for v in row])
+
+
+def packed_events(events: list[dict]) -> tuple[list[dict], bytes | None]:
+    """A span's events as stored: its token events' attributes packed into one blob (packing.py), the
+    events left in place with none of their own; or all of them as they are, and no blob."""
+    groups = [e["attributes"] for e in events if e["name"] == attr.EVENT_TOKENS]
+    if not groups:
+        return events, None
+    try:
+        blob = pack(groups)
+    except Unpackable:
+        return events, None
+    return [{**e, "attributes": {}} if e["name"] == attr.EVENT_TOKENS else e for e in events], blob
 
 
 def insert(db: sqlite3.Connection, head: str, rows: Sequence[tuple], tail: str = "") -> None:

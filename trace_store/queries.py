@@ -1,17 +1,25 @@
 """Reading the store: traces, sessions, a session's steps, one trace whole.
 
-Any thread may read; each query opens its own read-only connection, so readers never wait for the
-writer (WAL mode). A store that does not exist yet reads as empty.
+The same queries read either store (the trace API, the viewer and fork call nothing else): a store
+says how to open a connection for reading (`_reader`, a context manager whose connection runs
+`execute(sql, args)` with `?` placeholders and rows read by column name), where it is (`where`, for
+messages: never a password) and the few places where its SQL differs: how a trace's spans are
+ordered, how a session's text is searched, how a substring is found.
+
+SQLite: any thread may read; each query opens its own read-only connection, so readers never wait
+for the writer (WAL mode). A store that does not exist yet reads as empty.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
+from .packing import restored
 from .schema import OUTCOMES
 from .tokens import expand_events
 
@@ -19,15 +27,19 @@ FORK_LIMIT = 50  # forks listed per step
 
 
 class TraceQueries:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    where = "?"
+    SPAN_ORDER = "rowid"  # spans that start together (prefill and decode) in the order they were stored
+    # A session whose conversation id holds the text, or one of whose steps says it.
+    TEXT_MATCH = ("(instr(lower(coalesce(conversation, key)), lower(?)) > 0 OR key IN ("
+                  "SELECT t.session FROM trace_text x JOIN traces t ON t.trace_id = x.trace_id "
+                  "WHERE trace_text MATCH ?))")
 
-    def _reader(self) -> sqlite3.Connection:
-        if not self.path.exists():
-            raise FileNotFoundError(f"no trace store at {self.path} yet")
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-        db.row_factory = sqlite3.Row
-        return db
+    def _reader(self) -> AbstractContextManager:
+        raise NotImplementedError
+
+    @staticmethod
+    def _text_args(text: str) -> list:
+        return [text, _phrase(text)]
 
     # -- traces --
 
@@ -44,8 +56,8 @@ class TraceQueries:
             where.append("t.start_ns >= ?")
             args.append(since_ns)
         if before is not None:
-            where.append("(t.start_ns < ? OR (t.start_ns = ? AND t.trace_id < ?))")
-            args += [before[0], before[0], before[1]]
+            where.append("(t.start_ns, t.trace_id) < (?, ?)")  # a row comparison: the index seeks to it
+            args += [before[0], before[1]]
         sql = ("SELECT t.*, l.spans AS lost FROM traces t LEFT JOIN lost_spans l USING (trace_id)"
                + (" WHERE " + " AND ".join(where) if where else "")
                + " ORDER BY t.start_ns DESC, t.trace_id DESC LIMIT ?")
@@ -68,13 +80,14 @@ class TraceQueries:
             # The trace's row first: it is written with the server span, after every other span, so once
             # it is seen the spans read next are all there (a batch commits spans and row together).
             step = db.execute("SELECT session, step FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
-            rows = db.execute("SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, rowid", (trace_id,)).fetchall()
+            rows = db.execute(f"SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, {self.SPAN_ORDER}",
+                              (trace_id,)).fetchall()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
         if not rows and lost is None:
             return None
         spans = []
         for r in rows:
-            events = loads(r["events"])
+            events = restored(loads(r["events"]), r["tokens"])
             span = {
                 "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
                 "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
@@ -101,14 +114,14 @@ class TraceQueries:
         """A trace's generated tokens, one dict each, without its other spans (which hold whole prompts)."""
         with self._reader() as db:
             root = db.execute("SELECT model, session, fork_of FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
-            decode = db.execute("SELECT events FROM spans WHERE trace_id = ? AND name = ?",
+            decode = db.execute("SELECT events, tokens FROM spans WHERE trace_id = ? AND name = ?",
                                 (trace_id, attr.SPAN_DECODE)).fetchone()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
         if root is None and decode is None and lost is None:
             return None
         found = {"trace_id": trace_id, "model": root["model"] if root else None,
                  "session": root["session"] if root else None, "fork_of": root["fork_of"] if root else None,
-                 "tokens": expand_events(loads(decode["events"])) if decode else []}
+                 "tokens": expand_events(restored(loads(decode["events"]), decode["tokens"])) if decode else []}
         if lost is not None:
             found["lost_spans"] = lost[0]
         return found
@@ -117,7 +130,7 @@ class TraceQueries:
         """The token ids a traced request generated, for the replay backend."""
         found = self.get_trace(trace_id)
         if found is None:
-            raise LookupError(f"no trace {trace_id} in {self.path}")
+            raise LookupError(f"no trace {trace_id} in {self.where}")
         decode = [s for s in found["spans"] if s["name"] == attr.SPAN_DECODE]
         tokens = decode[0].get("tokens", []) if decode else []
         if not tokens:
@@ -133,7 +146,7 @@ class TraceQueries:
             conversation = spec.removeprefix("conversation:")
             trace_ids = [t["trace_id"] for t in reversed(self.list_traces(conversation=conversation, limit=100000)["data"])]
             if not trace_ids:
-                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.path}")
+                raise ValueError(f"--replay {spec}: no traces of conversation {conversation!r} in {self.where}")
         elif all(len(t) == 32 for t in spec.split(",")):
             trace_ids = spec.split(",")
         else:
@@ -159,23 +172,17 @@ class TraceQueries:
             where.append("first_ns <= ?")
             args.append(until_ns)
         if text:
-            where.append("(instr(lower(coalesce(conversation, key)), lower(?)) > 0 OR key IN ("
-                         "SELECT t.session FROM trace_text x JOIN traces t ON t.trace_id = x.trace_id "
-                         "WHERE trace_text MATCH ?))")
-            args += [text, _phrase(text)]
+            where.append(self.TEXT_MATCH)
+            args += self._text_args(text)
         if before is not None:
-            where.append("(last_ns < ? OR (last_ns = ? AND key < ?))")
-            args += [before[0], before[0], before[1]]
+            where.append("(last_ns, key) < (?, ?)")
+            args += [before[0], before[1]]
         sql = ("SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
                + " ORDER BY last_ns DESC, key DESC LIMIT ?")
         with self._reader() as db:
             rows = [_session(r) for r in db.execute(sql, (*args, limit + 1)).fetchall()]
-            facets = {
-                "models": [r[0] for r in db.execute("SELECT DISTINCT model FROM sessions WHERE model IS NOT NULL "
-                                                    "ORDER BY model LIMIT 100")],
-                "clients": [r[0] for r in db.execute("SELECT DISTINCT client FROM sessions WHERE client IS NOT NULL "
-                                                     "ORDER BY client LIMIT 100")],
-            }
+            facets = {"models": [r["v"] for r in db.execute(DISTINCT.format(column="model")).fetchall()],
+                      "clients": [r["v"] for r in db.execute(DISTINCT.format(column="client")).fetchall()]}
         more = len(rows) > limit
         rows = rows[:limit]
         after = rows[-1] if more else None
@@ -203,6 +210,28 @@ class TraceQueries:
                 step["forks"] = forks[r["trace_id"]][:FORK_LIMIT]
             steps.append(step)
         return {**_session(head), "steps": steps}
+
+
+# The distinct values of an indexed column, one index seek each (a skip scan written out): listing
+# sessions must not read every session to offer its filters.
+DISTINCT = """
+WITH RECURSIVE v (v) AS (SELECT min({column}) FROM sessions
+                         UNION ALL SELECT (SELECT min({column}) FROM sessions WHERE {column} > v.v) FROM v
+                         WHERE v.v IS NOT NULL)
+SELECT v FROM v WHERE v IS NOT NULL LIMIT 100"""
+
+
+class SQLiteQueries(TraceQueries):
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+
+    def _reader(self) -> sqlite3.Connection:
+        if not self.path.exists():
+            raise FileNotFoundError(f"no trace store at {self.path} yet")
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+        db.row_factory = sqlite3.Row
+        return db
 
 
 def _session(row: sqlite3.Row) -> dict:

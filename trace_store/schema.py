@@ -8,6 +8,9 @@
     trace_text  what a person searches for (new messages, the model's output), full-text indexed
     tool_calls  call id → the span that made the call, so a result seen later can join it
     lost_spans  traces that lost spans before they were stored (a full queue, a failed batch)
+
+A span's token events are kept packed in `spans.tokens` (packing.py) since version 4; a span
+stored before that keeps them in `events` as JSON, and reads back the same.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sqlite3
 
 from looptrace.common import attributes as attr
 
-VERSION = 3  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+VERSION = 4  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
 
 
 def request_span(spans: list[dict]) -> dict | None:
@@ -60,13 +63,22 @@ VERSION_3 = """
 CREATE TABLE IF NOT EXISTS lost_spans (trace_id TEXT PRIMARY KEY, spans INTEGER NOT NULL, noted_ns INTEGER NOT NULL);
 """
 
+# Version 4: token events packed (packing.py), and indexes that list the sessions' models and
+# clients without reading every session.
+VERSION_4_COLUMNS = (("spans", "tokens", "BLOB"),)
+
 INDEXES = """
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_fork ON traces (fork_of) WHERE fork_of IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
+CREATE INDEX IF NOT EXISTS sessions_by_model ON sessions (model);
+CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client);
 """
+
+SPAN_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status", "attributes",
+                "events", "links", "tokens")
 
 OUTCOMES = ("valid", "invalid_args", "unknown_tool", "unparsed")
 
@@ -90,6 +102,9 @@ def prepare(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE traces ADD COLUMN {column} {kind}")
         db.executescript(VERSION_2)
         db.executescript(VERSION_3)
+        for table, column, kind in VERSION_4_COLUMNS:
+            if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         db.executescript(INDEXES)
         if version < 2:  # traces stored before sessions existed: their sessions, from what their rows say
             db.execute("UPDATE traces SET session = coalesce(conversation, 'trace:' || trace_id) WHERE session IS NULL")

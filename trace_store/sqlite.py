@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from platformdirs import user_data_dir
 
 from .batch import Batch, hex_id, insert
-from .queries import TraceQueries
+from .queries import SQLiteQueries
 from .schema import prepare, rebuild_sessions
 from .steps import StepGatherer
 
@@ -45,7 +45,9 @@ def store_path(setting: str | None) -> Path | None:
     return Path(user_data_dir("looptrace")) / "traces.sqlite3"
 
 
-class SQLiteTraceStore(TraceQueries, SpanExporter):
+class SQLiteTraceStore(SQLiteQueries, SpanExporter):
+    sink = "sqlite"  # its queue's name in the metrics
+
     def __init__(self, path: str | Path, *, retention_seconds: float = 7 * 86400, max_bytes: int = 1 << 30,
                  on_written: Callable[[list[dict]], None] | None = None) -> None:
         super().__init__(path)

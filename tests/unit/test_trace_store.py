@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
 
 from looptrace.trace_store.processor import QueueingSpanProcessor
+from looptrace.trace_store.schema import VERSION
 from looptrace.trace_store.sqlite import SQLiteTraceStore
 
 TABLES = {  # each table's rows in an order independent of how they were written
@@ -262,7 +263,7 @@ def test_a_version_2_store_opens_and_gains_its_lost_spans_table(tmp_path):
     reopened.open()
     assert reopened.list_traces()["data"] == []
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSION
         assert db.execute("SELECT count(*) FROM lost_spans").fetchone()[0] == 0
 
 
