@@ -339,3 +339,63 @@ def metrics_text(app) -> str:
 
     with urllib.request.urlopen(app.url + "/metrics", timeout=30) as response:
         return response.read().decode()
+
+
+# -- images, through the media path the other APIs use ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def seeing(qwen3_5_dir, tmp_path_factory):
+    """The tiny Qwen3.5 with its image processor, answering "Ok." (the replay backend reads no images:
+    what is checked is what the prompt holds)."""
+    from tiny_media import with_images
+
+    folder = tmp_path_factory.mktemp("seeing")
+    (folder / "steps.jsonl").write_text('{"text": "Ok.<|im_end|>"}\n')
+    app = AppThread(Settings(model=str(with_images(qwen3_5_dir, "qwen3_5")), backend="replay",
+                             replay=str(folder / "steps.jsonl"), served_model_name=MODEL,
+                             trace_db=str(folder / "t.sqlite3"))).start()
+    app.runtime.backend = Capture(app.runtime.vocab)
+    yield app
+    app.stop()
+
+
+def png(color=(220, 30, 30)) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), color).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_images_in_a_message_and_a_tool_result_reach_the_prompt(seeing):
+    import secrets
+
+    image = lambda data: {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}  # noqa: E731
+    body = messages(tools=[BASH], messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image(png())]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "a screenshot:"}, image(png((0, 0, 255)))]}]}])
+    trace_id = secrets.token_hex(16)
+    status, data = post_messages(seeing, body, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    assert status == 200, data
+    trace = seeing.stored(f"/v1/traces/{trace_id}", timeout=30)
+    render = next(s for s in trace["spans"] if s["name"] == "render")["attributes"]
+    items = json.loads(render["looptrace.prompt.media"])
+    assert [(i["kind"], i["param"]) for i in items] == [
+        ("image", "messages[0].content[1].source.data"), ("image", "messages[2].content[0].content[1].source.data")]
+    assert all(i["tokens"] > 0 and i["width"] == 64 for i in items)
+
+
+@pytest.mark.parametrize(("source", "says"), [
+    ({"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"}, "messages[0].content[0].source.data"),
+    ({"type": "url", "url": "https://example.com/cat.png"}, "allowed-media-domains"),
+    ({"type": "file", "file_id": "file_01"}, "files API"),
+])
+def test_an_image_that_cannot_be_read_is_refused_naming_it(seeing, source, says):
+    status, kind, message = error_of(post_messages(seeing, messages(messages=[
+        {"role": "user", "content": [{"type": "image", "source": source}]}])))
+    assert (status, kind) == (400, "invalid_request_error") and says in message, message
