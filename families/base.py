@@ -19,6 +19,7 @@ from jinja2 import TemplateError
 
 from .deltas import Delta
 from .media.parts import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
+from .prompt_items import ItemCosts, ItemCounts
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
 from .media.video_processor import sampler
@@ -124,6 +125,7 @@ class Family:
                           if i is not None}
         self._control = treat_added_tokens_as_control(tok)
         self._length = PromptLength(tok)
+        self._item_costs: ItemCosts | None = None  # measured on the template when first needed
 
     @classmethod
     def matches(cls, config: dict) -> bool:
@@ -209,9 +211,13 @@ class Family:
         step = getattr(self.video_processor, "temporal_patch_size", None) or 1
         return -(-part.info["frames"] // step)
 
-    def tokens_beyond(self, messages: list[dict], limit: int) -> int:
-        """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0."""
-        return self._length.beyond(messages, limit)
+    def tokens_beyond(self, messages: list[dict], limit: int, tools: list[dict] | None = None) -> int:
+        """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0;
+        a TooManyItems past an item kind's limit (prompt_items.py)."""
+        counts = ItemCounts(messages, tools)
+        if self._item_costs is None:
+            self._item_costs = ItemCosts(lambda m, t: len(self.render(m, t).ids))
+        return self._length.beyond(messages, limit, self._item_costs.tokens(counts))
 
     def _transient_tail_length(self, text: str, ids: list[int]) -> int:
         tail = self.transient_prompt_tail

@@ -33,21 +33,26 @@ class PromptLength:
         self._tokenizer = tok if hasattr(tok, "get_vocab") else tokenizer
         self._longest = 0
 
-    def beyond(self, messages: list[dict], limit: int) -> int:
-        """A lower bound on the prompt's tokens when it is sure to pass `limit`; 0 when not sure."""
+    def beyond(self, messages: list[dict], limit: int, framing: int = 0) -> int:
+        """A lower bound on the prompt's tokens when it is sure to pass `limit`; 0 when not sure.
+        `framing`: tokens the template adds around the text for sure (prompt_items.py)."""
         if limit <= 0:
             return 0
+        if framing > limit:
+            return framing
         # Stripped, as templates often trim content: what is left is in the prompt for sure.
         texts = [t.strip() for t in _always_rendered(messages)]
         size = sum(map(_utf8_size, texts))
-        if size <= limit:  # a token is at least one byte: it cannot be past
+        room = limit - framing
+        if size <= room:  # a token is at least one byte: it cannot be past
             return 0
         bound = size // self.longest_token_bytes()
-        if bound > limit:
-            return bound
-        if size <= limit * SLICED_FROM:
+        if bound > room:
+            return framing + bound
+        if size <= room * SLICED_FROM:
             return 0
-        return self._counted(texts, limit)
+        counted = self._counted(texts, room)
+        return framing + counted if counted else 0
 
     def longest_token_bytes(self) -> int:
         # Read once from the vocabulary. A token's string is at least as long in bytes as the text it

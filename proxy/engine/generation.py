@@ -28,6 +28,7 @@ from looptrace.families.deltas import (
 )
 from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
 from looptrace.families.media.plan import MediaPlan
+from looptrace.families.prompt_items import TooManyItems
 
 from .errors import Refused
 from .observer import Observer
@@ -94,7 +95,10 @@ class Generation:
                 if stored.typed else ""
             self.forced_text = self._text_of(stored.ids, generated) + self.typed_text
         else:
-            at_least = family.tokens_beyond(request.messages, runtime.max_model_len)
+            try:  # every kind of item counted, each at its least cost through the template
+                at_least = family.tokens_beyond(request.messages, runtime.max_model_len, tools)
+            except TooManyItems as exc:
+                raise Refused(str(exc), param=exc.param, code="too_many_items") from exc
             if at_least:  # refused before the whole of it is tokenized (families/prompt_length.py)
                 raise Refused(_too_long(runtime.max_model_len, f"at least {at_least}"), param="messages",
                               code="context_length_exceeded")

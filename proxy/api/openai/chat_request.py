@@ -10,6 +10,7 @@ from ...engine.request import GenerationRequest
 from ..errors import invalid
 from .request_parts import (
     MEDIA_PARTS,
+    at_most,
     joined,
     call_arguments,
     media_note,
@@ -33,8 +34,8 @@ class ChatOptions:
 
 def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
     model = field(body, "model", str, "model", required=True)
-    messages = [_message(m, i) for i, m in enumerate(_messages(body))]
-    tools = parse_tools(field(body, "tools", list, "tools"))
+    messages = [_message(m, i) for i, m in enumerate(at_most(_messages(body), "messages", "messages"))]
+    tools = parse_tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"))
     tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
 
     max_tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from looptrace.families.media.parts import NOTE, MediaPart
+from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from ..errors import invalid
 from ..validation import embedded_json, field, in_range
@@ -22,6 +23,15 @@ def warn_once(key: str, message: str, *args) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(message, *args)
+
+
+def at_most(items: list, kind: str, param: str) -> list:
+    """`items`, refused before any is read when there are more than the engine would take
+    (families/prompt_items.py): a parser must not build what is refused anyway."""
+    limit = ITEM_LIMITS[kind][0]
+    if len(items) > limit:
+        raise invalid(str(TooManyItems(kind, limit, param)), param=param, code="too_many_items")
+    return items
 
 
 def media_note() -> str:

@@ -19,6 +19,7 @@ from ...engine.request import GenerationRequest
 from ..errors import invalid
 from .request_parts import (
     MEDIA_PARTS,
+    at_most,
     call_arguments,
     joined,
     media_note,
@@ -85,7 +86,7 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
     model = field(body, "model", str, "model", required=True)
     instructions = field(body, "instructions", str, "instructions")
     items = previous_items + _input(body) if previous_items else _input(body)
-    tools, names = parse_response_tools(field(body, "tools", list, "tools"))
+    tools, names = parse_response_tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"))
     tool_choice = _tool_choice(body.get("tool_choice"), tools, names)
 
     max_tokens = field(body, "max_output_tokens", int, "max_output_tokens")
@@ -136,7 +137,7 @@ def _input(body: dict) -> list:
     if not isinstance(value, list):
         raise invalid(f"Invalid type for 'input': expected a string or an array of items, but got {describe(value)}.",
                       param="input", code="invalid_type")
-    for i, item in enumerate(value):
+    for i, item in enumerate(at_most(value, "messages", "input")):
         if not isinstance(item, dict):
             raise invalid(f"Invalid type for 'input[{i}]': expected an object, but got {describe(item)}.",
                           param=f"input[{i}]", code="invalid_type")
