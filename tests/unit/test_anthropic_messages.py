@@ -263,6 +263,9 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "text/plain
         {"role": "user", "content": "x"}]}, "Nope"),
     ({"max_tokens": 8, "stop_sequences": "END", "messages": [{"role": "user", "content": "x"}]}, "stop_sequences"),
     ({"max_tokens": 10**9, "messages": [{"role": "user", "content": "x"}]}, "max_tokens is too large"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}] * 16_385}, "at most 16,384 are read"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "x"}] * 16_385}]}, "at most 16,384 are read"),
 ])
 def test_bad_requests_are_invalid_request_errors(replay_app, body, says):
     status, kind, message = error_of(post_messages(replay_app, {"model": MODEL, **body}))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field as default
 from looptrace.families.media.parts import MediaPart
 
 from ..errors import invalid
-from ..openai.request_parts import joined, media_note
+from ..openai.request_parts import at_most, joined, media_note
 from ..validation import field
 
 ROLES = ("user", "assistant", "system")
@@ -39,7 +39,8 @@ def conversation(body: dict) -> Conversation:
     messages = field(body, "messages", list, "messages", required=True)
     if not messages:
         raise invalid("'messages' must hold at least one message.", param="messages", code="empty_array")
-    for i, message in enumerate(messages):
+    # Bounded before any is read, as the other APIs' are (the engine bounds every kind of item again).
+    for i, message in enumerate(at_most(messages, "messages", "messages")):
         _message(message, f"messages[{i}]", out)
     return out
 
@@ -90,9 +91,9 @@ def _message(message: object, where: str, out: Conversation) -> None:
         raise invalid(f"Invalid type for '{where}.content': expected a string or an array of content blocks.",
                       param=f"{where}.content", code="invalid_type")
     elif role == "user":
-        _user(content, f"{where}.content", out)
+        _user(at_most(content, "content parts", f"{where}.content"), f"{where}.content", out)
     else:
-        out.messages.append(_assistant(content, f"{where}.content"))
+        out.messages.append(_assistant(at_most(content, "content parts", f"{where}.content"), f"{where}.content"))
 
 
 def _user(blocks: list, where: str, out: Conversation) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ...engine.request import GenerationRequest
 from ..errors import invalid
 from ..openai.chat_request import MAX_STOP_LENGTH, MAX_STOPS
-from ..openai.request_parts import warn_once
+from ..openai.request_parts import at_most, warn_once
 from ..validation import field, in_range, is_a
 from .content import conversation
 
@@ -29,7 +29,7 @@ def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationReq
     """`counting`: a count_tokens body, which has no max_tokens and no sampling settings."""
     model = field(body, "model", str, "model", required=True)
     conv = conversation(body)
-    tools = _tools(field(body, "tools", list, "tools"), conv.referenced)
+    tools = _tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"), conv.referenced)
     tool_choice, parallel = _tool_choice(field(body, "tool_choice", dict, "tool_choice"), tools)
     max_tokens = field(body, "max_tokens", int, "max_tokens", required=not counting)
     in_range(max_tokens, "max_tokens", 1)
