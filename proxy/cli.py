@@ -14,6 +14,7 @@ import os
 import sys
 
 from looptrace.backends import registry
+from looptrace.trace_store.location import refusal as store_refusal
 
 from . import workers
 from .engine import model_runtime
@@ -96,8 +97,9 @@ def _media_options(serve: argparse.ArgumentParser) -> None:
 
 def _trace_options(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("traces")
-    group.add_argument("--trace-db", metavar="PATH", help="the SQLite trace store, or 'off' (default: "
-                       "traces.sqlite3 in the user's data directory)")
+    group.add_argument("--trace-db", metavar="PATH|URL", help="the trace store: a SQLite file, a PostgreSQL URL "
+                       "(postgresql://user:password@host:5432/db, shared by every process that names it), or 'off' "
+                       "(default: traces.sqlite3 in the user's data directory)")
     group.add_argument("--no-trace-content", dest="trace_content", action="store_false",
                        help="record timings, counts and probabilities, but no prompt, token or argument text")
     group.add_argument("--otlp-endpoint", metavar="URL", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     settings = settings_from(args)
-    refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings)
+    refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings) or store_refusal(settings.trace_db)
     if refused:
         parser.error(refused)
     worker = "" if args.worker_slot is None else f" [worker {args.worker_slot}]"

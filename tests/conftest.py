@@ -18,6 +18,7 @@ if str(SUPPORT) not in sys.path:
 
 import build_cache
 import packaged
+import stores as store_kinds
 import tiny_gemma4
 import tiny_qwen3_5
 
@@ -106,3 +107,23 @@ def serve(tmp_path_factory):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The tests' PostgreSQL database (support/postgres.py: Debian's cluster, started if stopped)."""
+    import postgres
+
+    try:
+        return postgres.url()
+    except postgres.Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=store_kinds.KINDS)
+def stores(request, tmp_path):
+    """The trace store's tests on both stores: each test runs once on SQLite and once on PostgreSQL."""
+    made = store_kinds.Stores(request.param, tmp_path,
+                              request.getfixturevalue("postgres_url") if request.param == "postgresql" else None)
+    yield made
+    made.close()

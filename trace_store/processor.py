@@ -3,7 +3,7 @@
 Like the SDK's BatchSpanProcessor (a bounded queue, a background thread, batches), written here
 because ours must account for what it loses: the queue is bounded by spans and by bytes, and a span
 that does not fit, or a batch the exporter fails, adds to a dropped counter and is remembered by
-trace id, so that a sink that can (the SQLite store) marks those traces incomplete instead of
+trace id, so that a sink that can (the trace store) marks those traces incomplete instead of
 showing them as whole.
 """
 
@@ -148,6 +148,11 @@ class QueueingSpanProcessor(SpanProcessor):
         return False
 
     def shutdown(self) -> None:
+        # A sink that holds a batch while its server is away (postgres.py) lets it go now: what is
+        # left is tried once, and what fails is counted, rather than holding the process open.
+        interrupt = getattr(self.exporter, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
         with self._lock:
             self._stopping = True
             self._wake.notify()

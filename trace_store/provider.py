@@ -1,4 +1,4 @@
-"""Where spans go: the embedded SQLite store, and OTLP/HTTP to any collector, side by side."""
+"""Where spans go: the trace store (SQLite or PostgreSQL), and OTLP/HTTP to any collector, side by side."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from .processor import QueueingSpanProcessor
-from .sqlite import SQLiteTraceStore
 
 # Prompts are long and a decode span carries every token: lift the SDK's defaults (128 events per
 # span, 128 attributes) so nothing is cut; attribute values stay whole (no length limit).
@@ -23,7 +22,7 @@ def otlp_traces_url(endpoint: str) -> str:
     return endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
 
 
-def build_provider(*, store: SQLiteTraceStore | None, otlp_endpoint: str | None,
+def build_provider(*, store=None, otlp_endpoint: str | None,
                    on_dropped: Callable[[str, int], None], service_name: str = "looptrace",
                    attributes: dict | None = None) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
     # With no sink at all, spans are not recorded: no per-token work is done for a trace nobody keeps.
@@ -37,7 +36,8 @@ def build_provider(*, store: SQLiteTraceStore | None, otlp_endpoint: str | None,
     )
     processors = []
     if store is not None:
-        processors.append(QueueingSpanProcessor(store, name="sqlite", on_dropped=on_dropped, on_lost=store.note_lost))
+        # Named after the store ("sqlite", "postgresql"): the metrics' `sink` label.
+        processors.append(QueueingSpanProcessor(store, name=store.sink, on_dropped=on_dropped, on_lost=store.note_lost))
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter,

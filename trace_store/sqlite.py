@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from platformdirs import user_data_dir
 
 from .batch import Batch, hex_id, insert
 from .queries import SQLiteQueries
@@ -33,16 +32,6 @@ log = logging.getLogger("looptrace.trace")
 MAX_PENDING_LOST = 100_000  # traces waiting to be marked incomplete while the store cannot write
 RETENTION_INTERVAL = 5.0  # seconds between looks at age and size: a busy store grows fast
 RETIRE_PER_BATCH = 2000  # traces retention deletes after a batch, at most (about 0.3 s here)
-
-
-def store_path(setting: str | None) -> Path | None:
-    """Where `--trace-db` puts the store: a path, None for the default under the user's data
-    directory, or "off" (None back: no store)."""
-    if setting == "off":
-        return None
-    if setting:
-        return Path(setting).expanduser()
-    return Path(user_data_dir("looptrace")) / "traces.sqlite3"
 
 
 class SQLiteTraceStore(SQLiteQueries, SpanExporter):

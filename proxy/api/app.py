@@ -18,7 +18,7 @@ from .viewer.fork import fork_trace
 from .monitoring import health, metrics
 from .openai.models import models
 from .keys import RUNTIME, SETTINGS, TELEMETRY
-from .openai.response_store import RESPONSE_STORE, ResponseStore
+from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
 from .openai.responses import create_response, delete_response, get_response
 from .viewer.sessions import get_session, list_sessions, live
 from .viewer.traces import get_prompt, get_tokens, get_trace, list_traces
@@ -37,7 +37,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
-    app[RESPONSE_STORE] = ResponseStore()
+    state = app[TELEMETRY].state  # with a store, stored responses live in it: any process serves any turn
+    app[RESPONSE_STORE] = SharedResponseStore(state) if state is not None else ResponseStore()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
@@ -80,6 +81,7 @@ async def _start(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     await app[RUNTIME].close()
+    app[RESPONSE_STORE].close()
     app[TELEMETRY].close()
 
 

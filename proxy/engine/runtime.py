@@ -22,7 +22,7 @@ from looptrace.families.base import Family
 from looptrace.families.media.parts import MediaLimits
 from looptrace.families.media.processor import load_processor
 from looptrace.families.media.video_processor import has_video_config
-from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
+from looptrace.trace_store.location import open_queries
 
 from ..settings import Settings
 from . import model_runtime
@@ -112,10 +112,10 @@ class Runtime:
         self._waiting = reason
 
     def stored_steps(self, spec: str) -> list[dict]:
-        path = store_path(self.settings.trace_db)
-        if path is None:
+        store = open_queries(self.settings.trace_db)
+        if store is None:
             raise ValueError(f"--replay {spec}: not a file, and the trace store is off")
-        return SQLiteTraceStore(path).replay_steps(spec)
+        return store.replay_steps(spec)
 
     # -- serving --
 

@@ -1,20 +1,40 @@
-"""What observation remembers between the requests of a conversation, in bounded memory.
+"""What observation remembers between the requests of a conversation, and where it is kept.
 
 - what each conversation's model has seen (prompt and output ids), to find what a new request adds;
 - the messages of each conversation's last request (a digest each), to find which messages are new;
 - tool calls waiting for their result to come back in a later request, to link the two.
 
-Used from the rendering threads and the event loop alike, hence the lock.
+A request works through a `Turn`: what its conversation's last request left is read once, ahead
+(`begin`, when the request names its conversation, so the read overlaps its preparation), and what
+this request leaves is written once: when its answer is complete, before the client hears the end
+(so that the next turn finds it, whichever process it lands on), or when it ends otherwise.
+
+`Conversations` keeps all of it in this process's memory, bounded (`--trace-db off`).
+`StoredConversations` keeps it in the trace store (trace_store/state.py), so any process serving
+that store can take any turn. Its reads and writes run on threads of its own with a deadline, never
+on the event loop's time beyond that; while the store does not answer, it serves from its memory
+(a copy of what this process wrote) and says so once in the log.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
+import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from looptrace.common.sequences import common_prefix
+from looptrace.trace_store.state import MAX_CALLS, MAX_CONVERSATIONS, StateStore
+
+log = logging.getLogger("looptrace")
+
+Call = tuple[SpanContext, str]  # the span that made a tool call, and the tool's name
+WAIT = 1.0  # seconds a request waits for the store's answer, at most
+DOWN_SECONDS = 5.0  # after a store failed to answer, it is not asked again for this long
 
 
 class Bounded(OrderedDict):
@@ -32,34 +52,168 @@ class Bounded(OrderedDict):
 
 
 class Conversations:
-    def __init__(self, conversations: int = 1024, calls: int = 8192) -> None:
+    """In this process's memory. Used from the rendering threads and the event loop alike, hence the lock."""
+
+    def __init__(self, conversations: int = MAX_CONVERSATIONS, calls: int = MAX_CALLS) -> None:
         self._seen: Bounded = Bounded(conversations)
         self._messages: Bounded = Bounded(conversations)
         self._calls: Bounded = Bounded(calls)
         self._lock = threading.Lock()
 
-    def seen(self, conversation: str) -> list[int] | None:
+    def begin(self, conversation: str | None) -> Turn:
+        return Turn(self, conversation, None)
+
+    @staticmethod
+    def digest(message: str) -> int:
+        return hash(message)  # this process's own hash: the digests never leave it
+
+    def _recall(self, turn: Turn) -> tuple[list[int] | None, list[int] | None]:
+        with self._lock:
+            return self._seen.get(turn.conversation), self._messages.get(turn.conversation)
+
+    def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
+        with self._lock:
+            taken = {call_id: self._calls.pop(call_id) for call_id in call_ids if call_id in self._calls}
+        return taken
+
+    def _keep(self, turn: Turn) -> None:
+        with self._lock:
+            if turn.conversation is not None:
+                if turn.digests is not None:
+                    self._messages.remember(turn.conversation, turn.digests)
+                if turn.seen_now is not None:
+                    self._seen.remember(turn.conversation, turn.seen_now)
+            for call_id, call in turn.expected.items():
+                self._calls.remember(call_id, call)
+
+    def close(self) -> None:
+        pass
+
+
+class Turn:
+    """One request's view of its conversation (or of none: its tool calls are still linked)."""
+
+    __slots__ = ("owner", "conversation", "_ahead", "_recalled", "waiting", "digests", "seen_now", "expected", "taken",
+                 "_kept")
+
+    def __init__(self, owner: Conversations, conversation: str | None, ahead: Future | None) -> None:
+        self.owner, self.conversation, self._ahead = owner, conversation, ahead
+        self._recalled: tuple | None = None
+        self.waiting: dict[str, Call] = {}  # the conversation's calls waiting for results, as the store had them
+        self.digests: list[int] | None = None  # this request's messages
+        self.seen_now: list[int] | None = None  # what its model saw, once its answer is complete
+        self.expected: dict[str, Call] = {}  # calls it made
+        self.taken: list[str] = []  # calls whose results it brought
+        self._kept = False
+
+    def _recall(self) -> tuple:
+        if self._recalled is None:
+            self._recalled = self.owner._recall(self)
+        return self._recalled
+
+    def seen(self) -> list[int] | None:
         """The ids the conversation's model saw last (its prompt, then its output)."""
-        with self._lock:
-            return self._seen.get(conversation)
+        return self._recall()[0] if self.conversation else None
 
-    def saw(self, conversation: str, ids: list[int]) -> None:
-        with self._lock:
-            self._seen.remember(conversation, ids)
+    def new_messages_from(self, messages: list[str]) -> int:
+        """Where this request's messages (as JSON) stop repeating the last request's."""
+        self.digests = [self.owner.digest(m) for m in messages]
+        previous = self._recall()[1] if self.conversation else None
+        return common_prefix(previous or [], self.digests)
 
-    def new_messages_from(self, conversation: str, digests: list[int]) -> int:
-        """Where this request's messages stop repeating the last request's; remembers these instead."""
-        with self._lock:
-            previous = self._messages.get(conversation) or []
-            self._messages.remember(conversation, digests)
-        return common_prefix(previous, digests)
+    def take_results(self, call_ids: list[str]) -> dict[str, Call]:
+        """The calls these results answer (their span and tool name), each once."""
+        wanted = [c for c in call_ids if c and c not in self.taken]
+        found = self.owner._take(self, wanted) if wanted else {}
+        self.taken += found
+        return found
 
     def expect_result(self, call_id: str, span: SpanContext, name: str) -> None:
         """A tool call was made; its result will come back in a later request."""
-        with self._lock:
-            self._calls.remember(call_id, (span, name))
+        self.expected[call_id] = (span, name)
 
-    def take_result(self, call_id: str | None) -> tuple[SpanContext, str] | None:
-        """The call a tool result answers (its span and tool name), once."""
-        with self._lock:
-            return self._calls.pop(call_id, None)
+    def finish(self, seen: list[int] | None) -> None:
+        """The answer is complete (its ids, for a conversation): kept now, before the client hears the end."""
+        self.seen_now = seen
+        self.end()
+
+    def end(self) -> None:
+        """The request ended: what it leaves is kept, once."""
+        if not self._kept:
+            self._kept = True
+            if self.digests is not None or self.seen_now is not None or self.expected or self.taken:
+                self.owner._keep(self)
+
+
+class StoredConversations(Conversations):
+    """In the trace store, shared by every process serving it; this process's memory as a fallback."""
+
+    def __init__(self, state: StateStore) -> None:
+        super().__init__()
+        self.state = state
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="looptrace-state")
+        self._down_until = 0.0
+
+    def begin(self, conversation: str | None) -> Turn:
+        ahead = self._pool.submit(self.state.load, conversation) if conversation and self._up() else None
+        return Turn(self, conversation, ahead)
+
+    @staticmethod
+    def digest(message: str) -> int:
+        # The same in every process (str's hash is not): 8 bytes of BLAKE2b, as a signed 64-bit int.
+        return int.from_bytes(hashlib.blake2b(message.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                              "little", signed=True)
+
+    def _recall(self, turn: Turn) -> tuple[list[int] | None, list[int] | None]:
+        if turn._ahead is not None:
+            found = self._answer(turn._ahead)
+            if found is not None:
+                seen, digests, calls = found
+                turn.waiting = {call_id: (_context(trace_id, span_id), name)
+                                for call_id, (trace_id, span_id, name) in calls.items()}
+                return seen, digests
+        return super()._recall(turn)
+
+    def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
+        local = super()._take(turn, call_ids)
+        if turn.conversation:
+            turn._recall()  # the conversation's waiting calls came with its state
+            known = turn.waiting
+        elif self._up():
+            stored = self._answer(self._pool.submit(self.state.calls, call_ids)) or {}
+            known = {call_id: (_context(trace_id, span_id), name) for call_id, (trace_id, span_id, name)
+                     in stored.items()}
+        else:
+            known = {}
+        return {**local, **{c: known[c] for c in call_ids if c in known}}
+
+    def _keep(self, turn: Turn) -> None:
+        super()._keep(turn)
+        if not self._up():
+            return
+        expected = {call_id: (format(span.trace_id, "032x"), format(span.span_id, "016x"), name)
+                    for call_id, (span, name) in turn.expected.items()}
+        self._answer(self._pool.submit(self.state.save, turn.conversation, seen=turn.seen_now, digests=turn.digests,
+                                       expected=expected, taken=turn.taken))
+
+    def _up(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _answer(self, future: Future):
+        """The store's answer within WAIT, or None (and the store is left alone for a while)."""
+        try:
+            return future.result(WAIT)
+        except Exception as exc:  # noqa: BLE001 - a store that does not answer must not fail a request
+            if self._up():
+                log.warning("conversation state in %s does not answer (%s): serving from this process's memory "
+                            "for %g s", self.state.where, str(exc).strip() or type(exc).__name__, DOWN_SECONDS)
+            self._down_until = time.monotonic() + DOWN_SECONDS
+            return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.state.close()
+
+
+def _context(trace_id: str, span_id: str) -> SpanContext:
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))

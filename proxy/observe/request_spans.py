@@ -39,7 +39,7 @@ from looptrace.trace_store.tokens import GROUP, columns as token_columns
 from ..engine.generation import Generation
 from ..engine.observer import Observer
 from . import genai
-from .conversations import Conversations
+from .conversations import Conversations, Turn
 
 log = logging.getLogger("looptrace")
 
@@ -70,11 +70,19 @@ class RequestSpans(Observer):
         self._pending: list[tuple[TokenEvent, str, int]] = []
         self._recording = False
         self._output_ids: list[int] = []
+        self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
 
     # -- what the adapter knows --
 
+    @property
+    def turn(self) -> Turn:
+        if self._turn is None:
+            self._turn = self.conversations.begin(self.conversation)
+        return self._turn
+
     def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
         self.model, self.conversation = model, conversation
+        self._turn = self.conversations.begin(conversation)  # its last turn is read while this one is prepared
         self.span.update_name(f"{self.endpoint} {model}")
         self.span.set_attributes({attr.GEN_AI_REQUEST_MODEL: model, attr.GEN_AI_REQUEST_STREAM: stream})
         if conversation:
@@ -102,7 +110,7 @@ class RequestSpans(Observer):
         content = content and self.content
         tokenizer = runtime.tokenizer
         results, links = self._tool_results(generation.request.messages, content)
-        seen = self.conversations.seen(self.conversation) if self.conversation else None
+        seen = self.turn.seen()
         new_at = common_prefix(seen, ids) if seen else 0
         attributes = {
             attr.FAMILY: runtime.family.name,
@@ -143,8 +151,7 @@ class RequestSpans(Observer):
         request = generation.request
         messages = [dumps(genai.message(m)) for m in request.messages]
         instructions, lead = genai.system_instructions(request.messages)
-        new_from = self.conversations.new_messages_from(self.conversation, [hash(m) for m in messages]) \
-            if self.conversation else 0
+        new_from = self.turn.new_messages_from(messages) if self.conversation else 0
         attributes = {
             attr.GEN_AI_INPUT_MESSAGES: "[" + ",".join(messages[lead:]) + "]",
             attr.INPUT_NEW_FROM: new_from,
@@ -254,7 +261,7 @@ class RequestSpans(Observer):
         span = self.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
         span.end()
         if not unparsed:
-            self.conversations.expect_result(delta["id"], span.get_span_context(), delta["name"])
+            self.turn.expect_result(delta["id"], span.get_span_context(), delta["name"])
 
     def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}
@@ -286,7 +293,8 @@ class RequestSpans(Observer):
         })
         if self.conversation:
             self._flush_tokens()
-            self.conversations.saw(self.conversation, generation.prompt_ids + self._output_ids)
+        # Kept before the client hears the end: its next turn, on any process, finds this one.
+        self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None)
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span
@@ -315,16 +323,17 @@ class RequestSpans(Observer):
             self._end_decode({}, "incomplete")
         self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
         self.span.end()
+        self.turn.end()
 
     # -- helpers --
 
     def _tool_results(self, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
         """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
         results, links = [], []
-        for message in messages:
-            if message.get("role") != "tool":
-                continue
-            pending = self.conversations.take_result(message.get("tool_call_id"))
+        answered = [m for m in messages if m.get("role") == "tool"]
+        waiting = self.turn.take_results([m.get("tool_call_id") for m in answered]) if answered else {}
+        for message in answered:
+            pending = waiting.get(message.get("tool_call_id"))
             if pending is None:
                 continue
             context, name = pending

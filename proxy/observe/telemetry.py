@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from opentelemetry.context import Context
 
+from looptrace.trace_store.location import open_state, open_store
 from looptrace.trace_store.provider import build_provider
-from looptrace.trace_store.sqlite import SQLiteTraceStore, store_path
 
 from ..settings import Settings
-from .conversations import Conversations
+from .conversations import Conversations, StoredConversations
 from .feed import LiveFeed
 from .metrics import Metrics
 from .request_metrics import RequestMetrics
@@ -25,19 +25,17 @@ class Telemetry:
         self.content = settings.trace_content
         self.metrics = Metrics()
         self.feed = LiveFeed()
-        path = store_path(settings.trace_db)
-        self.store: SQLiteTraceStore | None = None
-        if path is not None:
-            self.store = SQLiteTraceStore(path, retention_seconds=settings.trace_retention_days * 86400,
-                                          max_bytes=int(settings.trace_max_mb * 1024 * 1024),
-                                          on_written=self.feed.publish)
-            self.store.open()
+        # The store (SQLite, PostgreSQL, or none) and, beside it, the state any process serving it
+        # needs for a conversation's next turn; with no store, that state is this process's alone.
+        self.store = open_store(settings.trace_db, retention_seconds=settings.trace_retention_days * 86400,
+                                max_bytes=int(settings.trace_max_mb * 1024 * 1024), on_written=self.feed.publish)
+        self.state = open_state(settings.trace_db)
         self.provider, self.processors = build_provider(
             store=self.store, otlp_endpoint=settings.otlp_endpoint, on_dropped=self.metrics.dropped)
         for processor in self.processors:
             self.metrics.watch_queue(processor.name, lambda p=processor: p.depth, lambda p=processor: p.held_bytes)
         self.tracer = self.provider.get_tracer("looptrace")
-        self.conversations = Conversations()
+        self.conversations = StoredConversations(self.state) if self.state is not None else Conversations()
 
     def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTelemetry:
         """`attributes`: what the API knows of the HTTP request (method, path, the client)."""
@@ -51,6 +49,7 @@ class Telemetry:
     def close(self) -> None:
         self.flush(5)
         self.provider.shutdown()
+        self.conversations.close()
 
 
 class RequestTelemetry:

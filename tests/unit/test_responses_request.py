@@ -3,6 +3,7 @@ through the real Qwen3.5 template; the bounded store behind `previous_response_i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -253,37 +254,44 @@ def test_a_previous_conversation_comes_first():
 # -- the store --
 
 def test_the_store_keeps_the_newest_conversations_only():
-    store = ResponseStore(max_responses=2)
+    asyncio.run(newest_conversations_only(ResponseStore(max_responses=2)))
+
+
+async def newest_conversations_only(store) -> None:
+    """Shared with the store-backed version (test_shared_state.py): the same bounds, the same answers."""
     reply = {"type": "message", "role": "assistant", "content": []}
-    store.put({"id": "resp_a", "output": [reply]}, [user("1")])
-    store.put({"id": "resp_b", "output": [reply]}, [user("2")])
-    store.put({"id": "resp_c", "output": []}, [user("3")])
+    await store.put({"id": "resp_a", "output": [reply]}, [user("1")])
+    await store.put({"id": "resp_b", "output": [reply]}, [user("2")])
+    await store.put({"id": "resp_c", "output": []}, [user("3")])
     assert len(store) == 2
-    assert store.conversation("resp_b") == [user("2"), reply]
-    assert store.response("resp_c") == {"id": "resp_c", "output": []}
+    assert await store.conversation("resp_b") == [user("2"), reply]
+    assert await store.response("resp_c") == {"id": "resp_c", "output": []}
     with pytest.raises(APIError) as info:
-        store.conversation("resp_a")
+        await store.conversation("resp_a")
     assert (info.value.status, info.value.code, info.value.param) == (
         404, "previous_response_not_found", "previous_response_id")
-    store.delete("resp_c")
+    await store.delete("resp_c")
     with pytest.raises(APIError) as info:
-        store.response("resp_c")
+        await store.response("resp_c")
     assert (info.value.status, info.value.code) == (404, "response_not_found")
 
 
 def test_the_store_is_bounded_by_bytes_too():
+    asyncio.run(bounded_by_bytes(ResponseStore(max_responses=256, max_bytes=5 << 20)))
+
+
+async def bounded_by_bytes(store) -> None:
     # 300 responses to requests carrying a 1 MiB field once held 241 MiB.
-    store = ResponseStore(max_responses=256, max_bytes=5 << 20)
     for i in range(300):
-        store.put({"id": f"resp_{i}", "output": []}, [{**user(str(i)), "unused": "x" * (1 << 20)}])
+        await store.put({"id": f"resp_{i}", "output": []}, [{**user(str(i)), "unused": "x" * (1 << 20)}])
         assert store.held_bytes <= 5 << 20
-    assert len(store) == 4 and store.response("resp_299")["id"] == "resp_299"
-    store.put({"id": "resp_huge", "output": []}, [user("y" * (6 << 20))])  # larger than the bound: not kept
+    assert len(store) == 4 and (await store.response("resp_299"))["id"] == "resp_299"
+    await store.put({"id": "resp_huge", "output": []}, [user("y" * (6 << 20))])  # larger than the bound: not kept
     with pytest.raises(APIError):
-        store.response("resp_huge")
+        await store.response("resp_huge")
     assert len(store) == 4
     before = store.held_bytes
-    store.delete("resp_299")
+    await store.delete("resp_299")
     assert store.held_bytes < before - (1 << 20)
 
 

@@ -30,47 +30,52 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         store = request.app[RESPONSE_STORE]
         body = await json_body(request)
         previous_id = field(body, "previous_response_id", str, "previous_response_id")
-        previous = store.conversation(previous_id) if previous_id else None
+        previous = await store.conversation(previous_id) if previous_id else None
         generation_request, options, names = parse_responses(body, previous)
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
         builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream)
         trace.responded(builder.id)
+
+        async def keep() -> None:
+            # Before the client hears the end: its next turn may name this response at once, on any process.
+            if options.store and builder.status in ("completed", "incomplete"):
+                await store.put(builder.final, options.items)
+
         try:
             if options.stream:
-                response = await _stream(request, generation, builder, trace)
+                response = await _stream(request, generation, builder, trace, keep)
             else:
                 async with aclosing(generation.run()) as steps:
                     async for step in steps:
                         builder.add(step.deltas)
                 builder.finish(generation)
+                await keep()
                 response = web.json_response(builder.final)
         finally:
             generation.cancel()  # a client that went away stops its generation
-        if options.store and builder.status in ("completed", "incomplete"):
-            store.put(builder.final, options.items)
         return response
 
 
 async def get_response(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RESPONSE_STORE].response(request.match_info["response_id"]))
+    return web.json_response(await request.app[RESPONSE_STORE].response(request.match_info["response_id"]))
 
 
 async def delete_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    request.app[RESPONSE_STORE].delete(response_id)
+    await request.app[RESPONSE_STORE].delete(response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
-                  trace: RequestTelemetry) -> web.StreamResponse:
+                  trace: RequestTelemetry, keep) -> web.StreamResponse:
     async with opened_stream(request, generation.run()) as (response, steps, first, out):
-        await _relay(steps, first, out, builder, generation, trace)
+        await _relay(steps, first, out, builder, generation, trace, keep)
         return response
 
 
 async def _relay(steps, first: asyncio.Future, out: FrameWriter, builder: ResponseBuilder, generation: Generation,
-                 trace: RequestTelemetry) -> None:
+                 trace: RequestTelemetry, keep) -> None:
     await out.opening(builder.start(), first)
     # `response.in_progress` after every interval of silence, for the whole stream.
     pacer = asyncio.create_task(_keep_alive(out, builder))
@@ -94,6 +99,7 @@ async def _relay(steps, first: asyncio.Future, out: FrameWriter, builder: Respon
         end = builder.failed(500, f"internal error: {type(exc).__name__}: {exc}", generation)
     finally:
         pacer.cancel()
+    await keep()
     await out.write(end)
     await out.flush()
 

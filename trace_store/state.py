@@ -1,0 +1,224 @@
+"""What any process needs to serve a conversation's next turn, kept in the store beside the traces.
+
+    state_conversations  each conversation's last prompt and answer ids (what its model has seen, for
+                         the part of the next prompt that is new and the prompt diff) and its last
+                         messages' digests (which messages are new)
+    state_calls          tool calls waiting for their result to come back in a later request
+    state_responses      stored Responses (`previous_response_id`, GET / DELETE /v1/responses/{id})
+
+Bounded as the in-memory versions are (proxy/observe/conversations.py, response_store.py): the
+newest conversations, calls and responses are kept, the oldest deleted as new ones come. One round
+trip per request for each direction, never one per token: a conversation's state is read in one
+query (ids packed: 4 bytes a token) and written in one transaction.
+
+SQLite keeps these in a file of their own beside the traces (`traces.state.sqlite3`): the trace
+writer holds the traces file's one write lock for whole batches (and retention for longer), and a
+request must not wait behind it. PostgreSQL keeps them in the store's database (pg_schema.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import zlib
+from array import array
+from pathlib import Path
+
+MAX_CONVERSATIONS = 1024
+MAX_CALLS = 8192
+PRUNE_EVERY = 64  # conversations and calls are trimmed to their bound every this many writes
+COMPRESS_FROM = 1024  # a stored response's JSON is compressed past this size
+
+SQLITE_TABLES = """
+CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
+                                                updated_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
+                                        span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
+                                            size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
+CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
+CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+"""
+
+SAVE_CONVERSATION = """
+INSERT INTO state_conversations AS c (key, seen, digests, updated_ns) VALUES (?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET seen = coalesce(excluded.seen, c.seen), digests = coalesce(excluded.digests, c.digests),
+                                updated_ns = excluded.updated_ns"""
+SAVE_CALL = """
+INSERT INTO state_calls AS c VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (call_id) DO UPDATE SET conversation = excluded.conversation, trace_id = excluded.trace_id,
+                                    span_id = excluded.span_id, name = excluded.name, noted_ns = excluded.noted_ns"""
+# What lies past a table's newest `?` rows (LIMIT -1: none, in SQLite; PostgreSQL's is ALL).
+PRUNE = "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} ORDER BY {time} DESC LIMIT {all} OFFSET ?)"
+# Responses past the newest that fit in `?` bytes together.
+PRUNE_BYTES = """
+DELETE FROM state_responses WHERE id IN (SELECT id FROM (
+    SELECT id, sum(size) OVER (ORDER BY created_ns DESC, id DESC) AS total FROM state_responses) t WHERE total > ?)"""
+
+Call = tuple[str, str, str]  # (trace id, span id, tool name) of the span that made a call
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def unpack_ids(data: bytes | None) -> list[int] | None:
+    return None if data is None else array("i", bytes(data)).tolist()
+
+
+def pack_digests(digests: list[int]) -> bytes:
+    return array("q", digests).tobytes()
+
+
+def unpack_digests(data: bytes | None) -> list[int] | None:
+    return None if data is None else array("q", bytes(data)).tolist()
+
+
+def pack_json(text: str) -> bytes:
+    data = text.encode()
+    return b"z" + zlib.compress(data, 1) if len(data) > COMPRESS_FROM else b"j" + data
+
+
+def unpack_json(data: bytes) -> str:
+    data = bytes(data)
+    return (zlib.decompress(data[1:]) if data[:1] == b"z" else data[1:]).decode()
+
+
+class StateStore:
+    """The queries, with `?` placeholders. A subclass runs a list of statements as one read
+    (`_read`: each statement's rows) or one transaction (`_write`: each statement's row count):
+    one round trip each where the database is across a network."""
+
+    ALL = "-1"  # LIMIT's "no limit"
+    where = "?"
+
+    def __init__(self) -> None:
+        self._writes = 0
+
+    def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
+        raise NotImplementedError
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
+        raise NotImplementedError
+
+    def load(self, key: str) -> tuple[list[int] | None, list[int] | None, dict[str, Call]]:
+        """A conversation's seen ids and last messages' digests, and its calls waiting for results."""
+        rows, calls = self._read([
+            ("SELECT seen, digests FROM state_conversations WHERE key = ?", (key,)),
+            ("SELECT call_id, trace_id, span_id, name FROM state_calls WHERE conversation = ?", (key,))])
+        seen, digests = (unpack_ids(rows[0][0]), unpack_digests(rows[0][1])) if rows else (None, None)
+        return seen, digests, {c[0]: (c[1], c[2], c[3]) for c in calls}
+
+    def calls(self, call_ids: list[str]) -> dict[str, Call]:
+        """Waiting calls by id, whatever their conversation (a request that names none)."""
+        if not call_ids:
+            return {}
+        (rows,) = self._read([(f"SELECT call_id, trace_id, span_id, name FROM state_calls WHERE call_id IN "
+                               f"({','.join('?' * len(call_ids))})", tuple(call_ids))])
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def save(self, key: str | None, *, seen: list[int] | None, digests: list[int] | None,
+             expected: dict[str, Call], taken: list[str]) -> None:
+        """One request's changes, in one transaction: what its model saw, its messages' digests, the
+        calls it made (waiting now) and the calls whose results it brought (waiting no more)."""
+        now = time.time_ns()
+        statements = []
+        if key is not None and (seen is not None or digests is not None):
+            statements.append((SAVE_CONVERSATION, (key, None if seen is None else pack_ids(seen),
+                                                   None if digests is None else pack_digests(digests), now)))
+        if taken:
+            statements.append((f"DELETE FROM state_calls WHERE call_id IN ({','.join('?' * len(taken))})",
+                               tuple(taken)))
+        for call_id, (trace_id, span_id, name) in sorted(expected.items()):
+            statements.append((SAVE_CALL, (call_id, key, trace_id, span_id, name, now)))
+        if not statements:
+            return
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 1:
+            statements += [(PRUNE.format(table="state_conversations", key="key", time="updated_ns", all=self.ALL),
+                            (MAX_CONVERSATIONS,)),
+                           (PRUNE.format(table="state_calls", key="call_id", time="noted_ns", all=self.ALL),
+                            (MAX_CALLS,))]
+        self._write(statements)
+
+    def put_response(self, response_id: str, conversation: str, response: str, size: int, *, max_responses: int,
+                     max_bytes: int) -> None:
+        self._write([
+            ("INSERT INTO state_responses VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+             "conversation = excluded.conversation, response = excluded.response, size = excluded.size, "
+             "created_ns = excluded.created_ns",
+             (response_id, pack_json(conversation), pack_json(response), size, time.time_ns())),
+            (PRUNE.format(table="state_responses", key="id", time="created_ns", all=self.ALL), (max_responses,)),
+            (PRUNE_BYTES, (max_bytes,))])
+
+    def get_response(self, response_id: str, part: str) -> str | None:
+        """A stored response's `conversation` (its items and output) or `response`, as JSON."""
+        column = {"conversation": "conversation", "response": "response"}[part]
+        (rows,) = self._read([(f"SELECT {column} FROM state_responses WHERE id = ?", (response_id,))])
+        return unpack_json(rows[0][0]) if rows else None
+
+    def delete_response(self, response_id: str) -> bool:
+        return self._write([("DELETE FROM state_responses WHERE id = ?", (response_id,))])[0] > 0
+
+    def count_responses(self) -> tuple[int, int]:
+        (rows,) = self._read([("SELECT count(*), coalesce(sum(size), 0) FROM state_responses", ())])
+        return rows[0][0], rows[0][1]
+
+    def close(self) -> None:
+        pass
+
+
+class SQLiteState(StateStore):
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.where = str(self.path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Another process's write holds the file for a moment at most: a second is a fault.
+            conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.executescript(SQLITE_TABLES)
+            self._conn = conn
+        return self._conn
+
+    def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN")
+            try:
+                return [conn.execute(sql, args).fetchall() for sql, args in statements]
+            finally:
+                conn.execute("COMMIT")
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
+            try:
+                counts = [conn.execute(sql, args).rowcount for sql, args in statements]
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return counts
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def sqlite_state_path(trace_path: str | Path) -> Path:
+    """The state file beside a traces file: traces.sqlite3 → traces.state.sqlite3."""
+    path = Path(trace_path)
+    return path.with_name(f"{path.stem}.state{path.suffix or '.sqlite3'}")
