@@ -211,13 +211,15 @@ class Family:
         step = getattr(self.video_processor, "temporal_patch_size", None) or 1
         return -(-part.info["frames"] // step)
 
-    def tokens_beyond(self, messages: list[dict], limit: int, tools: list[dict] | None = None) -> int:
+    def tokens_beyond(self, messages: list[dict], limit: int, tools: list[dict] | None = None,
+                      media_tokens: int = 0) -> int:
         """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0;
-        a TooManyItems past an item kind's limit (prompt_items.py)."""
+        a TooManyItems past an item kind's limit (prompt_items.py). `media_tokens`: what the attached
+        items will become, as their headers say (media/plan.py)."""
         counts = ItemCounts(messages, tools)
         if self._item_costs is None:
             self._item_costs = ItemCosts(lambda m, t: len(self.render(m, t).ids))
-        return self._length.beyond(messages, limit, self._item_costs.tokens(counts))
+        return self._length.beyond(messages, limit, self._item_costs.tokens(counts) + media_tokens)
 
     def _transient_tail_length(self, text: str, ids: list[int]) -> int:
         tail = self.transient_prompt_tail

@@ -22,28 +22,40 @@ from .parts import MediaError, MediaLimits, MediaPart
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
 
+def image_size(part: MediaPart, limits: MediaLimits) -> tuple[int, int]:
+    """The image's (width, height) read from its header, before any pixel is decoded, held to
+    --media-max-pixels; its bytes stay on the part, for the decoding."""
+    Image, _, UnidentifiedImageError = _pil(part)
+    data = part.raw = _bytes(part, limits, "image")
+    try:
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as image:
+            width, height = image.size
+    except Image.DecompressionBombError as exc:  # pillow's own bound, far past ours: a header's claim
+        raise MediaError(f"The image at {part.param} is larger than the limit of {limits.max_pixels:,} pixels "
+                         f"(--media-max-pixels): {exc}", part.param, code="media_too_large") from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
+                         part.param) from exc
+    if width * height > limits.max_pixels:
+        raise MediaError(f"The image at {part.param} is {width}×{height} pixels; the limit is "
+                         f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param, code="media_too_large")
+    return width, height
+
+
 def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
     """The part as an RGB PIL image: EXIF orientation applied, palette and alpha flattened onto
     white, an animated image's first frame (a screenshot or diagram is what agents send; a video
-    goes in as a video)."""
-    try:
-        from PIL import Image, ImageOps, UnidentifiedImageError
-    except ImportError as exc:
-        raise MediaError("This server cannot decode images: install looptrace[media] (pillow).", part.param,
-                         code="media_unsupported") from exc
-    data = _bytes(part, limits, "image")
+    goes in as a video). Its pixels are held once: turned in place, converted only when not RGB."""
+    Image, ImageOps, UnidentifiedImageError = _pil(part)
+    image_size(part, limits)  # the header first: nothing past a limit is decoded
+    data = part.raw
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-        width, height = image.size  # from the header, before any pixel is decoded
-        if width * height > limits.max_pixels:
-            raise MediaError(f"The image at {part.param} is {width}×{height} pixels; the limit is "
-                             f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param, code="media_too_large")
         fmt = image.format
         image.seek(0)
-        image = ImageOps.exif_transpose(image)
+        image.load()
+        ImageOps.exif_transpose(image, in_place=True)
         image = _rgb(image)
-    except MediaError:
-        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
                          part.param) from exc
@@ -140,6 +152,16 @@ def decode_video(part: MediaPart, limits: MediaLimits, sample: Callable[[int, fl
     return video, metadata
 
 
+def _pil(part: MediaPart) -> tuple:
+    """pillow's Image, ImageOps and UnidentifiedImageError, or a 400 saying what to install."""
+    try:
+        from PIL import Image, ImageOps, UnidentifiedImageError
+    except ImportError as exc:
+        raise MediaError("This server cannot decode images: install looptrace[media] (pillow).", part.param,
+                         code="media_unsupported") from exc
+    return Image, ImageOps, UnidentifiedImageError
+
+
 def _av(part: MediaPart, what: str) -> tuple:
     """PyAV and numpy, or a 400 saying what to install (never a 500 for a missing optional package)."""
     try:
@@ -182,8 +204,11 @@ def thumbnail(image, side: int = 128, quality: int = 70) -> bytes:
     enough to recognise it."""
     from PIL import Image
 
-    copy = image.copy() if isinstance(image, Image.Image) else Image.fromarray(image)
-    copy.thumbnail((side, side))
+    image = image if isinstance(image, Image.Image) else Image.fromarray(image)
+    scale = min(1.0, side / max(image.size))
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    # Resized straight from the image (what thumbnail() does to a copy of it: no full-size copy here).
+    small = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
     out = io.BytesIO()
-    copy.save(out, "JPEG", quality=quality)
+    small.save(out, "JPEG", quality=quality)
     return out.getvalue()

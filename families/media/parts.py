@@ -30,6 +30,8 @@ class MediaLimits:
     max_items: int  # per request
     max_audio_seconds: float  # per clip
     max_video_frames: int  # per video, as the processor samples it
+    # Per request, its images' pixels in all (as their headers say): the processor holds ~40 bytes a pixel.
+    max_request_pixels: int = 33_554_432
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .decode import decode_audio, decode_image, decode_video, thumbnail
+from .decode import decode_audio, decode_image, decode_video, image_size, thumbnail
 from .parts import MediaError, MediaLimits, MediaPart, noted_in_tool_results, with_decoded
 
 
@@ -66,6 +66,29 @@ class MediaPlan:
                              "(--media-max-items).", self.parts[limits.max_items].param, code="media_too_large")
         if refusal:
             raise MediaError(refusal, self.parts[0].param, code="media_unsupported")
+
+    def image_tokens(self, limits: MediaLimits, processor: Any) -> int:
+        """Before any pixel is decoded: each image's size read from its header and held to the limits,
+        per image and for the request's images in all, and the placeholder tokens the processor will
+        make of them, by its own count from the sizes alone (0 where it has none)."""
+        sizes, pixels = [], 0
+        for part in self.parts:
+            if part.kind != "image":
+                continue
+            width, height = image_size(part, limits)
+            pixels += width * height
+            if pixels > limits.max_request_pixels:
+                raise MediaError(f"The request's images are {pixels:,} pixels or more in all, with the one at "
+                                 f"{part.param}; the limit is {limits.max_request_pixels:,} "
+                                 "(--media-max-request-pixels).", part.param, code="media_too_large")
+            sizes.append([height, width])
+        count = getattr(processor, "_get_num_multimodal_tokens", None)  # the count vLLM asks processors for
+        if not sizes or count is None:
+            return 0
+        try:
+            return sum(count(image_sizes=sizes).num_image_tokens)
+        except (AttributeError, NotImplementedError, TypeError, ValueError):
+            return 0  # a processor that cannot say: the count after rendering decides alone
 
     def decoded(self, messages: list[dict], limits: MediaLimits, audio_rate: int,
                 sample_video: Callable[..., Any] | None) -> list[dict]:

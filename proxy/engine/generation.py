@@ -95,14 +95,7 @@ class Generation:
                 if stored.typed else ""
             self.forced_text = self._text_of(stored.ids, generated) + self.typed_text
         else:
-            try:  # every kind of item counted, each at its least cost through the template
-                at_least = family.tokens_beyond(request.messages, runtime.max_model_len, tools)
-            except TooManyItems as exc:
-                raise Refused(str(exc), param=exc.param, code="too_many_items") from exc
-            if at_least:  # refused before the whole of it is tokenized (families/prompt_length.py)
-                raise Refused(_too_long(runtime.max_model_len, f"at least {at_least}"), param="messages",
-                              code="context_length_exceeded")
-            messages = self._decoded_media(request.messages)
+            messages = self._checked_before_rendering(tools)
             try:
                 rendered = family.render(messages, tools, request.enable_thinking, media=bool(self.media),
                                          template_ids=bool(self.media) and runtime.backend.expands_media)
@@ -145,20 +138,32 @@ class Generation:
             frequency_penalty=request.frequency_penalty,
         )
 
-    def _decoded_media(self, messages: list[dict]) -> list[dict]:
-        """The conversation with its attached items decoded (on this thread, off the event loop), or
-        a 400 naming the part: one this model or backend cannot take, past a limit, or undecodable."""
-        plan = self.request.media
+    def _checked_before_rendering(self, tools: list[dict] | None) -> list[dict]:
+        """Everything that can refuse the conversation before it is rendered, cheapest first, or a 400
+        saying what: the media this model and backend can take, within their limits, and the tokens
+        their headers say the images will become; every kind of item counted, each at its least cost
+        through the template (families/prompt_items.py); the prompt's lower bound against the context
+        (families/prompt_length.py); then the media decoded. The conversation to render."""
+        runtime, request = self.runtime, self.request
+        family, limit, limits = runtime.family, runtime.max_model_len, runtime.media_limits
+        messages, plan = request.messages, request.media
+        try:
+            if plan:
+                messages, plan = plan.readable(messages, family.media_kinds, runtime.model_name)
+            if plan:
+                plan.check(limits, runtime.backend.media_refusal)
+            media_tokens = plan.image_tokens(limits, family.processor) if plan else 0
+            at_least = family.tokens_beyond(request.messages, limit, tools, media_tokens)
+        except MediaError as exc:
+            raise Refused(str(exc), param=exc.param, code=exc.code) from exc
+        except TooManyItems as exc:
+            raise Refused(str(exc), param=exc.param, code="too_many_items") from exc
+        if at_least:
+            raise Refused(_too_long(limit, f"at least {at_least}"), param="messages", code="context_length_exceeded")
         if not plan:
             return messages
-        runtime = self.runtime
-        limits = runtime.media_limits
-        try:
-            messages, plan = plan.readable(messages, runtime.family.media_kinds, runtime.model_name)
-            if not plan:
-                return messages
-            plan.check(limits, runtime.backend.media_refusal)
-            messages = plan.decoded(messages, limits, runtime.family.audio_rate, runtime.family.sample_video)
+        try:  # on this thread, off the event loop
+            messages = plan.decoded(messages, limits, family.audio_rate, family.sample_video)
         except MediaError as exc:
             raise Refused(str(exc), param=exc.param, code=exc.code) from exc
         self.media = plan

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
@@ -21,6 +25,7 @@ from looptrace.backends.local import LocalBackend
 from looptrace.proxy.api import streaming
 from looptrace.proxy.settings import Settings
 
+import image_headers
 import many_items
 from app_thread import AppThread, Wrapped
 from server import sse_events
@@ -487,3 +492,70 @@ def test_many_small_items_that_cannot_fit_are_refused_before_rendering(qwen3_5_d
         assert status == 200, answer
     finally:
         app.stop()
+
+
+# Images: their tokens and pixels counted from their headers, before any pixel is decoded.
+
+@pytest.fixture(scope="module")
+def image_app(qwen3_5_dir, tmp_path_factory):
+    """The tiny Qwen3.5 with its real image processing (16,384 tokens for an image of 16 MP), a context of
+    8,192, replaying "Ok."."""
+    from tiny_media import with_images
+
+    folder = tmp_path_factory.mktemp("images")
+    (folder / "steps.jsonl").write_text('{"text": "Ok.<|im_end|>"}\n')
+    app = AppThread(Settings(model=str(with_images(qwen3_5_dir, "qwen3_5")), backend="replay",
+                             replay=str(folder / "steps.jsonl"), served_model_name=MODEL, max_model_len=8192,
+                             trace_db="off")).start()
+    yield app
+    app.stop()
+
+
+def image_chat(app, *urls: str) -> tuple[int, dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls] + [{"type": "text", "text": "What?"}]
+    return chat(app, messages=[{"role": "user", "content": parts}], max_tokens=4)
+
+
+def test_an_image_past_the_context_is_refused_from_its_header(image_app):
+    # Its pixels were decoded (12 s and 1.35 GB at 33.5 MP) before the tokens they become were counted.
+    # This one is a header alone: decoding it would fail; its size says 16,384 tokens, past 8,192.
+    status, error = image_chat(image_app, image_headers.data_url("png", 4096, 4096))
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded", error
+    assert "resulted in at least 16" in error["error"]["message"], error
+
+
+def test_a_requests_images_are_held_to_a_pixel_budget(image_app):
+    urls = [image_headers.data_url(fmt, 5000, 4000) for fmt in ("png", "gif")]  # 20 MP each, under the 33.5 MP limit
+    status, error = image_chat(image_app, *urls)
+    assert status == 400 and error["error"]["code"] == "media_too_large", error
+    assert "--media-max-request-pixels" in error["error"]["message"] and error["error"]["param"].startswith(
+        "messages[0].content[1]"), error
+    image_app.replay("Ok.<|im_end|>")
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, "PNG")
+    status, answer = image_chat(image_app, "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    assert status == 200, answer
+
+
+def test_an_image_is_decoded_holding_its_pixels_once():
+    # The decoded pixels were copied twice more (EXIF orientation, the trace's thumbnail): three times
+    # a 33.5 MP image's 128 MiB at once.
+    from looptrace.families.media.decode import decode_image, thumbnail
+    from looptrace.families.media.parts import MediaLimits, MediaPart
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4096, 4096), (200, 30, 30)).save(buffer, "PNG")
+    part = MediaPart("image", base64.b64encode(buffer.getvalue()).decode(), "p")
+    limits = MediaLimits(max_bytes=20 << 20, max_pixels=33_554_432, max_items=16, max_audio_seconds=30,
+                         max_video_frames=64)
+    pixels_mb = 4096 * 4096 * 4 / 2**20  # pillow holds RGB in 4 bytes a pixel
+
+    def status(name: str) -> float:
+        lines = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith(name)).split()[1]) / 1024
+
+    Path("/proc/self/clear_refs").write_text("5")  # the peak so far is forgotten
+    before = status("VmRSS")
+    image = decode_image(part, limits)
+    assert len(thumbnail(image)) < 20_000
+    assert status("VmHWM") - before < 1.5 * pixels_mb, (status("VmHWM") - before, pixels_mb)
