@@ -81,6 +81,9 @@ def _media_options(serve: argparse.ArgumentParser) -> None:
                        help="the largest attached item, as sent")
     group.add_argument("--media-max-pixels", type=int, default=_default("media_max_pixels"), metavar="N",
                        help="the most pixels an attached image (or a video's frame) may have (8K)")
+    group.add_argument("--media-max-request-pixels", type=int, default=_default("media_max_request_pixels"),
+                       metavar="N", help="the most pixels one request's images may have in all, as their headers "
+                       "say (checked before any is decoded)")
     group.add_argument("--media-max-items", type=int, default=_default("media_max_items"), metavar="N",
                        help="the most items one request may attach")
     group.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",

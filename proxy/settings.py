@@ -29,6 +29,7 @@ class Settings:
     # Attached media: the largest item as sent, an image's pixels, items per request (400s beyond).
     media_max_mb: float = 20.0
     media_max_pixels: int = 33_554_432  # 8K: a 5K or 6K screenshot fits, a decompression bomb does not
+    media_max_request_pixels: int = 33_554_432  # a request's images in all: its processor holds ~40 bytes a pixel
     media_max_items: int = 16
     media_max_audio_seconds: float = 30.0  # what Gemma 4's audio encoder reads (750 tokens of 40 ms)
     media_max_video_frames: int = 64  # as the processor samples them: Gemma 4 takes 32, Qwen3.5 2 a second

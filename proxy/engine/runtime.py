@@ -53,7 +53,7 @@ class Runtime:
         s = self.settings
         return MediaLimits(max_bytes=int(s.media_max_mb * 1024**2), max_pixels=s.media_max_pixels,
                            max_items=s.media_max_items, max_audio_seconds=s.media_max_audio_seconds,
-                           max_video_frames=s.media_max_video_frames)
+                           max_video_frames=s.media_max_video_frames, max_request_pixels=s.media_max_request_pixels)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._load())
