@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from looptrace.common.checkpoint import Checkpoint
 from looptrace.common.vocabulary import Vocabulary
@@ -83,6 +83,17 @@ class DecodeRequest:
 
 
 
+class TokenScore(TypedDict):
+    """One token of a given answer as a model reads it after a given prompt (scoring.py): teacher
+    forced, nothing generated; at T = 1, as the token events report p."""
+
+    id: int  # the answer's token
+    logprob: float  # the model's logprob of it
+    rank: int  # 1: the most likely (tokens tied with it share its rank)
+    greedy_id: int  # what the model would have chosen greedily here (lowest id first on ties)
+    greedy_logprob: float
+
+
 class Backend(Protocol):
     """Every member the server reads of a backend; nothing else is read.
 
@@ -121,6 +132,10 @@ class Backend(Protocol):
 
     def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         """prefill, one token event per token, done; a failure raises BackendError."""
+
+    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+        """Each answer token's score after the prompt, read in one prefill of prompt + answer (nothing
+        generated); a backend that cannot (registry's Capabilities.score) raises BackendError."""
 
     async def close(self) -> None: ...
 

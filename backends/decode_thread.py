@@ -45,6 +45,15 @@ class DecodeThread:
         self._jobs.put((function, future))
         return future.result()
 
+    async def run(self, function: Callable[[], object]) -> object:
+        """`function` on the thread in its turn among the requests, under the same bound on waiting,
+        awaited without holding a thread of the event loop's pool (a scoring request: scoring.py)."""
+        if self.waiting >= self.max_queue and (self.running or self.waiting):
+            raise Busy(f"{self.waiting} requests are already waiting for the model; try again later")
+        future: Future = Future()
+        self._jobs.put((function, future))
+        return await asyncio.wrap_future(future)
+
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         # --max-queue 0: no waiting room, one request at a time. (The check and the put below run in
         # one turn of the event loop, so two requests cannot both find the model idle.)

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import torch
 
-from .base import BackendError, DecodeRequest, Loader, TextModel
+from .base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
 from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
+from .scoring import score_llama_cpp
 from .speculative import Backoff, PromptLookup, judge
 from .speculative_config import SpeculativeConfig
 from .token_loop import run_tokens
@@ -95,6 +96,11 @@ class LlamaCppBackend(OnDecodeThread):
     async def close(self) -> None:
         if await self._thread.close():  # nothing can use the context any more
             self.context.close()
+
+    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+        """Teacher-forced scoring (scoring.py), in turn with the requests on the decode thread."""
+        return await self._thread.run(partial(score_llama_cpp, self.context, self.reuse, prompt_ids, answer_ids,
+                                              BATCH))
 
     def _decode(self, request: DecodeRequest, emit: Emit) -> None:
         with torch.inference_mode():

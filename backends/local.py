@@ -14,12 +14,13 @@ from functools import partial
 
 import torch
 
-from .base import DecodeRequest
+from .base import DecodeRequest, TokenScore
 from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, prefill_event
 from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Choice, Penalties, generator_for, next_token
+from .scoring import score_transformers
 from .speculative import Drafting
 from .speculative_config import SpeculativeConfig
 from .token_loop import run_tokens
@@ -122,6 +123,11 @@ class LocalBackend(OnDecodeThread):
 
     async def close(self) -> None:
         await self._thread.close()  # a thread killed inside torch at exit aborts the process
+
+    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+        """Teacher-forced scoring (scoring.py), in turn with the requests on the decode thread."""
+        return await self._thread.run(partial(score_transformers, self.model, prompt_ids, answer_ids,
+                                              reset_model_state))
 
     def _run(self, request: DecodeRequest, emit: Emit) -> None:
         with torch.inference_mode():

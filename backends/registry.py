@@ -45,6 +45,7 @@ class Needs:
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     fork: bool = False  # decodes a stored prompt again from any token (POST /v1/traces/{id}/fork)
+    score: bool = False  # reads a given answer after a given prompt, teacher forced (POST /v1/score)
     media: bool = False  # images, audio or video beside the prompt (which kinds: the checkpoint's processor)
     speculation: bool = False  # --speculative-config
     upstreams: bool = False  # forwards to servers of its own, several of them (per-server metrics, /health)
@@ -130,7 +131,7 @@ def _is_gguf_with_binding(model: str) -> bool:
 ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "local", "decode here with transformers", "looptrace.backends.loading:LocalLoader",
-        Needs(weights=True, model_runtime=True), Capabilities(fork=True, media=True, speculation=True),
+        Needs(weights=True, model_runtime=True), Capabilities(fork=True, score=True, media=True, speculation=True),
         options=(
             Option("dtype", ("--dtype",), {"choices": ["auto", "float32", "bfloat16", "float16"],
                                            "help": "auto: float32 on CPU, bfloat16 on GPU"}),
@@ -144,7 +145,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "llama.cpp", "decode a .gguf here with llama.cpp (the default for a .gguf when looptrace[llama-cpp] is "
         "installed)", "looptrace.backends.llama_cpp:LlamaCppLoader",
-        Needs(model_runtime=True), Capabilities(fork=True, speculation=True),
+        Needs(model_runtime=True), Capabilities(fork=True, score=True, speculation=True),
         options=(
             Option("threads", ("--threads",), {
                 "type": int, "metavar": "N",
@@ -158,7 +159,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
     ),
     BackendEntry(
         "vllm", "forward token ids to vLLM servers (--vllm-url), or to one it starts (--vllm-command)", "looptrace.backends.vllm:VLLMLoader",
-        Needs(), Capabilities(fork=True, media=True, upstreams=True, workers=True),
+        Needs(), Capabilities(fork=True, score=True, media=True, upstreams=True, workers=True),
         options=(
             Option("vllm_urls", ("--vllm-url",), {
                 "metavar": "URL", "action": "append",

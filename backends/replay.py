@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from .base import BackendError, DecodeRequest, Loader, TextModel
+from .base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
 from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event, token_event
 
@@ -69,6 +69,10 @@ class ReplayBackend:
 
     def health_details(self) -> dict:
         return {"replay": {"steps": len(self._steps), "served": self._next}}
+
+    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+        raise BackendError("The replay backend serves recorded output and has no model to score with.", status=400,
+                           code="score_unsupported")
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         if self._next >= len(self._steps):

@@ -26,9 +26,10 @@ import aiohttp
 
 from looptrace.common.vocabulary import Vocabulary
 
-from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel
+from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
 from .events import Event, upstream_event
 from .vllm_pool import Pool
+from .vllm_scoring import score_on
 from .vllm_spawn import DEFAULT_COMMAND, SpawnedVLLM
 from .vllm_stream import SSEReader, TokenEmitter, cut, post
 from .vllm_upstream import Upstream, describe
@@ -146,6 +147,11 @@ class VLLMBackend:
                 # %r: the server's message may quote what the client sent; a log line stays one line.
                 log.warning("the vLLM server at %s failed before the first token (%r); trying %s", moved_from,
                             exc.message, up.name)
+
+    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+        """Teacher-forced scoring by the server's prompt_logprobs (vllm_scoring.py), on any server."""
+        up, _ = self.pool.choose(None)
+        return await score_on(up, prompt_ids, answer_ids)
 
     async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)
