@@ -8,10 +8,13 @@ its own memory while the store does not answer.
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 from psycopg_pool import PoolTimeout
 
 from .location import redacted
+from .pg_schema import prepare
 from .postgres import StoreUnavailable, pool
 from .state import StateStore
 
@@ -25,10 +28,16 @@ class PostgresState(StateStore):
         super().__init__()
         self.where = redacted(url)
         self._pool = pool(url, name="looptrace-state", size=4, statement_timeout_ms=2000)
+        self._prepared = False
+        self._preparing = threading.Lock()
 
     def _run(self, statements: list[tuple[str, tuple]], transaction: bool) -> list:
         try:
             with self._pool.connection(timeout=WAIT) as conn:
+                if not self._prepared:  # the tables, once, should this process reach the server before its writer
+                    with self._preparing:
+                        prepare(conn)
+                        self._prepared = True
                 with conn.pipeline():
                     if transaction:
                         with conn.transaction():

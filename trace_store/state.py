@@ -137,7 +137,7 @@ class StateStore:
         if not statements:
             return
         self._writes += 1
-        if self._writes % PRUNE_EVERY == 1:
+        if self._writes % PRUNE_EVERY == 1 % PRUNE_EVERY:  # the first write, then every PRUNE_EVERY-th
             statements += [(PRUNE.format(table="state_conversations", key="key", time="updated_ns", all=self.ALL),
                             (MAX_CONVERSATIONS,)),
                            (PRUNE.format(table="state_calls", key="call_id", time="noted_ns", all=self.ALL),

@@ -93,12 +93,13 @@ class Conversations:
 class Turn:
     """One request's view of its conversation (or of none: its tool calls are still linked)."""
 
-    __slots__ = ("owner", "conversation", "_ahead", "_recalled", "waiting", "digests", "seen_now", "expected", "taken",
-                 "_kept")
+    __slots__ = ("owner", "conversation", "_ahead", "_recalled", "answered", "waiting", "digests", "seen_now",
+                 "expected", "taken", "_kept")
 
     def __init__(self, owner: Conversations, conversation: str | None, ahead: Future | None) -> None:
         self.owner, self.conversation, self._ahead = owner, conversation, ahead
         self._recalled: tuple | None = None
+        self.answered = False  # whether the store answered for the conversation (else: this process's memory)
         self.waiting: dict[str, Call] = {}  # the conversation's calls waiting for results, as the store had them
         self.digests: list[int] | None = None  # this request's messages
         self.seen_now: list[int] | None = None  # what its model saw, once its answer is complete
@@ -169,23 +170,26 @@ class StoredConversations(Conversations):
             found = self._answer(turn._ahead)
             if found is not None:
                 seen, digests, calls = found
+                turn.answered = True
                 turn.waiting = {call_id: (_context(trace_id, span_id), name)
                                 for call_id, (trace_id, span_id, name) in calls.items()}
                 return seen, digests
         return super()._recall(turn)
 
     def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
-        local = super()._take(turn, call_ids)
+        local = super()._take(turn, call_ids)  # this process's copy forgets them either way
+        stored = None
         if turn.conversation:
             turn._recall()  # the conversation's waiting calls came with its state
-            known = turn.waiting
+            stored = turn.waiting if turn.answered else None
         elif self._up():
-            stored = self._answer(self._pool.submit(self.state.calls, call_ids)) or {}
-            known = {call_id: (_context(trace_id, span_id), name) for call_id, (trace_id, span_id, name)
-                     in stored.items()}
-        else:
-            known = {}
-        return {**local, **{c: known[c] for c in call_ids if c in known}}
+            found = self._answer(self._pool.submit(self.state.calls, call_ids))
+            if found is not None:
+                stored = {call_id: (_context(trace_id, span_id), name)
+                          for call_id, (trace_id, span_id, name) in found.items()}
+        if stored is None:  # the store did not answer: what this process knows
+            return local
+        return {c: stored[c] for c in call_ids if c in stored}
 
     def _keep(self, turn: Turn) -> None:
         super()._keep(turn)

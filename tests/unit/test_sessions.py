@@ -1,5 +1,6 @@
 """Sessions and steps from the store: what the trace viewer lists and shows, read back over HTTP from
-requests a replayed model answered, and the store's own bookkeeping (paging, retention, an older file)."""
+requests a replayed model answered, and the store's own bookkeeping (paging, retention, an older file);
+on SQLite and on PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from looptrace.proxy.settings import Settings
 from looptrace.trace_store.sqlite import SQLiteTraceStore
+
+import stores as store_kinds
+from app_thread import AppThread
 
 CALL = ("Let me look.\n</think>\n\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/app.py\n</parameter>\n"
         "</function>\n</tool_call><|im_end|>")
@@ -22,6 +27,22 @@ DONE = "All good.\n</think>\n\nThe file defines main().<|im_end|>"
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 AGENT = {"session_id": "sess-alpha", "User-Agent": "codex_exec/0.169.0 (Linux; x86_64)"}
+
+
+@pytest.fixture(scope="module", params=store_kinds.KINDS)
+def replay_app(request, qwen3_5_dir, tmp_path_factory):
+    """The replay application (conftest.py's), its traces in a SQLite file or in PostgreSQL: the module
+    runs once on each."""
+    folder = tmp_path_factory.mktemp("replay")
+    made = store_kinds.Stores(request.param, folder,
+                              request.getfixturevalue("postgres_url") if request.param == "postgresql" else None)
+    placeholder = folder / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
+                             served_model_name="tiny-qwen", trace_db=made.setting())).start()
+    yield app
+    app.stop()
+    made.close()
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +181,8 @@ def test_a_stored_step_arrives_on_the_live_feed(replay_app):
 
 # -- the store itself --
 
-def store_with(tmp_path, **kwargs) -> tuple[SQLiteTraceStore, object]:
-    store = SQLiteTraceStore(tmp_path / "t.sqlite3", **kwargs)
+def store_with(stores, **kwargs) -> tuple[object, object]:
+    store = stores.make(**kwargs)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(store))
     return store, provider.get_tracer("test")
@@ -176,8 +197,8 @@ def request(tracer, conversation: str | None, start: int, **attributes) -> str:
     return format(root.get_span_context().trace_id, "032x")
 
 
-def test_pages_walk_every_session_once(tmp_path):
-    store, tracer = store_with(tmp_path)
+def test_pages_walk_every_session_once(stores):
+    store, tracer = store_with(stores)
     now = time.time_ns()
     for i in range(120):
         request(tracer, f"c{i:03d}", now - i * 1_000_000_000)
@@ -194,8 +215,8 @@ def test_pages_walk_every_session_once(tmp_path):
     assert store.list_sessions(text="c000")["data"][0]["steps"] == 2
 
 
-def test_retention_keeps_sessions_true(tmp_path):
-    store, tracer = store_with(tmp_path, retention_seconds=3600, max_bytes=1 << 40)
+def test_retention_keeps_sessions_true(stores):
+    store, tracer = store_with(stores, retention_seconds=3600, max_bytes=1 << 40)
     now = time.time_ns()
     request(tracer, "long", now - 5 * 3600 * 10**9)
     kept = request(tracer, "long", now - 60 * 10**9)

@@ -1,0 +1,186 @@
+"""State any process can serve a turn from (trace_store/state.py, proxy/observe/conversations.py,
+response_store.py): what one process leaves of a conversation, another reads; bounded as the
+in-memory versions are; and while the store does not answer, each process serves from its memory and
+nothing fails. Two objects on one store stand for two processes; on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from looptrace.proxy.api.errors import APIError
+from looptrace.proxy.api.openai.response_store import SharedResponseStore
+from looptrace.proxy.observe import conversations as conversations_module
+from looptrace.proxy.observe.conversations import Conversations, StoredConversations
+from looptrace.trace_store import state as state_module
+
+from .test_responses_request import bounded_by_bytes, newest_conversations_only, user
+
+CALL = SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+FIRST = ['{"role":"system"}', '{"role":"user","n":1}']
+SECOND = FIRST + ['{"role":"assistant","n":1}', '{"role":"tool","n":1}']
+
+
+def two_processes(stores):
+    setting = stores.setting()
+    return StoredConversations(stores.state(setting)), StoredConversations(stores.state(setting))
+
+
+def one_turn(conversations, messages: list[str], seen: list[int], call: str | None = None,
+             results: list[str] = ()) -> tuple[list[int] | None, int, dict]:
+    turn = conversations.begin("agent-1")
+    before = turn.seen()
+    taken = turn.take_results(list(results))
+    new_from = turn.new_messages_from(messages)
+    if call:
+        turn.expect_result(call, CALL, "read_file")
+    turn.finish(seen)
+    return before, new_from, taken
+
+
+def test_a_turn_on_one_process_continues_on_another(stores):
+    a, b = two_processes(stores)
+    try:
+        assert one_turn(a, FIRST, [1, 2, 3, 4], call="call_1") == (None, 0, {})
+        seen, new_from, taken = one_turn(b, SECOND, [1, 2, 3, 4, 5, 6], results=["call_1", "call_unknown"])
+        assert seen == [1, 2, 3, 4] and new_from == 2  # what is new, found on the other process
+        ((context, name),) = taken.values()
+        assert (list(taken), context.trace_id, context.span_id, name) == (["call_1"], 0x1234, 0x5678, "read_file")
+        # A result is taken once: the next turn, back on the first process, finds it gone.
+        seen, new_from, taken = one_turn(a, SECOND + ['{"role":"user","n":2}'], [9], results=["call_1"])
+        assert (seen, new_from, taken) == ([1, 2, 3, 4, 5, 6], 4, {})
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_request_without_a_conversation_still_links_its_results(stores):
+    a, b = two_processes(stores)
+    try:
+        turn = a.begin(None)
+        turn.expect_result("call_9", CALL, "grep")
+        turn.finish(None)
+        turn = b.begin(None)
+        assert turn.seen() is None and list(turn.take_results(["call_9"])) == ["call_9"]
+        turn.end()
+        assert b.begin(None).take_results(["call_9"]) == {}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_state_is_bounded_as_in_memory(stores, monkeypatch):
+    monkeypatch.setattr(state_module, "MAX_CONVERSATIONS", 3)
+    monkeypatch.setattr(state_module, "MAX_CALLS", 4)
+    monkeypatch.setattr(state_module, "PRUNE_EVERY", 1)
+    state = stores.state(stores.setting())
+    try:
+        for i in range(10):
+            state.save(f"c{i}", seen=[i], digests=[i], expected={f"call{i}": ("a" * 32, "b" * 16, "t")}, taken=[])
+        assert [state.load(f"c{i}")[0] for i in range(10)] == [None] * 7 + [[7], [8], [9]]
+        assert list(state.calls([f"call{i}" for i in range(10)])) == [f"call{i}" for i in range(6, 10)]
+    finally:
+        state.close()
+
+
+def test_the_hot_read_is_one_query_of_packed_ids(stores):
+    """A conversation's last prompt and answer, 32,768 tokens: 128 KiB, read whole."""
+    state = stores.state(stores.setting())
+    try:
+        ids = list(range(100_000, 132_768))
+        state.save("long", seen=ids, digests=list(range(-50, 50)), expected={}, taken=[])
+        started = time.perf_counter()
+        seen, digests, calls = state.load("long")
+        assert (seen, digests, calls) == (ids, list(range(-50, 50)), {})
+        assert time.perf_counter() - started < 1.0  # milliseconds here (bench/tracing.py state measures it)
+    finally:
+        state.close()
+
+
+class Silent:
+    """A store that does not answer (a server stopped, or frozen)."""
+
+    where = "postgresql://nowhere/x"
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def _fail(self, *args, **kwargs):
+        if self.hang:
+            time.sleep(3)
+        raise ConnectionError("connection refused")
+
+    load = calls = save = put_response = get_response = delete_response = _fail
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "frozen"])
+def test_while_the_store_does_not_answer_memory_serves_and_nothing_fails(monkeypatch, caplog, hang):
+    monkeypatch.setattr(conversations_module, "WAIT", 0.3)
+    memory = StoredConversations(Silent(hang))
+    try:
+        started = time.monotonic()
+        assert one_turn(memory, FIRST, [1, 2], call="call_1") == (None, 0, {})
+        seen, new_from, taken = one_turn(memory, SECOND, [1, 2, 3], results=["call_1"])
+        assert (seen, new_from, list(taken)) == ([1, 2], 2, ["call_1"])  # as Conversations would
+        assert time.monotonic() - started < 2.5  # a deadline, then the store is left alone a while
+        assert caplog.text.count("does not answer") == 1
+    finally:
+        memory.close()
+
+
+def test_memory_alone_is_what_it_was():
+    memory = Conversations()
+    assert one_turn(memory, FIRST, [1, 2], call="call_1") == (None, 0, {})
+    seen, new_from, taken = one_turn(memory, SECOND, [1, 2, 3], results=["call_1", "call_1"])
+    assert (seen, new_from, list(taken)) == ([1, 2], 2, ["call_1"])
+
+
+# -- stored responses --
+
+def test_shared_responses_keep_the_in_memory_bounds(stores):
+    asyncio.run(newest_conversations_only(SharedResponseStore(stores.state(stores.setting()), max_responses=2)))
+    store = SharedResponseStore(stores.state(stores.setting()), max_responses=256, max_bytes=5 << 20)
+    asyncio.run(bounded_by_bytes(store))
+    count, size = store.state.count_responses()
+    assert count == 3 and size <= 5 << 20  # four minus the one deleted, in the store as in memory
+
+
+def test_a_response_stored_by_one_process_is_continued_and_deleted_by_another(stores):
+    setting = stores.setting()
+    a, b = SharedResponseStore(stores.state(setting)), SharedResponseStore(stores.state(setting))
+    reply = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}
+
+    async def run():
+        await a.put({"id": "resp_1", "output": [reply]}, [user("2+2?")])
+        assert await b.conversation("resp_1") == [user("2+2?"), reply]
+        assert (await b.response("resp_1"))["id"] == "resp_1"
+        await b.delete("resp_1")
+        for read in (a.response, a.conversation):  # gone for the process that stored it too
+            with pytest.raises(APIError) as info:
+                await read("resp_1")
+            assert info.value.status == 404
+
+    asyncio.run(run())
+
+
+def test_responses_while_the_store_does_not_answer(monkeypatch):
+    from looptrace.proxy.api.openai import response_store
+
+    monkeypatch.setattr(response_store, "WAIT", 0.5)
+    store = SharedResponseStore(Silent(False))
+
+    async def run():
+        await store.put({"id": "resp_here", "output": []}, [user("hi")])  # kept here, said in the log
+        assert await store.conversation("resp_here") == [user("hi")]
+        with pytest.raises(APIError) as info:
+            await store.conversation("resp_elsewhere")
+        assert (info.value.status, info.value.code) == (503, "response_store_unavailable")
+        assert "postgresql://nowhere/x" in info.value.message and "connection refused" in info.value.message
+
+    asyncio.run(run())
