@@ -15,11 +15,13 @@ from .anthropic.messages import count_tokens, create_message
 from .openai.chat import chat_completions
 from .errors import APIError, error_middleware
 from .viewer.fork import fork_trace
+from .targets import generate, score
 from .monitoring import health, metrics
 from .openai.models import models
 from .keys import RUNTIME, SETTINGS, TELEMETRY
 from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
 from .openai.responses import create_response, delete_response, get_response
+from .unreadable import answer_unreadable_requests
 from .viewer.sessions import get_session, list_sessions, live
 from .viewer.traces import get_prompt, get_tokens, get_trace, list_traces
 
@@ -34,6 +36,7 @@ HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[pages.security_headers, error_middleware, _auth_middleware],
                           client_max_size=256 * 1024**2, handler_args=HTTP_LIMITS)
+    answer_unreadable_requests(app)  # a request aiohttp cannot read still gets the API's error shape
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
@@ -53,7 +56,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_get("/v1/traces/{trace_id}/prompt", get_prompt)
     app.router.add_get("/v1/traces/{trace_id}/tokens", get_tokens)
     app.router.add_post("/v1/traces/{trace_id}/fork", fork_trace)
+    app.router.add_post("/v1/score", score)  # a replay's target (targets.py): teacher-forced scoring
+    app.router.add_post("/v1/generate", generate)  # and a prompt of token ids decoded afresh
     app.router.add_get("/v1/sessions", list_sessions)
+    app.router.add_get("/v1/sessions/", get_session)  # ?key=: a key of "." or ".." (viewer/sessions.py)
     app.router.add_get("/v1/sessions/{key:.+}", get_session)
     app.router.add_get("/v1/live", live)
     pages.add_routes(app.router)  # the trace viewer

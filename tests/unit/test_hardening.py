@@ -559,3 +559,23 @@ def test_an_image_is_decoded_holding_its_pixels_once():
     image = decode_image(part, limits)
     assert len(thumbnail(image)) < 20_000
     assert status("VmHWM") - before < 1.5 * pixels_mb, (status("VmHWM") - before, pixels_mb)
+
+
+@pytest.mark.parametrize("request_head", [
+    "GET /v1/models?x=" + "a" * 70_000 + " HTTP/1.1\r\nHost: x\r\n\r\n",  # a URL past 64 KiB
+    "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Long: " + "b" * 70_000 + "\r\n\r\n",  # a header past it
+    "NOT HTTP AT ALL\r\n\r\n"], ids=["url", "header", "garbage"])
+def test_a_request_aiohttp_cannot_read_is_answered_in_the_api_shape(replay_app, request_head):
+    # aiohttp answered these itself, before any handler ran, in plain text.
+    import http.client
+    import socket
+
+    with socket.create_connection(("127.0.0.1", replay_app.port), timeout=30) as sock:
+        sock.sendall(request_head.encode())
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = response.read()
+    assert response.status == 400 and response.getheader("Content-Type", "").startswith("application/json"), body
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_http_request", error
+    assert replay_app.call("GET", "/health")[0] == 200
