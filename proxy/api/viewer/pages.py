@@ -14,7 +14,8 @@ from pathlib import Path
 from aiohttp import web
 
 STATIC = Path(__file__).resolve().parent / "static"
-PAGES = ("/", "/sessions/{key:.+}", "/traces/{trace_id}")
+# /sessions/?key=KEY: a session whose key is "." or "..", which no browser keeps in a path (static/api.js).
+PAGES = ("/", "/sessions/", "/sessions/{key:.+}", "/traces/{trace_id}")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 

@@ -51,7 +51,11 @@ def search_text(value: str) -> str | None:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    key = request.match_info["key"]
+    """GET /v1/sessions/{key}, or /v1/sessions/?key=KEY for a key that is "." or "..", which clients
+    resolve as a step up the path however it is escaped."""
+    key = request.match_info.get("key") or request.query.get("key")
+    if not key:
+        raise invalid("Name the session: /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
     found = await read(store_of(request).session, None, key)
     if found is None:
         raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",

@@ -4,6 +4,14 @@
 const STORAGE = "looptrace-api-key";
 let keyWanted = null; // a pending "ask for the key" promise, shared by requests that hit a 401
 
+// A session's address under `prefix` ("/sessions" for the page, "/v1/sessions" for its data). A key
+// that is "." or ".." would be a step up the path however it is escaped (browsers resolve "%2E%2E" as
+// ".." too), so it goes in the query instead: /sessions/?key=..
+export function sessionPath(prefix, sessionKey) {
+  const dots = sessionKey === "." || sessionKey === "..";
+  return dots ? `${prefix}/?key=${encodeURIComponent(sessionKey)}` : `${prefix}/${encodeURIComponent(sessionKey)}`;
+}
+
 export class APIError extends Error {
   constructor(status, body) {
     super(body?.error?.message || `HTTP ${status}`);

@@ -1,7 +1,7 @@
 // The trace viewer: the sessions list on the left, the selected session's steps on the right, the
 // selection in the URL (/sessions/KEY, /traces/TRACE_ID), so a link from Grafana opens that view.
 
-import {get, key, watch} from "./api.js";
+import {get, key, sessionPath, watch} from "./api.js";
 import {SessionView} from "./session.js";
 import {SessionList} from "./sessions.js";
 import {h} from "./text.js";
@@ -10,7 +10,7 @@ const $ = (id) => document.getElementById(id);
 
 const view = new SessionView($("detail"), {onNavigate: navigate});
 const list = new SessionList({list: $("session-list"), more: $("more"), note: $("list-note"), form: $("filters"),
-  onOpen: (sessionKey) => navigate(`/sessions/${encodeURIComponent(sessionKey)}`)});
+  onOpen: (sessionKey) => navigate(sessionPath("/sessions", sessionKey))});
 
 function navigate(path) {
   history.pushState(null, "", path);
@@ -19,10 +19,10 @@ function navigate(path) {
 
 async function route() {
   const path = location.pathname;
-  const session = path.match(/^\/sessions\/(.+)$/);
+  const session = path.match(/^\/sessions\/(.*)$/);
   const trace = path.match(/^\/traces\/([0-9a-fA-F]{32})$/);
-  if (session) {
-    const sessionKey = decodeURIComponent(session[1]);
+  const sessionKey = session && (session[1] ? decodeURIComponent(session[1]) : new URLSearchParams(location.search).get("key"));
+  if (sessionKey) {
     list.mark(sessionKey);
     await view.open(sessionKey);
   } else if (trace) {
@@ -35,20 +35,20 @@ async function route() {
         ? `No trace ${trace[1]} in the store (not written yet, or retired).` : err.message));
       return;
     }
-    let focus = found.trace_id, sessionKey = found.session;
+    let focus = found.trace_id, traceSession = found.session;
     if (found.fork_of) {
       const original = await get(`/v1/traces/${found.fork_of}/tokens`).catch(() => null);
-      if (original) { focus = original.trace_id; sessionKey = original.session; }
+      if (original) { focus = original.trace_id; traceSession = original.session; }
     }
-    if (!sessionKey) {
+    if (!traceSession) {
       $("detail").replaceChildren(found.lost_spans
         ? h("p", {class: "error"}, `This trace is incomplete: ${found.lost_spans} of its spans never reached the store ` +
             "(its queue was full or a write failed), its request's own span among them, so it belongs to no session.")
         : h("p", {class: "note"}, "This trace is still being stored; reload in a moment."));
       return;
     }
-    list.mark(sessionKey);
-    await view.open(sessionKey, {focus});
+    list.mark(traceSession);
+    await view.open(traceSession, {focus});
     const article = document.querySelector(`[data-step="${CSS.escape(focus)}"]`);
     if (article) {
       await view.loadTokens(article);

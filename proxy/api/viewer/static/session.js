@@ -2,7 +2,7 @@
 // (the user's message, tool results beside the calls they answer), what the model thought and said
 // token by token, its tool calls, why it stopped, and how long each part took.
 
-import {get} from "./api.js";
+import {get, sessionPath} from "./api.js";
 import {forkPanel} from "./fork.js";
 import {promptView} from "./prompt.js";
 import {count, h, ms, pretty, when} from "./text.js";
@@ -48,7 +48,7 @@ export class SessionView {
     this.root.replaceChildren(h("p", {class: "note"}, "Loading…"));
     let session;
     try {
-      session = await get(`/v1/sessions/${encodeURIComponent(key)}`);
+      session = await get(sessionPath("/v1/sessions", key));
     } catch (err) {
       this.root.replaceChildren(h("p", {class: "error"}, err.status === 404 ? "No such session in the store." : err.message));
       return;
@@ -108,7 +108,7 @@ export class SessionView {
   async refresh() {
     const key = this.key;
     if (!key || !this.list) return;
-    const session = await get(`/v1/sessions/${encodeURIComponent(key)}`).catch(() => null);
+    const session = await get(sessionPath("/v1/sessions", key)).catch(() => null);
     if (session && this.key === key) for (const step of session.steps) this.add({...step, session: key});
   }
 

@@ -2,7 +2,7 @@
 // time, searched by conversation id or by text, paged; requests that carry no conversation are listed
 // one by one. New steps refresh it as they are stored.
 
-import {get, query} from "./api.js";
+import {get, query, sessionPath} from "./api.js";
 import {count, h, when} from "./text.js";
 
 export class SessionList {
@@ -85,7 +85,7 @@ export class SessionList {
     const tools = s.tool_calls;
     const bad = tools.invalid_args + tools.unknown_tool + tools.unparsed;
     const title = s.conversation ?? `request ${s.key.replace(/^trace:/, "").slice(0, 12)}`;
-    const a = h("a", {href: `/sessions/${encodeURIComponent(s.key)}`, class: "session", dataset: {key: s.key},
+    const a = h("a", {href: sessionPath("/sessions", s.key), class: "session", dataset: {key: s.key},
       onclick: (e) => {
         if (e.button || e.metaKey || e.ctrlKey || e.shiftKey) return;
         e.preventDefault();
