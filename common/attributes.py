@@ -21,6 +21,9 @@ ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
+ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
+ENDPOINT_GENERATE = "generate"  # POST /v1/generate: a prompt of token ids decoded afresh
+ENDPOINT_REPLAY = "replay"  # a step of `looptrace replay`, written into the store by the command itself
 SPAN_RENDER = "render"  # the prompt rendered with the checkpoint's chat template, and tokenized
 SPAN_PREFILL = "prefill"  # from submission to the first token
 SPAN_DECODE = "decode"  # the backend call: every generated token
@@ -75,13 +78,27 @@ CLIENT_VERSION = "looptrace.client.version"  # and its version
 USAGE_CACHED_TOKENS = "looptrace.usage.cached_tokens"  # prompt tokens served from a prefix cache
 INPUT_NEW_FROM = "looptrace.input.new_from"  # index of the first message new since the conversation's last request
 INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages, as gen_ai.input.messages has them
-LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from")
+LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------
 
 FORK_TRACE_ID = "looptrace.fork.trace_id"  # the trace this request runs again
 FORK_INDEX = "looptrace.fork.index"  # the generated token it replaced, and went on from
 FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in its place
+
+# -- looptrace.* of a replayed step (`looptrace replay`, on its request span) ----------------------
+
+REPLAY_TRACE_ID = "looptrace.replay.trace_id"  # the recorded step this one replays
+REPLAY_SESSION = "looptrace.replay.session"  # the recorded session's key
+REPLAY_STEP = "looptrace.replay.step"  # the step's place in it (1: the first)
+REPLAY_MODE = "looptrace.replay.mode"  # forced (the recorded answer scored) or step (decoded afresh)
+REPLAY_TARGET = "looptrace.replay.target"  # the server that replayed it (its URL, no credentials)
+REPLAY_TOKENS = "looptrace.replay.tokens"  # the recorded answer's tokens
+REPLAY_AGREEING = "looptrace.replay.agreeing"  # of which the target's greedy choice was the recording model's
+REPLAY_FIRST_DIVERGENCE = "looptrace.replay.first_divergence"  # the first token where they differ (absent: none)
+REPLAY_MEAN_LOGPROB_RECORDED = "looptrace.replay.mean_logprob_recorded"  # the recorded tokens' mean logprob, as recorded
+REPLAY_MEAN_LOGPROB_TARGET = "looptrace.replay.mean_logprob_target"  # and under the target (forced mode)
+REPLAY_TOOL_CALLS_EQUAL = "looptrace.replay.tool_calls_equal"  # step mode: the target made the recorded calls
 
 # -- looptrace.* on the render span ----------------------------------------------------------------
 

@@ -11,7 +11,6 @@ token by token and where it forked. The fork is traced as a request of its own, 
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from typing import NamedTuple
 
 from aiohttp import web
@@ -20,14 +19,13 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.trace_store.schema import request_span
 
-from ...engine.generation import Generation
-from ...engine.request import GenerationRequest, StoredPrompt
+from ...engine.request import StoredPrompt
 from ...engine.runtime import Runtime
-from ..openai.chat_response import ChatCollector
 from ..errors import APIError, invalid
 from ..serving import traced
 from ..keys import RUNTIME
 from ..openai.request_parts import seed, temperature_and_top_p
+from ..stored_run import run_stored
 from .prompt_view import AlternativeTexts
 from .traces import stored_trace
 from ..validation import field, in_range, json_body
@@ -68,29 +66,14 @@ async def fork_trace(request: web.Request) -> web.Response:
         trace.requested(runtime.model_name, stream=False, conversation=None)
         trace.checked()
         trace.forked(recorded, index, replacement)
-        generation = Generation(runtime, GenerationRequest(
-            # One asked for past what fits is refused as Chat refuses it (Generation.prepare), not cut.
-            messages=[], tools=original.tools, max_tokens=max_tokens, stored=stored,
-            temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k,
-            seed=seed(body)), trace.observers)
-        await generation.prepare()
-        collector = ChatCollector(runtime.model_name, None)
-        tokens: list[dict] = []
-        try:
-            async with aclosing(generation.run()) as steps:
-                async for step in steps:
-                    collector.add(step)
-                    if step.token is not None:
-                        tokens.append({**step.token, "channel": step.channel})
-            AlternativeTexts(runtime.vocab).add_to(tokens)
-        finally:
-            generation.cancel()
-        answer = collector.body(generation)
-        trace.responded(answer["id"])
+        run = await run_stored(runtime, trace, stored, tools=original.tools, max_tokens=max_tokens,
+                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed(body))
+        AlternativeTexts(runtime.vocab).add_to(run.tokens)
+        answer = run.answer
         answer["looptrace"] = {
             "trace_id": trace.trace_id, "forked_from": {"trace_id": recorded["trace_id"], "index": index},
             "prefix_ids": prefix, "replacement_ids": replacement,
-            "tokens": tokens,
+            "tokens": run.tokens,
         }
         return web.json_response(answer)
 

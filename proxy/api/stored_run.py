@@ -1,0 +1,70 @@
+"""A prompt that is token ids already run on the backend serving now and collected whole: what a
+fork (viewer/fork.py: a stored trace's prompt and the tokens before the fork) and POST /v1/decode
+(targets.py: a prompt a replay sends) share. No rendering: the ids go to the model as they are."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import NamedTuple
+
+from ..engine.generation import Generation
+from ..engine.observer import Observer
+from ..engine.request import GenerationRequest, StoredPrompt
+from ..engine.runtime import Runtime
+from ..observe.telemetry import RequestTelemetry
+from .errors import invalid
+from .openai.chat_response import ChatCollector
+from .validation import field
+
+
+class Run(NamedTuple):
+    answer: dict  # a chat completion of the whole answer (ChatCollector's)
+    tokens: list[dict]  # every generated token event, with its channel
+    calls: list[dict]  # every tool call as the parser ended it: parsed (with its outcome) or unparsed
+    generation: Generation
+
+
+class _Calls(Observer):
+    """The tool calls the parser ended, unparsed ones too (a Generation keeps the parsed ones only)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def tool_call(self, delta: dict) -> None:
+        self.seen.append(delta)
+
+
+async def run_stored(runtime: Runtime, trace: RequestTelemetry, stored: StoredPrompt, *, tools: list[dict] | None,
+                     max_tokens: int, temperature: float | None, top_p: float | None, top_k: int | None,
+                     seed: int | None) -> Run:
+    """Refusals (a max_tokens past what fits: Chat's 400) come before anything runs."""
+    calls = _Calls()
+    generation = Generation(runtime, GenerationRequest(
+        messages=[], tools=tools, max_tokens=max_tokens, stored=stored,
+        temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k, seed=seed),
+        (*trace.observers, calls))
+    await generation.prepare()
+    collector = ChatCollector(runtime.model_name, None)
+    tokens: list[dict] = []
+    try:
+        async with aclosing(generation.run()) as steps:
+            async for step in steps:
+                collector.add(step)
+                if step.token is not None:
+                    tokens.append({**step.token, "channel": step.channel})
+    finally:
+        generation.cancel()
+    answer = collector.body(generation)
+    trace.responded(answer["id"])
+    return Run(answer, tokens, calls.seen, generation)
+
+
+def token_ids(body: dict, key: str, runtime: Runtime, *, required: bool = True) -> list[int]:
+    """A list of token ids from a body, each in the served model's vocabulary, or a 400 naming it."""
+    ids = field(body, key, list, key, required=required, default=[])
+    known = len(runtime.vocab.pieces)
+    for n, token in enumerate(ids):
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < known:
+            raise invalid(f"'{key}[{n}]' must be a token id of this model's vocabulary of {known}.",
+                          param=f"{key}[{n}]")
+    return ids
