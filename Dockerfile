@@ -33,7 +33,8 @@ COPY families ./families
 COPY backends ./backends
 COPY trace_store ./trace_store
 COPY common ./common
-RUN pip install .
+# The postgres extra: psycopg, for --trace-db postgresql://… (compose/postgres.yaml).
+RUN pip install ".[postgres]"
 
 USER looptrace
 WORKDIR /home/looptrace

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 TWO_VLLM_FILE = COMPOSE_DIR / "two-vllm.yaml"  # added with a second -f: two vLLM servers behind looptrace
+POSTGRES_FILE = COMPOSE_DIR / "postgres.yaml"  # added with a second -f: the trace store in PostgreSQL, workers
 
 
 def raw_stack() -> dict:
@@ -26,6 +27,11 @@ def two_vllm_stack(raw: dict) -> dict:
     """compose.yaml with two-vllm.yaml merged over it, as `docker compose -f ... -f ...` reads it with no
     variables set."""
     return interpolate(merged(raw, yaml.safe_load(TWO_VLLM_FILE.read_text())), {})
+
+
+def postgres_stack(raw: dict, env: dict[str, str]) -> dict:
+    """compose.yaml with postgres.yaml merged over it, read with these variables set."""
+    return interpolate(merged(raw, yaml.safe_load(POSTGRES_FILE.read_text())), env)
 
 
 _VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
