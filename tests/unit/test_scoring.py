@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from looptrace.backends import scoring
 from looptrace.backends.base import BackendError, DecodeRequest, SamplingParams
 from looptrace.backends.local import LocalBackend
-from looptrace.backends.vllm_scoring import read_scores, score_body
+from looptrace.backends.prompt_logprobs import read_scores, score_body
 from looptrace.common.vocabulary import Vocabulary
 
 from tiny_models import chat_prompt_ids
