@@ -195,7 +195,8 @@ def test_a_streamed_answer_in_blocks(replay_app):
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     start_usage = events[0][1]["message"]["usage"]
-    assert delta["usage"]["output_tokens"] > 0 and delta["usage"]["input_tokens"] == start_usage["input_tokens"] > 0
+    assert start_usage["input_tokens"] > 0 and start_usage["output_tokens"] == 0
+    assert list(delta["usage"]) == ["output_tokens"] and delta["usage"]["output_tokens"] > 0
 
 
 @pytest.mark.parametrize(("recorded", "extra", "reason", "sequence", "text"), [

@@ -37,7 +37,13 @@ def test_a_messages_session_has_tokens_prompt_diffs_and_forks(local_app):
     said = "".join(e["delta"].get("text", "") for kind, e in frames(data) if kind == "content_block_delta")
     follow = ask + [{"role": "assistant", "content": said}, {"role": "user", "content": "And three more."}]
     assert post_messages(local_app, {**body, "messages": follow}, HEADERS)[0] == 200
-    first, second = steps_of(local_app, 2)
+    first, second = steps_of(local_app, 2)[:2]
+    # Sent again, the prompt is read from the local backend's prefix cache, and message_start says so,
+    # its parts adding up to the prompt.
+    status, data = post_messages(local_app, {**body, "messages": follow}, HEADERS)
+    usage = frames(data)[0][1]["message"]["usage"]
+    assert usage["cache_read_input_tokens"] > 0
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == second["input_tokens"]
 
     tokens = local_app.stored(f"/v1/traces/{second['trace_id']}/tokens")["tokens"]
     assert len(tokens) == second["output_tokens"] == 8  # every token, with what the heat map shows

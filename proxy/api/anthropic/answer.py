@@ -27,13 +27,12 @@ def stop_reason(generation: Generation) -> tuple[str, str | None]:
 
 
 def usage(generation: Generation) -> dict:
-    """Anthropic counts a prompt in three parts that add up to it: read from a prefix cache, written
-    to one, and the rest (`input_tokens`)."""
+    """Anthropic counts a prompt in parts that add up to it: read from a prefix cache, and the rest
+    (`input_tokens`). What this request wrote to a cache is not split out (the trace has it): the
+    stream must give its split in message_start, before the backend has said what it kept."""
     cached = generation.cached_tokens
-    written = min(generation.cache_write_tokens, max(generation.prompt_tokens - cached, 0))
-    return {"input_tokens": max(generation.prompt_tokens - cached - written, 0),
-            "cache_creation_input_tokens": written, "cache_read_input_tokens": cached,
-            "output_tokens": generation.completion_tokens}
+    return {"input_tokens": max(generation.prompt_tokens - cached, 0), "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached, "output_tokens": generation.completion_tokens}
 
 
 def signature(thinking: str) -> str:

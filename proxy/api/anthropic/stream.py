@@ -45,12 +45,11 @@ class MessageStream:
         self._head = ""  # the open block's delta frame up to its text
 
     def start(self, generation: Generation) -> bytes:
-        # The prompt's size is known before the first token; the cache's share of it only at the end
-        # (message_delta's usage has the final figures).
-        start_usage = {"input_tokens": generation.prompt_tokens, "cache_creation_input_tokens": 0,
-                       "cache_read_input_tokens": 0, "output_tokens": 0}
+        """The prompt's usage is said here once, as the prefill found it when the first token came
+        with the stream's opening (a vLLM server's cache hits, told only at the end, count as input):
+        message_delta then carries output_tokens alone, so no client can add two splits together."""
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+                   "stop_reason": None, "stop_sequence": None, "usage": {**usage(generation), "output_tokens": 0}}
         return self._sent(event("message_start", {"message": message}) + PING)
 
     def keepalive(self) -> bytes:
@@ -118,7 +117,7 @@ class MessageStream:
         reason, sequence = stop_reason(generation)
         return self._sent(self._close()
                           + event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                    "usage": usage(generation)})
+                                                    "usage": {"output_tokens": generation.completion_tokens}})
                           + event("message_stop", {}))
 
 
