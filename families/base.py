@@ -212,14 +212,19 @@ class Family:
         return -(-part.info["frames"] // step)
 
     def tokens_beyond(self, messages: list[dict], limit: int, tools: list[dict] | None = None,
-                      media_tokens: int = 0) -> int:
+                      media_tokens: int = 0, counts: ItemCounts | None = None) -> int:
         """Before rendering: a lower bound on the prompt's tokens when it is sure to pass `limit`, else 0;
         a TooManyItems past an item kind's limit (prompt_items.py). `media_tokens`: what the attached
-        items will become, as their headers say (media/plan.py)."""
-        counts = ItemCounts(messages, tools)
+        items will become, as their headers say (media/plan.py); `counts`: the items, if counted already."""
+        counts = counts if counts is not None else ItemCounts(messages, tools)
+        return self._length.beyond(messages, limit, self.item_costs().tokens(counts) + media_tokens)
+
+    def item_costs(self) -> ItemCosts:
+        """Each kind of item's least cost in tokens, measured on the template once (a few renders: the
+        server asks at load, so that no request waits for it)."""
         if self._item_costs is None:
             self._item_costs = ItemCosts(lambda m, t: len(self.render(m, t).ids))
-        return self._length.beyond(messages, limit, self._item_costs.tokens(counts) + media_tokens)
+        return self._item_costs
 
     def _transient_tail_length(self, text: str, ids: list[int]) -> int:
         tail = self.transient_prompt_tail

@@ -28,7 +28,7 @@ from looptrace.families.deltas import (
 )
 from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
 from looptrace.families.media.plan import MediaPlan
-from looptrace.families.prompt_items import TooManyItems
+from looptrace.families.prompt_items import ItemCounts, TooManyItems
 
 from .errors import Refused
 from .observer import Observer
@@ -140,20 +140,21 @@ class Generation:
 
     def _checked_before_rendering(self, tools: list[dict] | None) -> list[dict]:
         """Everything that can refuse the conversation before it is rendered, cheapest first, or a 400
-        saying what: the media this model and backend can take, within their limits, and the tokens
-        their headers say the images will become; every kind of item counted, each at its least cost
-        through the template (families/prompt_items.py); the prompt's lower bound against the context
+        saying what: every kind of item counted (families/prompt_items.py); the media this model and
+        backend can take, within their limits, and the tokens their headers say the images will become;
+        the prompt's lower bound, each item at its least cost through the template, against the context
         (families/prompt_length.py); then the media decoded. The conversation to render."""
         runtime, request = self.runtime, self.request
         family, limit, limits = runtime.family, runtime.max_model_len, runtime.media_limits
         messages, plan = request.messages, request.media
         try:
+            counts = ItemCounts(request.messages, tools)
             if plan:
                 messages, plan = plan.readable(messages, family.media_kinds, runtime.model_name)
             if plan:
                 plan.check(limits, runtime.backend.media_refusal)
             media_tokens = plan.image_tokens(limits, family.processor) if plan else 0
-            at_least = family.tokens_beyond(request.messages, limit, tools, media_tokens)
+            at_least = family.tokens_beyond(request.messages, limit, tools, media_tokens, counts)
         except MediaError as exc:
             raise Refused(str(exc), param=exc.param, code=exc.code) from exc
         except TooManyItems as exc:
