@@ -94,6 +94,7 @@ class Runtime:
             processor = load_processor(folder, family_cls.processor_class, tokenizer, checkpoint.load_kwargs(),
                                        video=video)
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
+        self.family.item_costs()  # measured on the template here, off the event loop, not on a first request
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
