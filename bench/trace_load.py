@@ -1,8 +1,11 @@
-"""Does the trace store keep up under load? A real `looptrace serve`, tracing into its SQLite store,
-driven hard for minutes; every span it made must be stored.
+"""Does the trace store keep up under load? A real `looptrace serve`, tracing into its store (SQLite,
+or PostgreSQL with --store postgresql), driven hard for minutes; every span it made must be stored.
 
-    python bench/trace_load.py replay [--seconds 120] [--streams 16] [--rate 500] [--trace-max-mb MB]
-    python bench/trace_load.py vllm   [--seconds 120] [--streams 64] [--tokens 256] [--trace-max-mb MB]
+    python bench/trace_load.py replay [--seconds 120] [--streams 16] [--rate 500] [--trace-max-mb MB] [--store S]
+    python bench/trace_load.py vllm   [--seconds 120] [--streams 64] [--tokens 256] [--trace-max-mb MB] [--store S]
+
+--store postgresql writes to a fresh schema of the tests' PostgreSQL database (tests/support/postgres.py:
+Debian's cluster, started if stopped), or of --postgres-url.
 
 `replay`: the replay backend (the tiny Qwen3.5 test checkpoint's tokenizer; a short answer, 9
 tokens) answering streamed chat requests from STREAMS clients, paced together to RATE requests a
@@ -13,7 +16,7 @@ STREAMS clients each sending streamed requests of TOKENS tokens back to back.
 Sampled every second from /metrics: spans waiting in the store's queue, and its bytes. Reported:
 requests answered and per second, spans and token events per second, the queue's deepest point and
 its bound, how long the store took to catch up after the load ended, the server's CPU, and spans
-dropped (`looptrace_trace_spans_dropped_total{sink="sqlite"}`). Checked, failing loudly: every
+dropped (`looptrace_trace_spans_dropped_total{sink="sqlite"}`, or `sink="postgresql"`). Checked, failing loudly: every
 request answered in full, the store holds exactly one trace per request, each complete (its server
 span and every span below it), and nothing was dropped. With --trace-max-mb, retention by size runs
 during the load: every trace it left must be whole. Prints a table, then one JSON object.
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 
@@ -83,23 +87,56 @@ async def drive(url: str, body: dict, streams: int, seconds: float, rate: float 
     return tokens, wall
 
 
-def check_store(path: Path, requests: int, span_names: set[str], retained: bool) -> dict:
+class Store:
+    """The store the server writes, read with plain SQL: a SQLite file, or a PostgreSQL schema."""
+
+    def __init__(self, kind: str, folder: Path, postgres_url: str | None) -> None:
+        self.kind = kind
+        if kind == "sqlite":
+            self.setting = str(folder / "traces.sqlite3")
+            return
+        import postgres  # tests/support: the tests' database, set up if need be
+
+        base = postgres_url or postgres.url()
+        self.schema = "load_" + str(int(time.time()))
+        import psycopg
+
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+        self.setting = f"{base}{'&' if '?' in base else '?'}options={quote(f'-csearch_path={self.schema}', safe='')}"
+
+    def rows(self, sql: str) -> list[tuple]:
+        if self.kind == "sqlite":
+            with sqlite3.connect(f"file:{self.setting}?mode=ro", uri=True) as db:
+                return db.execute(sql).fetchall()
+        import psycopg
+
+        with psycopg.connect(self.setting) as conn:
+            return [tuple(r) for r in conn.execute(sql).fetchall()]
+
+    def size(self) -> int:
+        if self.kind == "sqlite":
+            path = Path(self.setting)
+            return path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
+        return int(self.rows("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON "
+                             f"n.oid = c.relnamespace WHERE n.nspname = '{self.schema}' AND c.relkind = 'r'")[0][0])
+
+
+def check_store(store: Store, requests: int, span_names: set[str], retained: bool) -> dict:
     """Every request's trace stored whole (with retention on, every trace retention left); returns
     the store's size figures."""
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        traces = db.execute("SELECT count(*) FROM traces").fetchone()[0]
-        spans = db.execute("SELECT count(*) FROM spans").fetchone()[0]
-        incomplete = db.execute(
-            "SELECT count(*) FROM (SELECT trace_id, group_concat(name) AS names FROM spans GROUP BY trace_id) "
-            "WHERE trace_id NOT IN (SELECT trace_id FROM traces)").fetchone()[0]
-        shapes = db.execute("SELECT names, count(*) FROM (SELECT trace_id, group_concat(name, ',') AS names FROM "
-                            "(SELECT trace_id, name FROM spans ORDER BY name) GROUP BY trace_id) GROUP BY names").fetchall()
+    concat = "group_concat(name, ',')" if store.kind == "sqlite" else "string_agg(name, ',')"
+    traces = store.rows("SELECT count(*) FROM traces")[0][0]
+    spans = store.rows("SELECT count(*) FROM spans")[0][0]
+    incomplete = store.rows("SELECT count(*) FROM (SELECT DISTINCT trace_id FROM spans) s "
+                            "WHERE trace_id NOT IN (SELECT trace_id FROM traces)")[0][0]
+    shapes = store.rows(f"SELECT names, count(*) FROM (SELECT trace_id, {concat} AS names FROM "
+                        "(SELECT trace_id, name FROM spans ORDER BY name) o GROUP BY trace_id) t GROUP BY names")
     wrong = [(names, n) for names, n in shapes if set(names.split(",")) != span_names]
     if (traces != requests and not retained) or incomplete or wrong:
         raise AssertionError(f"{requests} requests, {traces} traces stored, {incomplete} without their server span, "
                              f"span sets other than {sorted(span_names)}: {wrong[:5]}")
-    size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "-*"))
-    return {"traces_stored": traces, "spans_stored": spans, "store_mb": round(size / 2**20, 1)}
+    return {"traces_stored": traces, "spans_stored": spans, "store_mb": round(store.size() / 2**20, 1)}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -109,7 +146,10 @@ def run(args: argparse.Namespace) -> dict:
     logs = Path(tempfile.mkdtemp(prefix="looptrace-load-"))
     checkpoint = str(tiny_qwen3_5.qwen3_5_checkpoint())
     processes = []
+    store = Store(args.store, logs, args.postgres_url)
+    sink = f'sink="{args.store}"'
     retention = ["--trace-max-mb", str(args.trace_max_mb)] if args.trace_max_mb else []
+    retention += ["--trace-db", store.setting]
     if args.command == "replay":
         steps = int(args.rate * args.seconds * 1.1) + 1000
         replay = logs / "steps.jsonl"
@@ -147,9 +187,9 @@ def run(args: argparse.Namespace) -> dict:
                     async with session.get(server.url + "/metrics") as response:
                         text = await response.text()
                     samples.append({"t": round(time.perf_counter() - started, 1),
-                                    "queue_spans": metric(text, "looptrace_trace_queue_spans", 'sink="sqlite"'),
-                                    "queue_bytes": metric(text, "looptrace_trace_queue_bytes", 'sink="sqlite"'),
-                                    "dropped": metric(text, "looptrace_trace_spans_dropped_total", 'sink="sqlite"')})
+                                    "queue_spans": metric(text, "looptrace_trace_queue_spans", sink),
+                                    "queue_bytes": metric(text, "looptrace_trace_queue_bytes", sink),
+                                    "dropped": metric(text, "looptrace_trace_spans_dropped_total", sink)})
                     await asyncio.sleep(1)
 
         tokens, wall = asyncio.run(drive(server.url, body, args.streams, args.seconds,
@@ -162,8 +202,8 @@ def run(args: argparse.Namespace) -> dict:
         # Caught up: the queue empty and every trace in the file (or, when spans were lost, nothing moving).
         drained, still, last = time.perf_counter(), 0, -1
         while True:
-            queued = metric(_metrics(server), "looptrace_trace_queue_spans", 'sink="sqlite"')
-            count = _count(server.trace_db, "traces")
+            queued = metric(_metrics(server), "looptrace_trace_queue_spans", sink)
+            count = store.rows("SELECT count(*) FROM traces")[0][0]
             still = still + 1 if queued == 0 and count == last else 0
             if (queued == 0 and (count >= len(tokens) or args.trace_max_mb)) or still >= 10:
                 break
@@ -172,17 +212,17 @@ def run(args: argparse.Namespace) -> dict:
                 raise AssertionError("the store did not catch up in 10 minutes")
             time.sleep(0.2)
         drain_seconds = time.perf_counter() - drained
-        dropped = metric(_metrics(server), "looptrace_trace_spans_dropped_total", 'sink="sqlite"')
+        dropped = metric(_metrics(server), "looptrace_trace_spans_dropped_total", sink)
         try:
-            stored, problem = check_store(server.trace_db, len(tokens), span_names, bool(args.trace_max_mb)), None
+            stored, problem = check_store(store, len(tokens), span_names, bool(args.trace_max_mb)), None
         except AssertionError as exc:
-            stored, problem = {"spans_stored": _count(server.trace_db, "spans")}, str(exc)
+            stored, problem = {"spans_stored": store.rows("SELECT count(*) FROM spans")[0][0]}, str(exc)
     finally:
         for process in reversed(processes):
             process.stop()
     spans = stored["spans_stored"]
     result = {
-        "mode": args.command, "streams": args.streams, "trace_max_mb": args.trace_max_mb, "seconds": round(wall, 1), "requests": len(tokens),
+        "mode": args.command, "store": args.store, "streams": args.streams, "trace_max_mb": args.trace_max_mb, "seconds": round(wall, 1), "requests": len(tokens),
         "requests_per_second": round(len(tokens) / wall, 1), "spans_per_second": round(spans / wall),
         "token_events_per_second": round(sum(tokens) / wall), "tokens_per_answer": expected,
         "max_queue_spans": max((s["queue_spans"] for s in samples), default=0),
@@ -201,11 +241,6 @@ def _metrics(server) -> str:
         return response.read().decode()
 
 
-def _count(path: Path, table: str) -> int:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -219,9 +254,11 @@ def main() -> None:
     vllm.add_argument("--tokens", type=int, default=256)
     for command in (replay, vllm):
         command.add_argument("--trace-max-mb", type=float, help="the store's size limit: retention runs under load")
+        command.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+        command.add_argument("--postgres-url", help="a PostgreSQL database to make a schema in (default: the tests')")
     args = parser.parse_args()
     result = run(args)
-    print(f"{result['mode']}: {result['requests']} requests in {result['seconds']} s ({result['requests_per_second']}/s, "
+    print(f"{result['mode']} ({result['store']}): {result['requests']} requests in {result['seconds']} s ({result['requests_per_second']}/s, "
           f"{result['spans_per_second']} spans/s, {result['token_events_per_second']} token events/s), queue at most "
           f"{result['max_queue_spans']:.0f} spans / {result['max_queue_mb']} MB, caught up {result['drain_seconds']} s "
           f"after, {result['dropped_spans']} spans dropped, server CPU {result['server_cpu_per_request_ms']} ms/request")

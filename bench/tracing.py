@@ -1,8 +1,13 @@
 """What tracing costs: decode speed with tracing on and off, and how fast the trace store absorbs tokens.
 
     python bench/tracing.py decode [MODEL] [--tokens 256] [--runs 5]
-    python bench/tracing.py store [--seconds 10] [--tokens-per-trace 256]
-    python bench/tracing.py growth [--traces 200000] [--steps 20] [--tokens 32] [--runs 5]
+    python bench/tracing.py store [--seconds 10] [--tokens-per-trace 256] [--store S] [--tokens-as-json]
+    python bench/tracing.py growth [--traces 200000] [--steps 20] [--tokens 32] [--runs 5] [--store S] [--tokens-as-json]
+    python bench/tracing.py state [--runs 200]
+
+--store picks the store: sqlite (a file of the bench's own) or postgresql (a fresh schema of the tests'
+PostgreSQL database, tests/support/postgres.py, or of --postgres-url). --tokens-as-json stores token
+events as JSON, as before they were packed (trace_store/packing.py): the "before" of bytes per token.
 
 `decode` runs two `looptrace serve` processes of the same model, one recording every span into the
 SQLite store and one with tracing off (--trace-db off: no sink, spans not recorded), and sends them
@@ -14,12 +19,16 @@ and the bytes on disk per request and per token. `growth` writes TRACES requests
 STEPS, answers of TOKENS tokens) into a store, serves it with a real `looptrace serve` and times
 listing and reading it over HTTP (the first page of traces, the 41st through the cursor, a
 conversation's traces, sessions, one trace); then retention by size (to half) and by age (to the
-newest quarter) on the full store. Each prints a table, then one JSON object.
+newest quarter) on the full store. Token events are a real model's in shape (float32 logprobs, top
+fives, tests/support/token_groups.py). `state` times what a turn waits for on either store: a
+conversation's last prompt and answer read back (the hot read), and a turn's state written, for
+prompts of 1 K, 32 K and 128 K tokens. Each prints a table, then one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -30,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
@@ -73,7 +83,25 @@ def bench_decode(model: str, tokens: int, runs: int) -> dict:
             "overhead_percent_range": [round(min(pairs), 2), round(max(pairs), 2)]}
 
 
-def bench_store(seconds: float, tokens_per_trace: int) -> dict:
+@contextlib.contextmanager
+def tokens_as_json(on: bool):
+    """Token events stored as JSON, as before they were packed (the "before" of bytes per token)."""
+    from looptrace.trace_store import batch, packing
+
+    packing_was = batch.pack
+
+    def refuse(groups):
+        raise packing.Unpackable("stored as JSON for comparison")
+
+    if on:
+        batch.pack = refuse
+    try:
+        yield
+    finally:
+        batch.pack = packing_was
+
+
+def bench_store(seconds: float, tokens_per_trace: int, kind: str, postgres_url: str | None, as_json: bool) -> dict:
     """Requests' spans, shaped as the server makes them (a server span with its GenAI messages, render
     with the prompt's text and ids, prefill, decode with its token events), fed through the store's
     queue by this thread as fast as it can build them, for SECONDS; then the queue is drained."""
@@ -83,23 +111,19 @@ def bench_store(seconds: float, tokens_per_trace: int) -> dict:
     from looptrace.trace_store import tokens as token_events
     from looptrace.trace_store.processor import QueueingSpanProcessor
     from looptrace.trace_store.provider import SPAN_LIMITS
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
+
+    from _stores import BenchStore
+    from token_groups import answer
 
     dropped = [0]
-    folder = Path(tempfile.mkdtemp(prefix="looptrace-store-"))
-    store = SQLiteTraceStore(folder / "traces.sqlite3")
-    processor = QueueingSpanProcessor(store, name="sqlite", on_lost=store.note_lost,
+    bench = BenchStore(kind, Path(tempfile.mkdtemp(prefix="looptrace-store-")), postgres_url)
+    store = bench.store()
+    processor = QueueingSpanProcessor(store, name=kind, on_lost=store.note_lost,
                                       on_dropped=lambda _, n: dropped.__setitem__(0, dropped[0] + n))
     provider = TracerProvider(span_limits=SPAN_LIMITS)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("bench")
-    g = token_events.GROUP
-    group = {token_events.PREFIX + name: values for name, values in {
-        "index": list(range(g)), "time_unix_nano": [time.time_ns()] * g, "id": [1234] * g, "piece": ["Ġword"] * g,
-        "text": [" word"] * g, "special": [False] * g, "channel": ["content"] * g, "p": [0.5] * g,
-        "logprob": [-0.69] * g, "rank": [1] * g, "top_ids": [1, 2, 3, 4, 5] * g,
-        "top_pieces": ["a", "b", "c", "d", "e"] * g, "top_p": [0.5, 0.2, 0.1, 0.1, 0.05] * g,
-        "drafted": [0] * g, "accepted": [0] * g}.items()}
+    answers = [answer(tokens_per_trace, seed=i) for i in range(16)]
     prompt = "<|im_start|>system\nYou are a coding agent.<|im_end|>\n" + "<|im_start|>user\nFix the parser.<|im_end|>\n" * 20
     messages = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Fix the parser."}]}] * 20)
     samples: list[tuple[float, int]] = []
@@ -115,57 +139,55 @@ def bench_store(seconds: float, tokens_per_trace: int) -> dict:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        while processor.depth > processor.max_queue * 0.9:  # the store's pace, not the queue's bound
-            time.sleep(0.001)
-        root = tracer.start_span("chat m", attributes={
-            "looptrace.endpoint": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": f"c{traces % 50}",
-            "gen_ai.input.messages": messages, "gen_ai.usage.input_tokens": 400,
-            "gen_ai.usage.output_tokens": tokens_per_trace})
-        context = trace.set_span_in_context(root)
-        tracer.start_span("render", context=context, attributes={
-            "looptrace.prompt.text": prompt, "looptrace.prompt.ids": list(range(400))}).end()
-        tracer.start_span("prefill", context=context, attributes={"looptrace.prefill.seconds": 0.01}).end()
-        decode = tracer.start_span("decode", context=context)
-        for start in range(0, tokens_per_trace, g):
-            n = min(g, tokens_per_trace - start)
-            decode.add_event(token_events.EVENT, group if n == g else {
-                k: v[:n * (len(v) // g)] for k, v in group.items()})
-            emitted += n
-        decode.end()
-        root.end()
-        traces += 1
-    produced_in = time.perf_counter() - started
-    processor.force_flush(600_000)
+    with tokens_as_json(as_json):
+        while time.perf_counter() - started < seconds:
+            while processor.depth > processor.max_queue * 0.9:  # the store's pace, not the queue's bound
+                time.sleep(0.001)
+            root = tracer.start_span("chat m", attributes={
+                "looptrace.endpoint": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": f"c{traces % 50}",
+                "gen_ai.input.messages": messages, "gen_ai.usage.input_tokens": 400,
+                "gen_ai.usage.output_tokens": tokens_per_trace})
+            context = trace.set_span_in_context(root)
+            tracer.start_span("render", context=context, attributes={
+                "looptrace.prompt.text": prompt, "looptrace.prompt.ids": list(range(400))}).end()
+            tracer.start_span("prefill", context=context, attributes={"looptrace.prefill.seconds": 0.01}).end()
+            decode = tracer.start_span("decode", context=context)
+            for group in answers[traces % len(answers)]:
+                decode.add_event(token_events.EVENT, group)
+            emitted += tokens_per_trace
+            decode.end()
+            root.end()
+            traces += 1
+        produced_in = time.perf_counter() - started
+        processor.force_flush(600_000)
     written_in = time.perf_counter() - started
     watching = False
     processor.shutdown()
-    size = sum(p.stat().st_size for p in folder.iterdir())
-    return {"requests": traces, "spans": traces * 4, "token_events": emitted,
+    size, token_bytes = bench.size(), bench.token_bytes()
+    bench.drop()
+    return {"store": kind, "tokens_as_json": as_json, "requests": traces, "spans": traces * 4, "token_events": emitted,
             "requests_per_second": round(traces / written_in), "spans_per_second": round(traces * 4 / written_in),
             "token_events_per_second": round(emitted / written_in), "produced_in_seconds": round(produced_in, 2),
             "written_in_seconds": round(written_in, 2), "max_queue_depth": max(d for _, d in samples),
             "queue_bound": processor.max_queue, "dropped_spans": dropped[0],
-            "bytes_per_request": round(size / max(traces, 1)),
-            "bytes_per_token": round(size / max(emitted, 1), 1), "queue_over_time": samples}
+            "bytes_per_request": round(size / max(traces, 1)), "bytes_per_token": round(size / max(emitted, 1), 1),
+            "token_event_bytes_per_token": round(token_bytes / max(emitted, 1), 1), "queue_over_time": samples}
 
 
-def fill_store(path: Path, traces: int, steps: int, tokens: int) -> dict:
+def fill_store(store, traces: int, steps: int, tokens: int) -> dict:
     """TRACES requests, STEPS to a conversation, written straight into the store in batches as its
-    writer would get them; start times one second apart, oldest first, ending now."""
+    writer would get them (its own batch writer: export); start times one second apart, oldest first,
+    ending now."""
     import random
 
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
     from looptrace.trace_store import tokens as token_events
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
 
-    store = SQLiteTraceStore(path, max_bytes=1 << 45)
-    store.open()
-    group = {token_events.PREFIX + "index": tuple(range(tokens)), token_events.PREFIX + "id": (1234,) * tokens,
-             token_events.PREFIX + "piece": ("Ġword",) * tokens, token_events.PREFIX + "p": (0.5,) * tokens,
-             token_events.PREFIX + "top_p": (0.5, 0.2, 0.1, 0.1, 0.05) * tokens}
+    from token_groups import answer
+
+    groups = [answer(tokens, seed=i) for i in range(64)]  # a real answer's token events in shape, 64 of them
     prompt = "<|im_start|>user\nFix the parser in src/parse.py.<|im_end|>\n" * 8
     now = time.time_ns()
     batch: list = []
@@ -182,7 +204,8 @@ def fill_store(path: Path, traces: int, steps: int, tokens: int) -> dict:
         batch += [
             child("render", {"looptrace.prompt.text": prompt, "looptrace.prompt.ids": tuple(range(120))}),
             child("prefill", {"looptrace.prefill.seconds": 0.01}),
-            child("decode", {"looptrace.decode.seconds": 0.5}, [Event(token_events.EVENT, group, start)]),
+            child("decode", {"looptrace.decode.seconds": 0.5},
+                  [Event(token_events.EVENT, group, start) for group in groups[i % len(groups)]]),
             ReadableSpan(name="chat m", context=root, attributes={
                 "looptrace.endpoint": "chat", "gen_ai.request.model": "m", "gen_ai.conversation.id": f"c{i // steps}",
                 "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": tokens,
@@ -194,79 +217,134 @@ def fill_store(path: Path, traces: int, steps: int, tokens: int) -> dict:
             batch = []
     store.export(batch)
     seconds = time.perf_counter() - started
-    store.shutdown()
     return {"fill_seconds": round(seconds, 1), "traces": traces, "now_ns": now}
 
 
-def bench_growth(traces: int, steps: int, tokens: int, runs: int) -> dict:
+def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, postgres_url: str | None,
+                 as_json: bool) -> dict:
     """A store of TRACES requests, then: how fast a real `looptrace serve` lists and reads it, its
     size per request and per token, and retention by size and by age on it."""
-    import sqlite3
-
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
-
     import tiny_qwen3_5
+    from _stores import BenchStore
     from server import Server
 
     folder = Path(tempfile.mkdtemp(prefix="looptrace-growth-"))
-    path = folder / "traces.sqlite3"
-    result = fill_store(path, traces, steps, tokens)
-    size = path.stat().st_size
-    result.update(store_mb=round(size / 2**20, 1), bytes_per_request=round(size / traces),
-                  bytes_per_token=round(size / (traces * tokens), 1), tokens_per_request=tokens)
+    bench = BenchStore(kind, folder, postgres_url)
+    store = bench.store(max_bytes=1 << 45)
+    with tokens_as_json(as_json):
+        result = fill_store(store, traces, steps, tokens)
+    store.shutdown()
+    size = bench.size()
+    result.update(store=kind, tokens_as_json=as_json, store_mb=round(size / 2**20, 1),
+                  bytes_per_request=round(size / traces), bytes_per_token=round(size / (traces * tokens), 1),
+                  token_event_bytes_per_token=round(bench.token_bytes() / (traces * tokens), 1),
+                  tokens_per_request=tokens)
     replay = folder / "steps.jsonl"
     replay.write_text(json.dumps({"text": "Ok.<|im_end|>"}) + "\n")
     server = Server(str(tiny_qwen3_5.qwen3_5_checkpoint()), "--backend", "replay", "--replay", str(replay),
-                    "--trace-db", str(path), "--trace-max-mb", str(1 << 20), log_dir=folder)
-    timings: dict[str, list[float]] = {}
+                    "--trace-db", bench.setting, "--trace-max-mb", str(1 << 20), log_dir=folder)
     try:
         server.wait_ready()
-        _, first = server.get("/v1/traces?limit=50")
-        deep = first["next"]
-        for _ in range(39):  # the cursor of the 41st page (or the last), walked there page by page
-            after = server.get(f"/v1/traces?limit=50&before={deep}")[1]["next"]
-            if after is None:
-                break
-            deep = after
-        middle = f"c{traces // steps // 2}"
-        one = first["data"][0]["trace_id"]
-        paths = {"traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
-                 "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
-                 "sessions_first_page": "/v1/sessions?limit=50", "session_steps": f"/v1/sessions/{middle}",
-                 "one_trace": f"/v1/traces/{one}", "model_filter": "/v1/traces?model=m&limit=50"}
-        for _ in range(runs):
-            for name, url in paths.items():
-                t = time.perf_counter()
-                status, body = server.get(url)
-                timings.setdefault(name, []).append((time.perf_counter() - t) * 1e3)
-                assert status == 200, (url, body)
-        assert len(server.get(paths["conversation_traces"])[1]["data"]) == steps
+        result["ms"] = _timed_reads(server, traces, steps, runs)
     finally:
         server.stop()
-    result["ms"] = {name: {"median": round(statistics.median(v), 1), "max": round(max(v), 1)}
-                    for name, v in timings.items()}
-    # Retention on the full store: by size to half, then by age to the newest quarter.
-    store = SQLiteTraceStore(path, max_bytes=size // 2, retention_seconds=1e9)
+    result["retention"] = _retention(bench, traces, steps, size, result.pop("now_ns"))
+    bench.drop()
+    return result
+
+
+def _timed_reads(server, traces: int, steps: int, runs: int) -> dict:
+    """The viewer's and the trace API's reads, over HTTP, each timed RUNS times (interleaved)."""
+    _, first = server.get("/v1/traces?limit=50")
+    deep = first["next"]
+    for _ in range(39):  # the cursor of the 41st page (or the last), walked there page by page
+        after = server.get(f"/v1/traces?limit=50&before={deep}")[1]["next"]
+        if after is None:
+            break
+        deep = after
+    middle = f"c{traces // steps // 2}"
+    one = first["data"][0]["trace_id"]
+    paths = {"traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
+             "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
+             "sessions_first_page": "/v1/sessions?limit=50", "session_steps": f"/v1/sessions/{middle}",
+             "session_search": "/v1/sessions?limit=50&q=fix%20the%20parser",
+             "one_trace": f"/v1/traces/{one}", "one_trace_tokens": f"/v1/traces/{one}/tokens",
+             "model_filter": "/v1/traces?model=m&limit=50"}
+    timings: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for name, url in paths.items():
+            t = time.perf_counter()
+            status, body = server.get(url)
+            timings.setdefault(name, []).append((time.perf_counter() - t) * 1e3)
+            assert status == 200, (url, body)
+    assert len(server.get(paths["conversation_traces"])[1]["data"]) == steps
+    return {name: {"median": round(statistics.median(v), 1), "max": round(max(v), 1)} for name, v in timings.items()}
+
+
+def _retention(bench, traces: int, steps: int, size: int, now_ns: int) -> dict:
+    """Retention on the full store: by size to half, then by age to the newest quarter. SQLite's size
+    is its file's; PostgreSQL's, the stored rows' bytes (it reuses freed space, never shrinking a file)."""
+    store = bench.store(retention_seconds=1e9)
+    used = size if bench.kind == "sqlite" else bench.rows("SELECT sum(bytes) FROM store_usage")[0][0]
+    store.max_bytes = used // 2
     t = time.perf_counter()
     store.enforce_retention()
     by_size = time.perf_counter() - t
-    with sqlite3.connect(path) as db:
-        left = db.execute("SELECT count(*) FROM traces").fetchone()[0]
-    kept_size = path.stat().st_size
+    left = bench.rows("SELECT count(*) FROM traces")[0][0]
+    kept = bench.size() if bench.kind == "sqlite" else bench.rows("SELECT sum(bytes) FROM store_usage")[0][0]
     # Start times are a second apart, the newest at `now_ns` (the fill's start).
-    store.retention_seconds = (time.time_ns() - result.pop("now_ns")) / 1e9 + traces / 4
+    store.retention_seconds = (time.time_ns() - now_ns) / 1e9 + traces / 4
     t = time.perf_counter()
     store.enforce_retention()
     by_age = time.perf_counter() - t
-    with sqlite3.connect(path) as db:
-        newest = db.execute("SELECT count(*) FROM traces").fetchone()[0]
+    newest = bench.rows("SELECT count(*) FROM traces")[0][0]
     store.shutdown()
-    assert kept_size <= size // 2 + (8 << 20), (kept_size, size)  # the file, not just the rows
+    assert kept <= used // 2 + (8 << 20), (kept, used)  # SQLite: the file, not just the rows
     assert abs(newest - traces / 4) <= steps, newest
-    result["retention"] = {"by_size_seconds": round(by_size, 2), "traces_left_by_size": left,
-                           "file_mb_after": round(kept_size / 2**20, 1), "by_age_seconds": round(by_age, 2),
-                           "traces_left_by_age": newest}
+    return {"by_size_seconds": round(by_size, 2), "traces_left_by_size": left, "mb_after": round(kept / 2**20, 1),
+            "by_age_seconds": round(by_age, 2), "traces_left_by_age": newest}
+
+
+def bench_state(runs: int, postgres_url: str | None) -> dict:
+    """What a turn of a conversation waits for, on each store: its last prompt and answer read back
+    (one query: `load`), and its own state written (`save`), in milliseconds (median, p99)."""
+    from looptrace.trace_store.location import open_state
+
+    from _stores import BenchStore
+
+    result: dict[str, dict] = {}
+    for kind in ("sqlite", "postgresql"):
+        bench = BenchStore(kind, Path(tempfile.mkdtemp(prefix="looptrace-state-")), postgres_url)
+        state = open_state(bench.setting)
+        try:
+            for length in (1024, 32768, 131072):
+                ids, digests = list(range(length)), list(range(-100, 100))
+                loads, saves = [], []
+                for i in range(runs):  # interleaved: the machine's drift hits both alike
+                    t = time.perf_counter()
+                    state.save(f"c{i % 8}", seen=ids, digests=digests, expected={}, taken=[])
+                    saves.append((time.perf_counter() - t) * 1e3)
+                    t = time.perf_counter()
+                    seen, _, _ = state.load(f"c{i % 8}")
+                    loads.append((time.perf_counter() - t) * 1e3)
+                    assert len(seen) == length
+                pings = []
+                for _ in range(runs):  # a round trip that reads nothing: what the machine adds to any
+                    t = time.perf_counter()
+                    state.count_responses()
+                    pings.append((time.perf_counter() - t) * 1e3)
+                result[f"{kind}_{length // 1024}k"] = {
+                    "empty_query_ms": round(statistics.median(pings), 3),
+                    "load_ms": round(statistics.median(loads), 3), "load_p99_ms": round(_p99(loads), 3),
+                    "save_ms": round(statistics.median(saves), 3), "save_p99_ms": round(_p99(saves), 3)}
+        finally:
+            state.close()
+            bench.drop()
     return result
+
+
+def _p99(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(len(values) * 0.99))]
 
 
 def main() -> None:
@@ -284,17 +362,34 @@ def main() -> None:
     growth.add_argument("--steps", type=int, default=20, help="requests per conversation")
     growth.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     growth.add_argument("--runs", type=int, default=5)
+    state = commands.add_parser("state")
+    state.add_argument("--runs", type=int, default=200)
+    for command in (store, growth, state):
+        if command is not state:
+            command.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+            command.add_argument("--tokens-as-json", action="store_true", help="token events as JSON, as before packing")
+        command.add_argument("--postgres-url", help="a database to make a schema in (default: the tests')")
     args = parser.parse_args()
     if args.command == "growth":
-        result = bench_growth(args.traces, args.steps, args.tokens, args.runs)
-        print(f"{result['traces']} traces, {result['store_mb']} MB ({result['bytes_per_request']} bytes per request, "
-              f"{result['bytes_per_token']} per token), filled in {result['fill_seconds']} s")
+        result = bench_growth(args.traces, args.steps, args.tokens, args.runs, args.store, args.postgres_url,
+                              args.tokens_as_json)
+        print(f"{args.store}: {result['traces']} traces, {result['store_mb']} MB ({result['bytes_per_request']} bytes "
+              f"per request, {result['bytes_per_token']} per token, token events {result['token_event_bytes_per_token']} "
+              f"per token), filled in {result['fill_seconds']} s")
         for name, figures in result["ms"].items():
             print(f"  {name:22} {figures['median']:7.1f} ms (max {figures['max']})")
         r = result["retention"]
-        print(f"  retention by size to half: {r['by_size_seconds']} s, {r['traces_left_by_size']} traces, file "
-              f"{r['file_mb_after']} MB; by age to a quarter: {r['by_age_seconds']} s, {r['traces_left_by_age']} traces")
+        print(f"  retention by size to half: {r['by_size_seconds']} s, {r['traces_left_by_size']} traces, "
+              f"{r['mb_after']} MB; by age to a quarter: {r['by_age_seconds']} s, {r['traces_left_by_age']} traces")
         print(json.dumps({"trace_store_growth": result}))
+        return
+    if args.command == "state":
+        result = bench_state(args.runs, args.postgres_url)
+        for name, figures in result.items():
+            print(f"  {name:18} load {figures['load_ms']:7.3f} ms (p99 {figures['load_p99_ms']}), "
+                  f"save {figures['save_ms']:7.3f} ms (p99 {figures['save_p99_ms']}), an empty query "
+                  f"{figures['empty_query_ms']:.3f} ms")
+        print(json.dumps({"conversation_state": result}))
         return
     if args.command == "decode":
         from packaged import smollm2_gguf
@@ -304,12 +399,13 @@ def main() -> None:
               f"{result['overhead_percent']} % (median of runs; range {result['overhead_percent_range']})")
         print(json.dumps({"tracing_decode": result}))
     else:
-        result = bench_store(args.seconds, args.tokens_per_trace)
-        print(f"{result['requests']} requests ({result['spans']} spans, {result['token_events']} token events) "
-              f"stored in {result['written_in_seconds']} s: {result['spans_per_second']} spans/s, "
+        result = bench_store(args.seconds, args.tokens_per_trace, args.store, args.postgres_url, args.tokens_as_json)
+        print(f"{args.store}: {result['requests']} requests ({result['spans']} spans, {result['token_events']} token "
+              f"events) stored in {result['written_in_seconds']} s: {result['spans_per_second']} spans/s, "
               f"{result['token_events_per_second']} token events/s; queue at most {result['max_queue_depth']} of "
               f"{result['queue_bound']}, {result['dropped_spans']} spans dropped; {result['bytes_per_request']} bytes "
-              f"per request, {result['bytes_per_token']} per token")
+              f"per request, {result['bytes_per_token']} per token ({result['token_event_bytes_per_token']} of them "
+              f"token events)")
         print(json.dumps({"trace_store": result}))
 
 

@@ -25,7 +25,7 @@ import math
 import sys
 import zlib
 from array import array
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Sequence
 
 from looptrace.common import attributes as attr
@@ -215,18 +215,17 @@ def _same(a: list, b: list) -> bool:
 def _piece_table(values: dict) -> tuple[dict[int, str], set[str]]:
     """id → piece, from every piece column and the id column beside it, and which piece columns it
     holds; none when one id has two pieces (then the pieces are stored as text)."""
-    table: dict[int, str] = {}
-    pairs = {pieces: (values[ids], values[pieces]) for pieces, ids in PIECES_BY.items()
-             if pieces in values and ids in values and len(values[pieces]) == len(values[ids])}
-    for ids, pieces in pairs.values():
-        table.update(zip(ids, pieces))
-    for ids, pieces in pairs.values():  # one piece per id, or none of this
-        if list(map(table.__getitem__, ids)) != pieces:
-            return {}, set()
+    pairs = [(ids, pieces) for pieces, ids in PIECES_BY.items()
+             if pieces in values and ids in values and len(values[pieces]) == len(values[ids])]
+    all_ids = list(chain.from_iterable(values[ids] for ids, _ in pairs))
+    all_pieces = list(chain.from_iterable(values[pieces] for _, pieces in pairs))
+    table = dict(zip(all_ids, all_pieces))
+    if list(map(table.__getitem__, all_ids)) != all_pieces:  # one piece per id, or none of this
+        return {}, set()
     if not set(map(type, table)) <= {int} or not set(map(type, table.values())) <= {str}:
         return {}, set()
     ids = sorted(table)
-    return dict(zip(ids, map(table.__getitem__, ids))), set(pairs)
+    return dict(zip(ids, map(table.__getitem__, ids))), {pieces for _, pieces in pairs}
 
 
 def _code(values: list) -> int:

@@ -76,16 +76,22 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(url, connect_timeout=CONNECT_SECONDS, **kwargs)
 
 
-def pool(url: str, *, name: str, size: int, statement_timeout_ms: int) -> ConnectionPool:
+def pool(url: str, *, name: str, size: int, statement_timeout_ms: int, checked: bool = True,
+         synchronous: bool = True) -> ConnectionPool:
     """A small pool that opens in the background: a server that is down delays nothing at start, and
-    is connected to again once it is back (each connection is checked before it is handed out)."""
+    is connected to again once it is back. `checked`: each connection is tried before it is handed
+    out (a round trip; without it, the caller tries again on a connection the server dropped).
+    `synchronous=False`: a commit does not wait for the disk (for what may lose its last moments)."""
 
     def configure(conn: psycopg.Connection) -> None:
         conn.execute(f"SET statement_timeout = {int(statement_timeout_ms)}")
+        if not synchronous:
+            conn.execute("SET synchronous_commit = off")
 
     opened = ConnectionPool(url, min_size=1, max_size=size, open=False, timeout=READ_WAIT, name=name,
                             kwargs={"autocommit": True, "row_factory": row_factory, "connect_timeout": CONNECT_SECONDS},
-                            configure=configure, check=ConnectionPool.check_connection, reconnect_timeout=0)
+                            configure=configure, check=ConnectionPool.check_connection if checked else None,
+                            reconnect_timeout=0)
     opened.open(wait=False)
     return opened
 
