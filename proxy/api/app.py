@@ -29,7 +29,8 @@ _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
 
 # aiohttp refuses a header line past 8 KiB, below the API (a plain-text 400 it writes itself); some
-# clients send long cookies or tokens. Past these, the refusal stays aiohttp's (see protocol_errors).
+# clients send long cookies or tokens. Past these, aiohttp refuses the request (answered in the API's
+# error shape: unreadable.py).
 HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
 
 

@@ -118,7 +118,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 class ProtocolErrorsInOneLine(logging.Filter):
     """For aiohttp's server logger: a request it could not parse (a header past HTTP_LIMITS, a broken
-    request line) is the client's mistake, answered with aiohttp's own 400 before any handler runs;
+    request line) is the client's mistake, answered with a 400 before any handler runs (unreadable.py);
     it logs it as an error with a traceback. One warning line says all there is to say."""
 
     def filter(self, record: logging.LogRecord) -> bool:
