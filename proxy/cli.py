@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from looptrace.trace_store.location import refusal as store_refusal
 
 from . import workers
 from .engine import model_runtime
+from .replay.commands import add_commands
 from .settings import DEFAULT_MODEL, Settings
 
 DEFAULTS = Settings()
@@ -40,6 +42,7 @@ class _ShowDefaults(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_commands(commands)  # replay and export (proxy/replay/)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API", formatter_class=_ShowDefaults)
     serve.add_argument("model", nargs="?", default=None,
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
@@ -128,6 +131,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "serve":  # replay, export: their module runs them (proxy/replay/commands.py)
+        module, _, function = args.run.partition(":")
+        sys.exit(getattr(importlib.import_module(module), function)(args))
     settings = settings_from(args)
     refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings) or store_refusal(settings.trace_db)
     if refused:

@@ -1,0 +1,136 @@
+"""`looptrace export`: recorded steps as training and evaluation data, token-exact (never re-tokenized).
+
+    looptrace export --store PATH_OR_URL (--session KEY | --since TIME) [--format jsonl|parquet] [--out FILE]
+
+One record per step (JSON Lines to standard output by default; Parquet through pyarrow,
+`pip install 'looptrace[export]'`):
+
+    session, step, trace_id, model, prompt_ids, completion_ids, completion_logprobs,
+    mask          over prompt_ids + completion_ids: 1 where the model wrote the token, 0 where the
+                  template, the user or a tool did
+    tool_calls    the calls the model made: name, arguments (JSON text), outcome
+    finish_reason
+
+The mask of a prompt marks the model's own earlier answers where the prompt holds them token for
+token: the conversation so far (the step before's prompt and answer, with its mask) is carried over
+as long as the new prompt starts with it. What a template rewrote (an earlier turn's reasoning
+dropped, an answer re-rendered as other tokens) is not what the model wrote, token for token, and is
+masked 0 from where it differs. A forced opening (tool_choice) sits at the prompt's end, masked 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+from looptrace.common.sequences import common_prefix
+
+from .recorded import Recorded, ReplayError, open_reader, session_steps
+
+FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
+          "tool_calls", "finish_reason")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "parquet" and not args.out:
+        print("looptrace export: --format parquet writes a file: give --out FILE", file=sys.stderr)
+        return 2
+    try:
+        records = list(exported(args))
+        count = write(records, args.format, args.out)
+    except ReplayError as exc:
+        print(f"looptrace export: {exc}", file=sys.stderr)
+        return 2
+    print(f"looptrace export: {count} steps", file=sys.stderr)
+    return 0
+
+
+def exported(args: argparse.Namespace) -> Iterator[dict]:
+    store = open_reader(args.store)
+    for key in [args.session] if args.session else _sessions_since(store, args.since):
+        yield from session_records(key, session_steps(store, key))
+
+
+def _sessions_since(store, since: str) -> list[str]:
+    """The keys of every session active since `since`, the one first active earliest first."""
+    since_ns = _nanoseconds(since)
+    keys, before = [], None
+    while True:
+        page = store.list_sessions(since_ns=since_ns, before=before, limit=500)
+        keys += [(s["first_ns"], s["key"]) for s in page["data"]]
+        if not page["next"]:
+            return [key for _, key in sorted(keys)]
+        stamp, _, key = page["next"].partition(":")
+        before = (int(stamp), key)
+
+
+def _nanoseconds(value: str) -> int:
+    """Unix seconds or an ISO 8601 time (a zone, else UTC)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ReplayError(f"--since {value!r}: not Unix seconds or an ISO 8601 time") from None
+        seconds = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    if not (math.isfinite(seconds) and 0 <= seconds < 9.2e9):
+        raise ReplayError(f"--since {value!r}: not a time between 1970 and 2262")
+    return int(seconds * 1e9)
+
+
+def session_records(key: str, steps: list[Recorded]) -> Iterator[dict]:
+    """Each step of one session, its mask carried along the conversation."""
+    held: list[int] = []  # the conversation as the model last saw it: prompt + answer
+    held_mask: list[int] = []
+    for recorded in steps:
+        if recorded.skipped:
+            continue
+        prompt = recorded.prompt_ids
+        completion = [t["id"] for t in recorded.tokens]
+        kept = common_prefix(held, prompt)
+        forced_at = len(prompt) - recorded.forced
+        prompt_mask = held_mask[:kept] + [0] * (len(prompt) - kept)
+        prompt_mask[forced_at:] = [0] * recorded.forced  # a forced opening is the server's, not the model's
+        mask = prompt_mask + [1] * len(completion)
+        yield {"session": key, "step": recorded.step, "trace_id": recorded.trace_id, "model": recorded.model,
+               "prompt_ids": prompt, "completion_ids": completion,
+               "completion_logprobs": [t.get("logprob") for t in recorded.tokens], "mask": mask,
+               "tool_calls": [{k: c[k] for k in ("name", "arguments", "outcome") if k in c} for c in recorded.calls],
+               "finish_reason": recorded.finish_reason}
+        held, held_mask = prompt + completion, mask
+
+
+def write(records: list[dict], fmt: str, out: str | None) -> int:
+    if fmt == "parquet":
+        _parquet(records, out)
+        return len(records)
+    stream = open(out, "w", encoding="utf-8") if out else sys.stdout
+    try:
+        for record in records:
+            stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+    finally:
+        if out:
+            stream.close()
+    return len(records)
+
+
+def _parquet(records: list[dict], out: str) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ReplayError("--format parquet needs pyarrow: pip install 'looptrace[export]'") from exc
+    call = pa.struct([("name", pa.string()), ("arguments", pa.string()), ("outcome", pa.string())])
+    schema = pa.schema([
+        ("session", pa.string()), ("step", pa.int32()), ("trace_id", pa.string()), ("model", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
+        ("completion_logprobs", pa.list_(pa.float64())), ("mask", pa.list_(pa.int8())),
+        ("tool_calls", pa.list_(call)), ("finish_reason", pa.string()),
+    ])
+    table = pa.Table.from_pylist(records, schema=schema)
+    pq.write_table(table, out)
