@@ -73,9 +73,18 @@ def tree_cpu_seconds(pid: int) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def looptrace(upstream_url: str, trace_db: str, logs: Path) -> Server:
-    return Server("--backend", "vllm", "--vllm-url", upstream_url, "--trace-db", trace_db, "--log-level", "warning",
+def looptrace(upstream_url: str, trace_db: str, logs: Path, workers: int = 1) -> Server:
+    # Log level info: the workers' "ready" lines are what await_workers reads.
+    return Server("--backend", "vllm", "--vllm-url", upstream_url, "--trace-db", trace_db, "--workers", str(workers),
                   log_dir=logs)
+
+
+def await_workers(server: Server, workers: int, timeout: float) -> None:
+    """Until every worker has loaded (/health answers as soon as one has); one process is ready already."""
+    from server_workers import all_ready
+
+    if workers > 1:
+        server.wait_until(lambda: all_ready(server.log(), workers), timeout)
 
 
 class OTLPSink(Service):

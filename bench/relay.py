@@ -1,7 +1,7 @@
 """Relay overhead: one fast vLLM-protocol upstream reached directly, through looptrace and through LiteLLM.
 
     python bench/relay.py [--streams 1 8 64] [--rounds 10] [--requests 16] [--tokens 256]
-                          [--targets direct looptrace-on looptrace-off litellm]
+                          [--targets direct looptrace-on looptrace-off looptrace-w2 litellm]
 
 The upstream is the vLLM test double in --fast mode (no model: the same ordinary tokens, one per
 stream per turn of its event loop, in vLLM's own chunk shapes). The targets:
@@ -11,6 +11,7 @@ stream per turn of its event loop, in vLLM's own chunk shapes). The targets:
                  renders the prompt, sends token ids to the double's /inference/v1/generate and
                  relays the tokens as chat chunks, recording every span in its SQLite store
   looptrace-off  the same with --trace-db off
+  looptrace-w2   looptrace-on with --workers 2: two processes on one port (SO_REUSEPORT), one store
   litellm        LiteLLM's proxy (`litellm --config`, one worker, quiet) with the double's /v1 as an
                  OpenAI-compatible model and its OpenTelemetry callback on, exporting OTLP/HTTP to
                  a counting sink (bench/_otlp_sink.py); installed on first use into its own
@@ -34,7 +35,7 @@ double for token ids and top-5 logprobs, which costs the double more per token t
 
 Checked, failing loudly: every response carries exactly the text of `--tokens` tokens of the
 double's cycle and usage saying so; the double served every request once, with that many tokens;
-looptrace-on's store holds a complete trace of every request it was sent; LiteLLM's spans reached
+each tracing looptrace's store holds a complete trace of every request it was sent; LiteLLM's spans reached
 the sink, one "Received Proxy Server Request" root span per request it was sent. The client, the
 double and the proxy share this machine's cores. Prints a table, then one JSON object.
 """
@@ -61,7 +62,8 @@ from _relay_report import print_table, summarize  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me about the agent that fixed the parser."}]
 MODEL = "qwen3.5-fast"  # the double's served name, and LiteLLM's name for it
-TARGETS = ("direct", "looptrace-on", "looptrace-off", "litellm")
+TARGETS = ("direct", "looptrace-on", "looptrace-off", "looptrace-w2", "litellm")
+LOOPTRACE = {"looptrace-on": (True, 1), "looptrace-off": (False, 1), "looptrace-w2": (True, 2)}  # tracing, workers
 LITELLM_ROOT_SPAN = "Received Proxy Server Request"
 
 
@@ -155,11 +157,13 @@ class Bench:
         if name == "direct":
             self.urls[name], self.models[name] = self.double.url, MODEL
             return
-        if name.startswith("looptrace"):
-            trace_db = str(self.logs / f"traces-{name}.sqlite3") if name == "looptrace-on" else "off"
-            server = t.looptrace(self.double.url, trace_db, self.logs)
+        if name in LOOPTRACE:
+            tracing, workers = LOOPTRACE[name]
+            trace_db = str(self.logs / f"traces-{name}.sqlite3") if tracing else "off"
+            server = t.looptrace(self.double.url, trace_db, self.logs, workers=workers)
             self.processes.append(server)
             self.models[name] = server.wait_ready(600)["model"]
+            t.await_workers(server, workers, 600)
             self.servers[name] = server
             self.urls[name], self.pids[name] = server.url, server.process.pid
             return
@@ -227,13 +231,13 @@ class Bench:
                 return
             before = now
 
-    def check_looptrace_store(self, since: float, sent: int) -> int:
-        """The traces looptrace-on recorded since `since`: one per request, each with all its tokens."""
-        status, body = self.servers["looptrace-on"].get(f"/v1/traces?since={since}&limit=1000")
+    def check_looptrace_store(self, name: str, since: float, sent: int) -> int:
+        """The traces a tracing looptrace recorded since `since`: one per request, each with all its tokens."""
+        status, body = self.servers[name].get(f"/v1/traces?since={since}&limit=1000")
         traces = body.get("data", []) if status == 200 else []
         complete = [t for t in traces if t["output_tokens"] == self.args.tokens]
         if len(complete) < min(sent, 1000):
-            raise AssertionError(f"looptrace-on was sent {sent} requests but its store holds {len(complete)} "
+            raise AssertionError(f"{name} was sent {sent} requests but its store holds {len(complete)} "
                                  f"complete traces since the level began ({status}: {str(body)[:300]})")
         return len(complete)
 
@@ -253,9 +257,9 @@ class Bench:
         exports = self.await_exports()
         self.settle()
         cpu = {name: self.targets.tree_cpu_seconds(pid) - cpu[name] for name, pid in self.pids.items()}
-        stored = None
-        if "looptrace-on" in names:
-            stored = self.check_looptrace_store(since, (self.args.rounds + 1) * streams * per_stream)
+        sent = (self.args.rounds + 1) * streams * per_stream
+        stored = {name: self.check_looptrace_store(name, since, sent) for name in names
+                  if LOOPTRACE.get(name, (False,))[0]}
         rows = {name: summarize(runs[name], cpu.get(name)) for name in names}
         if "direct" in rows:
             for name, row in rows.items():
@@ -264,8 +268,8 @@ class Bench:
                 row["added_ttft_p50_ms"] = round(row["ttft_p50_ms"] - rows["direct"]["ttft_p50_ms"], 2)
                 row["added_ttft_p99_ms"] = round(row["ttft_p99_ms"] - rows["direct"]["ttft_p99_ms"], 2)
         level = {"streams": streams, "requests_per_run": streams * per_stream, "targets": rows}
-        if stored is not None:
-            level["looptrace_on_traces_stored"] = stored
+        if stored:
+            level["traces_stored"] = stored
         if exports:
             level["litellm_otlp_export"] = {"requests_sent_to_litellm": self.litellm_requests, **exports}
         return level
