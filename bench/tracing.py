@@ -264,7 +264,7 @@ def _timed_reads(server, traces: int, steps: int, runs: int) -> dict:
         deep = after
     middle = f"c{traces // steps // 2}"
     one = first["data"][0]["trace_id"]
-    paths = {"traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
+    paths = {"health (no store)": "/health", "traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
              "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
              "sessions_first_page": "/v1/sessions?limit=50", "session_steps": f"/v1/sessions/{middle}",
              "session_search": "/v1/sessions?limit=50&q=fix%20the%20parser",
@@ -285,13 +285,13 @@ def _retention(bench, traces: int, steps: int, size: int, now_ns: int) -> dict:
     """Retention on the full store: by size to half, then by age to the newest quarter. SQLite's size
     is its file's; PostgreSQL's, the stored rows' bytes (it reuses freed space, never shrinking a file)."""
     store = bench.store(retention_seconds=1e9)
-    used = size if bench.kind == "sqlite" else bench.rows("SELECT sum(bytes) FROM store_usage")[0][0]
+    used = size if bench.kind == "sqlite" else int(bench.rows("SELECT sum(bytes) FROM store_usage")[0][0])
     store.max_bytes = used // 2
     t = time.perf_counter()
     store.enforce_retention()
     by_size = time.perf_counter() - t
     left = bench.rows("SELECT count(*) FROM traces")[0][0]
-    kept = bench.size() if bench.kind == "sqlite" else bench.rows("SELECT sum(bytes) FROM store_usage")[0][0]
+    kept = bench.size() if bench.kind == "sqlite" else int(bench.rows("SELECT sum(bytes) FROM store_usage")[0][0])
     # Start times are a second apart, the newest at `now_ns` (the fill's start).
     store.retention_seconds = (time.time_ns() - now_ns) / 1e9 + traces / 4
     t = time.perf_counter()

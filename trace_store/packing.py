@@ -38,6 +38,12 @@ PADDING = -1.0  # top_p of a slot past a short list of alternatives (tokens.py)
 PIECES_BY = {attr.TOKENS_PIECE: attr.TOKENS_ID, attr.TOKENS_TOP_PIECES: attr.TOKENS_TOP_IDS}
 EXP_OF = {attr.TOKENS_P: attr.TOKENS_LOGPROB}
 INT_CODES = ("b", "h", "i", "q")
+# A column named in the header by its place here (shorter than its name). Stored blobs depend on this
+# order: new columns go at the end, never between.
+COLUMNS = (attr.TOKENS_INDEX, attr.TOKENS_TIME_UNIX_NANO, attr.TOKENS_ID, attr.TOKENS_PIECE, attr.TOKENS_TEXT,
+           attr.TOKENS_SPECIAL, attr.TOKENS_CHANNEL, attr.TOKENS_P, attr.TOKENS_LOGPROB, attr.TOKENS_RANK,
+           attr.TOKENS_TOP_IDS, attr.TOKENS_TOP_PIECES, attr.TOKENS_TOP_P, attr.TOKENS_DRAFTED, attr.TOKENS_ACCEPTED)
+KNOWN = {name: i for i, name in enumerate(COLUMNS)}
 LITTLE = sys.byteorder == "little"
 
 
@@ -71,7 +77,7 @@ def pack(groups: Sequence[dict]) -> bytes:
             encoded = _encode(name, column, values, derived, body)
         except Unpackable:  # an integer past 64 bits: the column as JSON
             encoded = ["json", body.add(dumps(column).encode())]
-        columns.append([name, per, *encoded])
+        columns.append([KNOWN.get(name, name), per, *encoded])
     header = dumps({"groups": counts, "columns": columns}).encode()
     raw = len(header).to_bytes(4, "little") + header + body.bytes()
     packed = zlib.compress(raw, LEVEL)
@@ -91,18 +97,19 @@ def unpack(blob: bytes) -> list[dict]:
     decoded: dict[str, list] = {}
     pieces: dict[int, str] = {}
     order = []
-    for name, per, kind, *args in header["columns"]:  # sections are read in order; derived columns after
+    named = [[COLUMNS[c[0]] if type(c[0]) is int else c[0], *c[1:]] for c in header["columns"]]
+    for name, per, kind, *args in named:  # sections are read in order; derived columns after
         if kind == "table":
             pieces = dict(zip(accumulate(_ints(reader, args[0])), _strings(reader, kind, args[1])))
         elif kind not in DERIVED:
             decoded[name] = _decode(kind, args, reader, per * total)
         if kind != "table":
             order.append((name, per))
-    for name, per, kind, *args in header["columns"]:
+    for name, per, kind, *args in named:
         if kind == "pieces":
-            decoded[name] = [pieces[i] for i in decoded[args[0]]]
+            decoded[name] = [pieces[i] for i in decoded[COLUMNS[args[0]]]]
         elif kind == "exp_of":
-            decoded[name] = [math.exp(x) for x in decoded[args[0]]]
+            decoded[name] = [math.exp(x) for x in decoded[COLUMNS[args[0]]]]
     groups, start = [], [0] * len(order)
     for n in counts:
         group = {}
@@ -134,7 +141,7 @@ def _joined(groups: Sequence[dict], name: str) -> list:
 
 def _encode(name: str, column: list, values: dict, derived: set[str], body: _Body) -> list:
     if name in derived:  # the table was made of this column and its ids, and holds them
-        return ["pieces", PIECES_BY[name]]
+        return ["pieces", KNOWN[PIECES_BY[name]]]
     kinds = set(map(type, column))
     if kinds <= {int}:
         return _encode_ints(column, body)
@@ -169,7 +176,7 @@ def _encode_floats(name: str, column: list, values: dict, body: _Body) -> list:
     source = values.get(EXP_OF.get(name))
     if finite and source is not None and len(source) == len(column) and set(map(type, source)) <= {float} and \
             all(map(math.isfinite, source)) and list(map(math.exp, source)) == column:
-        return ["exp_of", EXP_OF[name]]
+        return ["exp_of", KNOWN[EXP_OF[name]]]
     logs = _exp_logs(column, finite) if column and max(column) > 0 else None  # not a logprob
     if logs is not None:
         return ["exp32", *body.floats(logs, "f")]
