@@ -119,12 +119,14 @@ def test_claude_code_gets_an_answer_from_smollm2(installed, smollm2, tmp_path):
     work.mkdir()
     with clients.RecordingProxy(smollm2.url) as proxy:
         env = clients.claude_env(home, f"http://127.0.0.1:{proxy.port}", API_KEY, "smollm2", context=8192,
-                                 max_tokens=64)
+                                 max_tokens=512)
         done = clients.run_claude(installed, env, work, "smollm2",
                                   "What is the capital of France? Answer in one short sentence.", timeout=300)
     assert done.returncode == 0, outcome(done)
     result = json.loads(done.stdout)
     assert result["result"].strip() and not result["is_error"], outcome(done)
     assert result["usage"]["input_tokens"] > 1000 and result["usage"]["output_tokens"] > 0
-    (request,) = [r["body"] for r in proxy.requests if r["path"] == "/v1/messages"]
-    assert request["model"] == "smollm2" and request["max_tokens"] == 64
+    first = next(r for r in proxy.requests if r["path"] == "/v1/messages")["body"]
+    assert first["model"] == "smollm2" and first["max_tokens"] == 512
+    # A rambling sample may run into max_tokens, and Claude Code asks it to go on: still the same question.
+    assert all(r["path"] == "/v1/messages" for r in proxy.requests) and len(proxy.requests) <= 4

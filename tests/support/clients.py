@@ -161,13 +161,14 @@ def run_pi(clients: Clients, home: Path, workdir: Path, api_key: str, model: str
 CLAUDE_SETTINGS = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
 
 
-def claude_env(home: Path, url: str, api_key: str, model: str, *, context: int = 32768, max_tokens: int = 4096) -> dict:
+def claude_env(home: Path, url: str, api_key: str, model: str, *, context: int = 32768, max_tokens: int = 4096,
+               **extra: str) -> dict:
     """`url`: the server's root (Claude Code adds /v1/messages). Every model it would pick (its
     background "haiku" tasks too) is the one served; its context and answer fit the model's."""
     return client_env(home, api_key, ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=api_key,
                       ANTHROPIC_DEFAULT_HAIKU_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
                       ANTHROPIC_DEFAULT_OPUS_MODEL=model, CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
-                      CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_tokens), **CLAUDE_SETTINGS)
+                      CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_tokens), **CLAUDE_SETTINGS, **extra)
 
 
 def run_claude(clients: Clients, env: dict, workdir: Path, model: str, prompt: str, *args: str,
