@@ -180,12 +180,15 @@ def fill_store(store, traces: int, steps: int, tokens: int) -> dict:
     ending now."""
     import random
 
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
     from looptrace.trace_store import tokens as token_events
 
     from token_groups import answer
+
+    resource = Resource.create({"service.name": "looptrace"})  # one for all (made per span, it cost more than the store)
 
     groups = [answer(tokens, seed=i) for i in range(64)]  # a real answer's token events in shape, 64 of them
     prompt = "<|im_start|>user\nFix the parser in src/parse.py.<|im_end|>\n" * 8
@@ -199,7 +202,7 @@ def fill_store(store, traces: int, steps: int, tokens: int) -> dict:
         def child(name: str, attributes: dict, events=(), trace_id=trace_id, root=root, start=start):
             return ReadableSpan(name=name, context=SpanContext(trace_id, random.getrandbits(64), False, TraceFlags(1)),
                                 parent=root, attributes=attributes, events=events, kind=SpanKind.INTERNAL,
-                                start_time=start, end_time=start + 5 * 10**8)
+                                start_time=start, end_time=start + 5 * 10**8, resource=resource)
 
         batch += [
             child("render", {"looptrace.prompt.text": prompt, "looptrace.prompt.ids": tuple(range(120))}),
@@ -211,7 +214,7 @@ def fill_store(store, traces: int, steps: int, tokens: int) -> dict:
                 "gen_ai.usage.input_tokens": 120, "gen_ai.usage.output_tokens": tokens,
                 "looptrace.input.new_messages": json.dumps([{"role": "user", "parts": [
                     {"type": "text", "content": f"step {i}: fix the parser"}]}])},
-                kind=SpanKind.SERVER, start_time=start, end_time=start + 6 * 10**8)]
+                kind=SpanKind.SERVER, start_time=start, end_time=start + 6 * 10**8, resource=resource)]
         if len(batch) >= 1024:
             store.export(batch)
             batch = []

