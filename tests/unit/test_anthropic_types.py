@@ -124,3 +124,14 @@ def test_a_failure_in_the_stream_is_an_sdk_error_event(replay_app, monkeypatch):
         with sdk(replay_app).messages.stream(model=MODEL, max_tokens=8,
                                              messages=[{"role": "user", "content": "x"}]) as stream:
             stream.get_final_message()
+
+
+def test_pings_fill_a_silence_before_the_first_token(replay_app, monkeypatch):
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay(REASONED), delay=1.0)
+    status, data = post_messages(replay_app, body(stream=True))
+    assert status == 200, data
+    kinds = [kind for kind, _ in frames(data)]
+    first_block = kinds.index("content_block_start")
+    assert kinds[0] == "message_start" and kinds[1:first_block].count("ping") >= 3
+    assert kinds[-1] == "message_stop"
