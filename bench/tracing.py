@@ -233,7 +233,7 @@ def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, pos
 
     folder = Path(tempfile.mkdtemp(prefix="looptrace-growth-"))
     bench = BenchStore(kind, folder, postgres_url)
-    store = bench.store(max_bytes=1 << 45)
+    store = bench.store(max_bytes=1 << 45, retention_seconds=1e9)  # a million traces a second apart reach back 11 days
     with tokens_as_json(as_json):
         result = fill_store(store, traces, steps, tokens)
     store.shutdown()
