@@ -26,6 +26,12 @@ TEXT = {"sqlite": "SELECT trace_id, text FROM trace_text ORDER BY trace_id",  # 
                       "ORDER BY trace_id"}
 
 
+def of_param(request, folder: Path) -> "Stores":
+    """Stores of the kind a fixture is parametrized with (`request.param`, one of KINDS)."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else None
+    return Stores(request.param, folder, url)
+
+
 class Stores:
     def __init__(self, kind: str, folder: Path, postgres_url: str | None = None) -> None:
         self.kind, self.folder, self.postgres_url = kind, folder, postgres_url

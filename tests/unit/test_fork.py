@@ -1,6 +1,7 @@
 """POST /v1/traces/{id}/fork on the local backend: the continuation from a replaced token equals what
 the model generates greedily from the same prefix, the fork is a trace of its own linked to the
-original, and every request that cannot be forked gets a clear 4xx."""
+original, and every request that cannot be forked gets a clear 4xx; with the traces in SQLite and in
+PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -10,11 +11,22 @@ from transformers import AutoModelForCausalLM
 
 from looptrace.proxy.settings import Settings
 
+import stores as store_kinds
 from app_thread import AppThread
 
 MAX_TOKENS = 16
 HEADERS = {"session_id": "fork-session", "User-Agent": "pytest-fork/1"}
 ASK = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module", params=store_kinds.KINDS)
+def local_app(request, qwen3_5_dir, tmp_path_factory):
+    """conftest.py's local application, its traces in a SQLite file or in PostgreSQL: the module runs on each."""
+    made = store_kinds.of_param(request, tmp_path_factory.mktemp("local"))
+    app = AppThread(Settings(model=str(qwen3_5_dir), served_model_name="tiny-qwen", trace_db=made.setting())).start()
+    yield app
+    app.stop()
+    made.close()
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,7 @@ def replay_app(request, qwen3_5_dir, tmp_path_factory):
     """The replay application (conftest.py's), its traces in a SQLite file or in PostgreSQL: the module
     runs once on each."""
     folder = tmp_path_factory.mktemp("replay")
-    made = store_kinds.Stores(request.param, folder,
-                              request.getfixturevalue("postgres_url") if request.param == "postgresql" else None)
+    made = store_kinds.of_param(request, folder)
     placeholder = folder / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')
     app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
