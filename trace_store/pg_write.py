@@ -20,6 +20,7 @@ from looptrace.common.jsonio import dumps, loads
 
 from .batch import OUTCOME_COLUMNS, TRACE_COLUMNS, Batch
 from .pg_schema import TEXT_PART
+from .queries import storable
 from .schema import SPAN_COLUMNS
 
 SPAN_TYPES = ("text", "text", "text", "text", "text", "bigint", "bigint", "text", "text", "text", "text", "bytea",
@@ -76,7 +77,7 @@ def write(cur, batch: Batch, writer: int) -> None:
     if traces:
         copied(cur, "traces", (*TRACE_COLUMNS, "bytes"), TRACE_TYPES, traces, "trace_id",
                " ON CONFLICT (trace_id)" + replace((*TRACE_COLUMNS[1:], "bytes")))
-    texts = _last({(trace_id, part): (trace_id, part, _text(text[start:start + TEXT_PART]))
+    texts = _last({(trace_id, part): (trace_id, part, storable(text[start:start + TEXT_PART]))
                    for trace_id, text in batch.texts
                    for part, start in enumerate(range(0, len(text), TEXT_PART))})
     if texts:
@@ -158,17 +159,5 @@ def _trace_bytes(row: tuple) -> int:
 
 
 def _storable(row: tuple) -> tuple:
-    return tuple(_text(v) if type(v) is str else v for v in row)
-
-
-def _text(value: str) -> str:
-    """What PostgreSQL's text can hold: NUL and lone surrogates (from a client) become U+FFFD."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return value
-
+    """PostgreSQL's text holds neither NUL nor a lone surrogate (a client may send either)."""
+    return tuple(storable(v) if type(v) is str else v for v in row)

@@ -28,7 +28,7 @@ from . import pg_write
 from .batch import Batch, hex_id
 from .location import redacted
 from .pg_schema import LOCK, prepare
-from .queries import TraceQueries
+from .queries import TraceQueries, storable
 from .steps import StepGatherer
 
 log = logging.getLogger("looptrace.trace")
@@ -63,12 +63,15 @@ def row_factory(cursor):
 
 
 class _Reading:
-    """A pooled connection as queries.py uses one: execute(sql with `?` placeholders, args)."""
+    """A pooled connection as queries.py uses one: execute(sql with `?` placeholders, args). Text a
+    client sent (a search, a filter, a key in a path) is made storable first: PostgreSQL's text holds
+    no NUL, so such a search finds what it would find stored, instead of failing."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self._conn = conn
 
     def execute(self, sql: str, args: Sequence = ()):
+        args = [storable(a) if type(a) is str else a for a in args]
         return self._conn.execute(sql.replace("%", "%%").replace("?", "%s"), args)
 
 
@@ -111,7 +114,7 @@ class PostgresQueries(TraceQueries):
     @staticmethod
     def _text_args(text: str) -> list:
         # The words as a phrase: phraseto_tsquery reads no operators, so nothing typed is query syntax.
-        return [text, pg_write._text(text)]
+        return [text, text]
 
     def _readers(self) -> ConnectionPool:
         with self._pool_lock:

@@ -226,12 +226,41 @@ class SQLiteQueries(TraceQueries):
         self.path = Path(path)
         self.where = str(self.path)
 
-    def _reader(self) -> sqlite3.Connection:
+    def _reader(self) -> _Reads:
         if not self.path.exists():
             raise FileNotFoundError(f"no trace store at {self.path} yet")
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
         db.row_factory = sqlite3.Row
-        return db
+        return _Reads(db)
+
+
+class _Reads:
+    """A read-only connection, closed after the query; text a client sent is made storable first."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> _Reads:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._db.close()
+
+    def execute(self, sql: str, args=()):
+        return self._db.execute(sql, [storable(a) if type(a) is str else a for a in args])
+
+
+def storable(value: str) -> str:
+    """Text as a store can hold and look for it: NUL (PostgreSQL's text has none; FTS5 ends a phrase
+    at one) and lone surrogates (UTF-8 has none) become U+FFFD. A client may send either."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
 
 
 def _session(row: sqlite3.Row) -> dict:

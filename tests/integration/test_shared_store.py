@@ -104,6 +104,23 @@ def test_a_responses_conversation_continues_by_previous_response_id_on_either(pa
         assert "Now the second." in texts[2] and "Open the first." not in texts[2]
 
 
+def test_workers_on_one_port_share_the_store(serve, double, store_url):
+    """`--workers 2` on the same store: the kernel spreads a client's connections over the workers, and
+    whichever takes a turn finds the one before it."""
+    client = Client(serve("--backend", "vllm", "--vllm-url", double.url, "--trace-db", store_url, "--workers", "2"))
+    conversation = "workers-" + secrets.token_hex(4)
+    messages = [{"role": "user", "content": "Hello."}]
+    trace_ids = []
+    for turn in range(6):  # each request a connection of its own (urllib): spread by SO_REUSEPORT
+        status, answer, trace_id = client.chat(conversation, messages, max_tokens=4)
+        assert status == 200, answer
+        trace_ids.append(trace_id)
+        messages += [answer["choices"][0]["message"], {"role": "user", "content": f"And {turn}?"}]
+    session = wait_for(lambda: client.session(conversation, steps=6))
+    assert [s["trace_id"] for s in session["steps"]] == trace_ids
+    assert [s["new_from"] for s in session["steps"]] == [0, 1, 3, 5, 7, 9]
+
+
 def test_a_process_killed_mid_answer_loses_only_that_answer(pair, start, double):
     conversation = "killed-" + secrets.token_hex(4)
     a, _ = pair

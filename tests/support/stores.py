@@ -6,6 +6,7 @@ can say what is in a store, or age its rows, whichever store it is."""
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 
@@ -94,3 +95,23 @@ class Stores:
 
             for url in self._schemas:
                 postgres.drop_schema(self.postgres_url, url)
+
+
+class SilentState:
+    """A state store (trace_store/state.py's) that does not answer: a server stopped (refused at once),
+    or frozen (`hang`: each call takes 3 s, then fails)."""
+
+    where = "postgresql://nowhere/x"
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def _fail(self, *args, **kwargs):
+        if self.hang:
+            time.sleep(3)
+        raise ConnectionError("connection refused")
+
+    load = calls = save = put_response = get_response = delete_response = _fail
+
+    def close(self) -> None:
+        pass

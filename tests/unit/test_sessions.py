@@ -214,6 +214,19 @@ def test_pages_walk_every_session_once(stores):
     assert store.list_sessions(text="c000")["data"][0]["steps"] == 2
 
 
+@pytest.mark.parametrize("hostile", ["a\x00b", "\ud800", "'; DROP TABLE sessions; --", "%s %% ?", "a" * 100_000])
+def test_what_a_client_types_is_only_ever_looked_for(stores, hostile):
+    """A search, a filter or a key is text to find, on either store: NUL and lone surrogates (which
+    PostgreSQL's text cannot hold), quotes, placeholders, a very long one; never an error."""
+    store, tracer = store_with(stores)
+    request(tracer, "kept", time.time_ns())
+    assert store.list_sessions(text=hostile)["data"] == []
+    assert store.list_sessions(model=hostile, client=hostile)["data"] == []
+    assert store.list_traces(conversation=hostile, model=hostile)["data"] == []
+    assert store.session(hostile) is None and store.get_trace(hostile) is None and store.tokens(hostile) is None
+    assert [r["key"] for r in store.list_sessions()["data"]] == ["kept"]
+
+
 def test_retention_keeps_sessions_true(stores):
     store, tracer = store_with(stores, retention_seconds=3600, max_bytes=1 << 40)
     now = time.time_ns()

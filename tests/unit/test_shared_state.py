@@ -17,6 +17,8 @@ from looptrace.proxy.observe import conversations as conversations_module
 from looptrace.proxy.observe.conversations import Conversations, StoredConversations
 from looptrace.trace_store import state as state_module
 
+from stores import SilentState as Silent
+
 from .test_responses_request import bounded_by_bytes, newest_conversations_only, user
 
 CALL = SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
@@ -98,25 +100,6 @@ def test_the_hot_read_is_one_query_of_packed_ids(stores):
         assert time.perf_counter() - started < 1.0  # milliseconds here (bench/tracing.py state measures it)
     finally:
         state.close()
-
-
-class Silent:
-    """A store that does not answer (a server stopped, or frozen)."""
-
-    where = "postgresql://nowhere/x"
-
-    def __init__(self, hang: bool) -> None:
-        self.hang = hang
-
-    def _fail(self, *args, **kwargs):
-        if self.hang:
-            time.sleep(3)
-        raise ConnectionError("connection refused")
-
-    load = calls = save = put_response = get_response = delete_response = _fail
-
-    def close(self):
-        pass
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["refused", "frozen"])
