@@ -14,6 +14,7 @@ from .viewer import pages
 from .anthropic.messages import count_tokens, create_message
 from .openai.chat import chat_completions
 from .errors import APIError, error_middleware
+from .viewer.compare import compare_sessions
 from .viewer.fork import fork_trace
 from .targets import generate, score
 from .monitoring import health, metrics
@@ -57,6 +58,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_get("/v1/traces/{trace_id}/prompt", get_prompt)
     app.router.add_get("/v1/traces/{trace_id}/tokens", get_tokens)
     app.router.add_post("/v1/traces/{trace_id}/fork", fork_trace)
+    app.router.add_get("/v1/compare", compare_sessions)  # ?a=KEY&b=KEY: the viewer's compare page
     app.router.add_post("/v1/score", score)  # a replay's target (targets.py): teacher-forced scoring
     app.router.add_post("/v1/generate", generate)  # and a prompt of token ids decoded afresh
     app.router.add_get("/v1/sessions", list_sessions)

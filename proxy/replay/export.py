@@ -112,7 +112,7 @@ def write(records: list[dict], fmt: str, out: str | None) -> int:
     stream = open(out, "w", encoding="utf-8") if out else sys.stdout
     try:
         for record in records:
-            stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+            stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
     finally:
         if out:
             stream.close()

@@ -1,19 +1,29 @@
 """A replay's report for CI: JSON (every figure) and JUnit XML (a test case per step, failed where the
 target diverged), which CI systems show without a plugin.
 
-JUnit is written with the standard library's ElementTree, which escapes every text and attribute: a
-recorded token or a tool call's arguments are whatever a model wrote.
+JUnit is written with the standard library's ElementTree, which escapes markup in every text and
+attribute: a recorded token or a tool call's arguments are whatever a model wrote. What XML cannot
+hold at all (control characters, lone surrogates) is shown as its code point, as the viewer shows
+hidden characters.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+# Characters XML 1.0 has no place for, escaped or not.
+NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    return NOT_XML.sub(lambda m: f"\u27e8U+{ord(m.group()):04X}\u27e9", text)
+
 
 def write_json(report: dict, path: str) -> None:
-    Path(path).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 def _failure(mode: str, step: dict) -> str | None:
@@ -35,23 +45,23 @@ def _failure(mode: str, step: dict) -> str | None:
 
 def write_junit(report: dict, path: str) -> None:
     steps, mode = report["steps"], report["mode"]
-    suite = ET.Element("testsuite", name=f"looptrace replay {report['session']}", tests=str(len(steps)),
+    suite = ET.Element("testsuite", name=xml_text(f"looptrace replay {report['session']}"), tests=str(len(steps)),
                        timestamp=report["started"], time=f"{report['seconds']:.3f}")
     failures = skipped = 0
     properties = ET.SubElement(suite, "properties")
     for name in ("mode", "target", "model", "agreement", "replay_session"):
-        ET.SubElement(properties, "property", name=name, value=str(report.get(name)))
+        ET.SubElement(properties, "property", name=name, value=xml_text(str(report.get(name))))
     for step in steps:
         case = ET.SubElement(suite, "testcase", classname=f"replay.{mode}", name=f"step {step['step']} {step['trace_id']}",
                              time=f"{step.get('seconds', 0):.3f}")
         if step.get("skipped"):
-            ET.SubElement(case, "skipped", message=step["skipped"])
+            ET.SubElement(case, "skipped", message=xml_text(step["skipped"]))
             skipped += 1
             continue
         why = _failure(mode, step)
         if why is not None:
-            failure = ET.SubElement(case, "failure", message=why.split(";")[0], type="divergence")
-            failure.text = why
+            failure = ET.SubElement(case, "failure", message=xml_text(why.split(";")[0]), type="divergence")
+            failure.text = xml_text(why)
             failures += 1
     suite.set("failures", str(failures))
     suite.set("skipped", str(skipped))

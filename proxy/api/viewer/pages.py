@@ -16,6 +16,9 @@ from aiohttp import web
 STATIC = Path(__file__).resolve().parent / "static"
 # /sessions/?key=KEY: a session whose key is "." or "..", which no browser keeps in a path (static/api.js).
 PAGES = ("/", "/sessions/", "/sessions/{key:.+}", "/traces/{trace_id}")
+# Two sessions side by side (static/compare.html): /compare/KEY_A/KEY_B, each key percent-encoded, or
+# /compare?a=KEY_A&b=KEY_B for keys no path keeps ("." and "..").
+COMPARE_PAGES = ("/compare", "/compare/{keys:.+}")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
@@ -23,16 +26,23 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 def is_public(path: str) -> bool:
     """What needs no key: /health and /metrics (probes, Prometheus) and the viewer's page and assets,
     which hold no data. Everything else, the API and the data the page reads, does."""
-    return path in ("/", "/health", "/metrics") or path.startswith(("/static/", "/sessions/", "/traces/"))
+    return path in ("/", "/health", "/metrics", "/compare") or path.startswith(
+        ("/static/", "/sessions/", "/traces/", "/compare/"))
 
 
 async def page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def compare_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "compare.html", headers={"Cache-Control": "no-cache"})
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     for path in PAGES:
         router.add_get(path, page)
+    for path in COMPARE_PAGES:
+        router.add_get(path, compare_page)
     router.add_static("/static", STATIC, follow_symlinks=False)
 
 

@@ -3,6 +3,7 @@
 // token by token, its tool calls, why it stopped, and how long each part took.
 
 import {get, sessionPath} from "./api.js";
+import {sessionLinks} from "./compare-links.js";
 import {forkPanel} from "./fork.js";
 import {promptView} from "./prompt.js";
 import {count, h, ms, pretty, when} from "./text.js";
@@ -69,7 +70,7 @@ export class SessionView {
             tools.length ? "tool calls: " + tools.join(", ") : "no tool calls",
             session.errors ? `${session.errors} failed` : "", `${when(session.first_ns)} – ${when(session.last_ns)}`]
             .filter(Boolean).join(" · ")),
-        legend()),
+        legend(), sessionLinks(session.key)),
       this.list);
     const frag = document.createDocumentFragment();
     this.steps.forEach((step, i) => frag.append(this.article(step, i)));
