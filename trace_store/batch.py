@@ -19,6 +19,7 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from .packing import Unpackable, pack
+from .queries import storable
 from .schema import SPAN_COLUMNS
 from .steps import StepGatherer, searchable_text
 
@@ -76,19 +77,22 @@ class Batch:
                   "attributes": dict(link.attributes or {})} for link in span.links]
         status = span.status.status_code.name.lower()
         kept, tokens = packed_events(events)
-        self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None, span.name,
+        # Text a client may have sent (a model's name is in the span's) is made storable: a lone
+        # surrogate in one request's model once failed the whole batch, everyone's spans with it.
+        self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None,
+                           storable(span.name),
                            span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
                            dumps(kept), dumps(links), tokens))
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
         if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
-            self.tool_calls.append((call_id, trace_id, span_id))
+            self.tool_calls.append((_text(call_id), trace_id, span_id))
         for event in events:
             if event["name"] == attr.EVENT_TOOL_RESULT:
                 result = event["attributes"]
                 extra = {attr.TOOL_RESULT_TRACE_ID: trace_id}
                 if attr.TOOL_RESULT in result:
                     extra[attr.TOOL_RESULT] = result[attr.TOOL_RESULT]
-                self.results.append((result.get(attr.GEN_AI_TOOL_CALL_ID), dumps(extra)))
+                self.results.append((_text(result.get(attr.GEN_AI_TOOL_CALL_ID)), dumps(extra)))
         if attr.ENDPOINT not in attrs:
             self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
             return
@@ -98,20 +102,21 @@ class Batch:
 
     def _add_trace(self, attrs: dict, step: dict) -> None:
         trace_id, fork_of = step["trace_id"], (step.get("fork_of") or {}).get("trace_id")
-        conversation = attrs.get(attr.GEN_AI_CONVERSATION_ID)
+        conversation = _text(attrs.get(attr.GEN_AI_CONVERSATION_ID))
         session = step["session"] = conversation or f"trace:{trace_id}"
-        client, version = attrs.get(attr.CLIENT_NAME), attrs.get(attr.CLIENT_VERSION)
-        self.traces.append((trace_id, step["start_ns"], step["end_ns"], step.get("endpoint"), step.get("model"),
+        client, version = _text(attrs.get(attr.CLIENT_NAME)), _text(attrs.get(attr.CLIENT_VERSION))
+        model = _text(step.get("model"))
+        self.traces.append((trace_id, step["start_ns"], step["end_ns"], _text(step.get("endpoint")), model,
                             conversation, step["status"], step.get("http_status"), step.get("input_tokens"),
-                            step.get("output_tokens"), session, client, version, step.get("error"),
-                            step.get("finish_reason"), fork_of, dumps(step)))
+                            step.get("output_tokens"), session, client, version, _text(step.get("error")),
+                            _text(step.get("finish_reason")), _text(fork_of), dumps(step)))
         text = searchable_text(step)
         if text:
-            self.texts.append((trace_id, text))
+            self.texts.append((trace_id, storable(text)))
         if fork_of:
             return  # a fork is shown with the step it continued, not as a step of the session
         tools = step["tools"]
-        self.sessions.append((session, conversation, step.get("model"), client, version, step["start_ns"],
+        self.sessions.append((session, conversation, model, client, version, step["start_ns"],
                               step["start_ns"], 1, step.get("input_tokens") or 0, step.get("output_tokens") or 0,
                               *(tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS),
                               int(step["status"] == "error"), trace_id))
@@ -125,6 +130,10 @@ class Batch:
         insert(db, "INSERT INTO sessions VALUES", self.sessions, SESSION_UPSERT)
         for rows in _chunks(self.results, 2, db):
             db.execute(ATTACH_RESULTS.format(rows=_placeholders(2, len(rows))), [v for row in rows for v in row])
+
+
+def _text(value):
+    return storable(value) if type(value) is str else value
 
 
 def packed_events(events: list[dict]) -> tuple[list[dict], bytes | None]:

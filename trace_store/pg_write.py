@@ -8,8 +8,6 @@ unnest(arrays)`. What SQLite's sequential statements did by themselves is done h
   trace by its last version, a session by summing its steps in order;
 - rows are sorted by key, so two processes writing the same sessions lock them in the same order
   and never deadlock;
-- text is made storable: PostgreSQL's text holds neither NUL nor a lone surrogate (a client may
-  send either), which become U+FFFD;
 - a tool's result is joined to its call's span in Python (SQLite's json_patch; jsonb would reorder
   the attributes' keys).
 """
@@ -20,7 +18,6 @@ from looptrace.common.jsonio import dumps, loads
 
 from .batch import OUTCOME_COLUMNS, TRACE_COLUMNS, Batch
 from .pg_schema import TEXT_PART
-from .queries import storable
 from .schema import SPAN_COLUMNS
 
 SPAN_TYPES = ("text", "text", "text", "text", "text", "bigint", "bigint", "text", "text", "text", "text", "bytea",
@@ -63,21 +60,21 @@ def unnest(table: str, columns: tuple, types: tuple, rows: list[tuple], tail: st
 
 def write(cur, batch: Batch, writer: int) -> None:
     """In the caller's transaction. Spans and tool calls before the results that join them."""
-    spans = _last({row[:2]: _storable(row) + (_span_bytes(row),) for row in batch.spans})
-    traces = _last({row[0]: _storable(row) + (_trace_bytes(row),) for row in batch.traces})
+    spans = _last({row[:2]: row + (_span_bytes(row),) for row in batch.spans})
+    traces = _last({row[0]: row + (_trace_bytes(row),) for row in batch.traces})
     added = sum(row[-1] for row in spans) + sum(row[-1] for row in traces)
     replace = lambda columns: " DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in columns)  # noqa: E731
     if spans:
         copied(cur, "spans", (*SPAN_COLUMNS, "bytes"), SPAN_TYPES, spans, "trace_id, span_id",
                " ON CONFLICT (trace_id, span_id)" + replace((*SPAN_COLUMNS[2:], "bytes")))
-    calls = _last({row[0]: _storable(row) for row in batch.tool_calls})
+    calls = _last({row[0]: row for row in batch.tool_calls})
     if calls:
         cur.execute(*unnest("tool_calls", ("call_id", "trace_id", "span_id"), ("text",) * 3, calls,
                             " ON CONFLICT (call_id)" + replace(("trace_id", "span_id"))))
     if traces:
         copied(cur, "traces", (*TRACE_COLUMNS, "bytes"), TRACE_TYPES, traces, "trace_id",
                " ON CONFLICT (trace_id)" + replace((*TRACE_COLUMNS[1:], "bytes")))
-    texts = _last({(trace_id, part): (trace_id, part, storable(text[start:start + TEXT_PART]))
+    texts = _last({(trace_id, part): (trace_id, part, text[start:start + TEXT_PART])
                    for trace_id, text in batch.texts
                    for part, start in enumerate(range(0, len(text), TEXT_PART))})
     if texts:
@@ -107,7 +104,6 @@ def _merged_sessions(rows: list[tuple]) -> list[tuple]:
     """The batch's steps of each session as one row, as SQLite's upsert one at a time would leave it."""
     merged: dict[str, list] = {}
     for row in rows:
-        row = _storable(row)
         into = merged.get(row[0])
         if into is None:
             merged[row[0]] = list(row)
@@ -156,8 +152,3 @@ def _span_bytes(row: tuple) -> int:
 
 def _trace_bytes(row: tuple) -> int:
     return ROW_BYTES + len(row[-1] or "")  # the step summary; its searchable text is about as long again
-
-
-def _storable(row: tuple) -> tuple:
-    """PostgreSQL's text holds neither NUL nor a lone surrogate (a client may send either)."""
-    return tuple(storable(v) if type(v) is str else v for v in row)

@@ -286,3 +286,17 @@ def test_retention_between_batches_deletes_a_little_at_a_time(stores, monkeypatc
         left.append(sum(1 for t in store.list_traces()["data"] if t["start_time_unix_nano"] < old + 10))
     assert left == [3, 1, 0, 0]
     assert not store._retiring
+
+
+def test_text_no_store_can_hold_fails_no_batch(stores):
+    # A client's model name or conversation with a lone surrogate or NUL once failed the whole batch
+    # it was in (every request's spans in it), in SQLite; PostgreSQL's text holds neither either.
+    store = stores.make()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(store))
+    tracer = provider.get_tracer("test")
+    tracer.start_span("chat \ud800", attributes={"looptrace.endpoint": "chat", "gen_ai.request.model": "\ud800x",
+                                                  "gen_ai.conversation.id": "c\x00d"}).end()
+    (row,) = store.list_traces()["data"]
+    assert (row["model"], row["conversation"]) == ("\ufffdx", "c\ufffdd")
+    assert store.session("c\x00d")["steps"][0]["trace_id"] == row["trace_id"]  # looked for as it was stored
