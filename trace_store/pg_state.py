@@ -44,6 +44,7 @@ class PostgresState(StateStore):
             return self._once(statements, transaction)  # a connection the server dropped: once more, on another
 
     def _once(self, statements: list[tuple[str, tuple]], transaction: bool) -> list:
+        statements = self._storable(statements)
         try:
             with self._pool.connection(timeout=WAIT) as conn:
                 if not self._prepared:  # the tables, once, should this process reach the server before its writer

@@ -25,6 +25,8 @@ import zlib
 from array import array
 from pathlib import Path
 
+from .queries import storable
+
 MAX_CONVERSATIONS = 1024
 MAX_CALLS = 8192
 PRUNE_EVERY = 64  # conversations and calls are trimmed to their bound every this many writes
@@ -103,6 +105,12 @@ class StateStore:
 
     def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
         raise NotImplementedError
+
+    @staticmethod
+    def _storable(statements: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+        """Keys a client sent (a conversation id from a header, a tool call's id, a response id in a
+        path) as the store can hold them: one that could not be bound would fail the store for all."""
+        return [(sql, tuple(storable(a) if type(a) is str else a for a in args)) for sql, args in statements]
 
     def load(self, key: str) -> tuple[list[int] | None, list[int] | None, dict[str, Call]]:
         """A conversation's seen ids and last messages' digests, and its calls waiting for results."""
@@ -195,7 +203,7 @@ class SQLiteState(StateStore):
             conn = self._connection()
             conn.execute("BEGIN")
             try:
-                return [conn.execute(sql, args).fetchall() for sql, args in statements]
+                return [conn.execute(sql, args).fetchall() for sql, args in self._storable(statements)]
             finally:
                 conn.execute("COMMIT")
 
@@ -204,7 +212,7 @@ class SQLiteState(StateStore):
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
             try:
-                counts = [conn.execute(sql, args).rowcount for sql, args in statements]
+                counts = [conn.execute(sql, args).rowcount for sql, args in self._storable(statements)]
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise

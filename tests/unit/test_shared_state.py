@@ -74,6 +74,18 @@ def test_a_request_without_a_conversation_still_links_its_results(stores):
         b.close()
 
 
+def test_keys_a_client_sent_are_kept_as_text_the_store_holds(stores):
+    # A conversation id from a header (aiohttp keeps undecodable bytes as lone surrogates), a tool
+    # call's id from a message: one the store could not bind would fail it for every request.
+    state = stores.state(stores.setting())
+    try:
+        state.save("c\udcff\x00", seen=[1], digests=[2], expected={}, taken=["call\ud800"])
+        assert state.load("c\udcff\x00")[:2] == ([1], [2])
+        assert state.calls(["call\x00"]) == {} and state.get_response("resp_\ud800", "response") is None
+    finally:
+        state.close()
+
+
 def test_the_state_is_bounded_as_in_memory(stores, monkeypatch):
     monkeypatch.setattr(state_module, "MAX_CONVERSATIONS", 3)
     monkeypatch.setattr(state_module, "MAX_CALLS", 4)
