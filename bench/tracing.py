@@ -3,6 +3,7 @@
     python bench/tracing.py decode [MODEL] [--tokens 256] [--runs 5]
     python bench/tracing.py store [--seconds 10] [--tokens-per-trace 256] [--store S] [--tokens-as-json]
     python bench/tracing.py growth [--traces 200000] [--steps 20] [--tokens 32] [--runs 5] [--store S] [--tokens-as-json]
+                                   [--copies N]
     python bench/tracing.py state [--runs 200]
 
 --store picks the store: sqlite (a file of the bench's own) or postgresql (a fresh schema of the tests'
@@ -224,9 +225,10 @@ def fill_store(store, traces: int, steps: int, tokens: int) -> dict:
 
 
 def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, postgres_url: str | None,
-                 as_json: bool) -> dict:
-    """A store of TRACES requests, then: how fast a real `looptrace serve` lists and reads it, its
-    size per request and per token, and retention by size and by age on it."""
+                 as_json: bool, copies: int = 0) -> dict:
+    """A store of TRACES requests (times 1 + COPIES, the copies made by the database: BenchStore.multiply),
+    then: how fast a real `looptrace serve` lists and reads it, its size per request and per token, and
+    retention by size and by age on it."""
     import tiny_qwen3_5
     from _stores import BenchStore
     from server import Server
@@ -242,13 +244,21 @@ def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, pos
                   bytes_per_request=round(size / traces), bytes_per_token=round(size / (traces * tokens), 1),
                   token_event_bytes_per_token=round(bench.token_bytes() / (traces * tokens), 1),
                   tokens_per_request=tokens)
+    result["filled"] = traces
+    if copies:
+        result["copied_seconds"] = round(bench.multiply(copies, traces), 1)
+        traces *= 1 + copies
+        size = bench.size()
+        result.update(traces=traces, store_mb_copied=round(size / 2**20, 1))
     replay = folder / "steps.jsonl"
     replay.write_text(json.dumps({"text": "Ok.<|im_end|>"}) + "\n")
     server = Server(str(tiny_qwen3_5.qwen3_5_checkpoint()), "--backend", "replay", "--replay", str(replay),
                     "--trace-db", bench.setting, "--trace-max-mb", str(1 << 20), log_dir=folder)
     try:
         server.wait_ready()
-        result["ms"] = _timed_reads(server, traces, steps, runs)
+        # A conversation from the middle of the store (of the middle copy, when copied).
+        middle = f"c{result['filled'] // steps // 2}" + (f"-{copies // 2}" if copies else "")
+        result["ms"] = _timed_reads(server, middle, steps, runs)
     finally:
         server.stop()
     result["retention"] = _retention(bench, traces, steps, size, result.pop("now_ns"))
@@ -256,7 +266,7 @@ def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, pos
     return result
 
 
-def _timed_reads(server, traces: int, steps: int, runs: int) -> dict:
+def _timed_reads(server, middle: str, steps: int, runs: int) -> dict:
     """The viewer's and the trace API's reads, over HTTP, each timed RUNS times (interleaved)."""
     _, first = server.get("/v1/traces?limit=50")
     deep = first["next"]
@@ -265,7 +275,6 @@ def _timed_reads(server, traces: int, steps: int, runs: int) -> dict:
         if after is None:
             break
         deep = after
-    middle = f"c{traces // steps // 2}"
     one = first["data"][0]["trace_id"]
     paths = {"health (no store)": "/health", "traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
              "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
@@ -365,6 +374,8 @@ def main() -> None:
     growth.add_argument("--steps", type=int, default=20, help="requests per conversation")
     growth.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     growth.add_argument("--runs", type=int, default=5)
+    growth.add_argument("--copies", type=int, default=0,
+                        help="then copy the store's rows this many more times, by the database (1 M traces quickly)")
     state = commands.add_parser("state")
     state.add_argument("--runs", type=int, default=200)
     for command in (store, growth, state):
@@ -375,7 +386,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "growth":
         result = bench_growth(args.traces, args.steps, args.tokens, args.runs, args.store, args.postgres_url,
-                              args.tokens_as_json)
+                              args.tokens_as_json, args.copies)
         print(f"{args.store}: {result['traces']} traces, {result['store_mb']} MB ({result['bytes_per_request']} bytes "
               f"per request, {result['bytes_per_token']} per token, token events {result['token_event_bytes_per_token']} "
               f"per token), filled in {result['fill_seconds']} s")
