@@ -57,7 +57,7 @@ class QwenXmlCall(CallBuilder):
     """
 
     __slots__ = ("_pos", "_step", "_mark", "_scan", "_key_name", "_tools", "_keys", "_opened", "_slip", "_loose",
-                 "_loose_end", "_slipped", "_final", "name", "params")
+                 "_loose_end", "_unlisted", "_slipped", "_final", "name", "params")
 
     def __init__(self, opener: str, tools: dict[str, dict] | None = None) -> None:
         super().__init__(opener)
@@ -73,6 +73,9 @@ class QwenXmlCall(CallBuilder):
         self._slip: tuple[int, int, int] | None = None  # (value end, next position, call end or -1): a slip's end
         self._loose: tuple[int, int] | None = None  # (value end, call end): its close, then a call end with text after
         self._loose_end: tuple[int, int] | None = None  # the same without its close
+        # (value end, next position): its close, then `<parameter=NAME>` with a NAME the tool lacks. A
+        # parameter the model added, if nothing but that parameter's own end follows (a slip's end).
+        self._unlisted: tuple[int, int] | None = None
         self._slipped = False  # a value of this call ended at a slip: later slips are taken at once
         self._final = False  # the output has ended: nothing more will come
         self.name = ""
@@ -135,7 +138,7 @@ class QwenXmlCall(CallBuilder):
             self._key_name = key
             self._mark = self._scan = self._pos
             self._opened = []
-            self._slip = self._loose = self._loose_end = None
+            self._slip = self._loose = self._loose_end = self._unlisted = None
             self._step = self._value
         return status
 
@@ -184,6 +187,8 @@ class QwenXmlCall(CallBuilder):
                     return self._finish_value(i, to)
                 if status == _LOOSE:
                     self._loose = (i, to)
+                if status == BAD and to and self._unlisted is None:
+                    self._unlisted = (i, to)
             elif mark == _FUNC_END:  # the call's end with the value's close left out?
                 status, to = self._call_end(after)
                 if status == NEED:
@@ -203,6 +208,8 @@ class QwenXmlCall(CallBuilder):
             return self._finish_value(*self._loose)  # closed, though text follows the call
         if self._slip is not None:
             return self._take_slip()
+        if self._unlisted is not None:
+            return self._next_param(*self._unlisted)
         end = call_end or self._loose_end
         return self._finish_value(*end) if end is not None else NEED
 
@@ -211,6 +218,11 @@ class QwenXmlCall(CallBuilder):
         # that slips at every value (a model repeating itself) one linear scan.
         self._slipped = True
         value_end, pos, end = self._slip
+        unlisted = self._unlisted
+        if unlisted is not None and unlisted[0] < value_end:
+            # The close before a parameter the tool lacks ended the value: that parameter, opened at
+            # the value's level, is what ended at the slip (opencode's bash given a `description`).
+            return self._next_param(*unlisted)
         return self._next_param(value_end, pos) if end < 0 else self._finish_value(value_end, end)
 
     def _name_at(self, at: int) -> tuple[int, str]:
@@ -233,8 +245,8 @@ class QwenXmlCall(CallBuilder):
         if which == 1:
             return self._call_end(at)
         status, name = self._name_at(at)
-        if status == DONE:
-            return (_NEXT if self._keys is None or name in self._keys else BAD), after
+        if status == DONE:  # (BAD, where it starts) for a name the tool lacks: a parameter, or value text
+            return (_NEXT, after) if self._keys is None or name in self._keys else (BAD, after)
         return status, 0
 
     def _call_end(self, at: int) -> tuple[int, int]:

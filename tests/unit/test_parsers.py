@@ -140,6 +140,15 @@ def test_qwen_markup_inside_a_value_with_a_name_the_tool_lacks_is_value_text():
     check(qwen(), raw, [call(0, "write_file", {"path": "x.txt", "content": content}, raw)])
 
 
+def test_qwen_a_parameter_the_tool_lacks_is_a_parameter_not_the_value_before_it():
+    # Seen with opencode: Qwen3.5 gave its bash tool a `description` the schema does not have. Merged into
+    # `command`, the command ran with the description's words in it.
+    raw = write_call("<parameter=path>\nx.txt\n</parameter>\n<parameter=encoding>\nutf-8\n</parameter>\n")
+    check(qwen(), raw, [call(0, "write_file", {"path": "x.txt", "encoding": "utf-8"}, raw, "invalid_args")])
+    cut = write_call("<parameter=path>\nx.txt\n</parameter>\n<parameter=encoding>\nutf-8\n")  # its close left out
+    check(qwen(), cut, [call(0, "write_file", {"path": "x.txt", "encoding": "utf-8"}, cut, "invalid_args")])
+
+
 FIXTURE = ("def test_parse():\n    s = \"\"\"<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n"
            "</function>\n</tool_call>\"\"\"\n    assert parse(s)")
 
