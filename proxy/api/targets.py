@@ -47,7 +47,7 @@ async def score(request: web.Request) -> web.Response:
         scores = await runtime.backend.score(prompt, answer)
         pieces = runtime.vocab.pieces
         return web.json_response({
-            "object": "looptrace.score", "model": runtime.model_name, "trace_id": trace.trace_id,
+            "object": "score", "model": runtime.model_name, "trace_id": trace.trace_id,
             "backend": runtime.backend.name,
             # Each token's piece, so a caller can tell that the ids mean in this vocabulary what they meant in its own.
             "tokens": [{**s, "piece": pieces[s["id"]], "greedy_piece": pieces[s["greedy_id"]]} for s in scores],

@@ -66,7 +66,7 @@ class Recorder:
         self.lost = 0
         self.provider, self.processors = build_provider(store=store, otlp_endpoint=None, on_dropped=self._dropped,
                                                         service_name=CLIENT)
-        self.tracer = self.provider.get_tracer("looptrace.replay")
+        self.tracer = self.provider.get_tracer(CLIENT)
         self.version = version
 
     def _dropped(self, _sink: str, count: int) -> None:
