@@ -89,6 +89,6 @@ def body(kind: str, n: int, model: str) -> tuple[str, bytes]:
 
 def bodies(model: str) -> st.SearchStrategy:
     """(kind, n, path, body): a few items to far past every limit (16,384 messages, 4,096 tools, the
-    body's 524,288 JSON values), sizes drawn around each bound."""
-    sizes = st.sampled_from([1, 50, 4_096, 4_097, 16_384, 16_385, 65_537, 174_762, 174_763, 200_000, 600_000])
+    body's 262,144 JSON values), sizes drawn around each bound."""
+    sizes = st.sampled_from([1, 50, 4_096, 4_097, 16_384, 16_385, 65_537, 87_381, 87_382, 200_000, 600_000])
     return st.tuples(st.sampled_from(KINDS), sizes).map(lambda kn: (kn[0], kn[1], *body(kn[0], kn[1], model)))
