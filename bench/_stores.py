@@ -76,36 +76,39 @@ class BenchStore:
 
     def multiply(self, copies: int, span_seconds: int) -> float:
         """The store's traces, sessions, spans and texts copied COPIES more times by the database itself
-        (each copy a new trace id: the last four hex digits its number; its conversation, session and
-        times its own, moved SPAN_SECONDS further back per copy): a store of a million traces in
-        minutes, whose first tenth went through the store's own writer. Returns the seconds it took."""
+        (each copy a new random trace id; its conversation, session and times its own, moved
+        SPAN_SECONDS further back per copy): a store of a million traces in minutes, whose first tenth
+        went through the store's own writer. Returns the seconds it took."""
         import time as clock
 
-        new_id = {"sqlite": "substr({c}, 1, 28) || printf('%04x', k.k)",
-                  "postgresql": "substr({c}, 1, 28) || lpad(to_hex(k.k), 4, '0')"}[self.kind]
+        fresh = {"sqlite": "lower(hex(randomblob(16)))", "postgresql": "md5(random()::text || k.k || t.trace_id)"}
         series = {"sqlite": "(WITH RECURSIVE s(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM s WHERE k < {n}) "
                             "SELECT k FROM s)",
                   "postgresql": "(SELECT generate_series(1, {n}) AS k)"}[self.kind].format(n=copies)
-        shift = f"k.k * {span_seconds * 10**9}"  # a literal past 32 bits: the product is 64-bit
-        tid = new_id.format(c="trace_id")
+        shift = f"c.k * {span_seconds * 10**9}"  # a literal past 32 bits: the product is 64-bit
         counted = ", bytes" if self.kind == "postgresql" else ""  # what retention by size counts there
+        text_columns = "part, text" if self.kind == "postgresql" else "text"
         started = clock.perf_counter()
         statements = [
+            "CREATE TABLE bench_copies (old TEXT, k INTEGER, new TEXT)",
+            f"INSERT INTO bench_copies SELECT t.trace_id, k.k, {fresh[self.kind]} FROM "
+            f"(SELECT trace_id FROM traces UNION SELECT trace_id FROM spans) t, {series} k",
+            "CREATE INDEX bench_copies_old ON bench_copies (old)",
             f"""INSERT INTO traces (trace_id, start_ns, end_ns, endpoint, model, conversation, status, http_status,
                 input_tokens, output_tokens, session, client, client_version, error, finish_reason, fork_of, step{counted})
-                SELECT {tid}, start_ns - {shift}, end_ns - {shift}, endpoint, model, conversation || '-' || k.k, status,
-                http_status, input_tokens, output_tokens, session || '-' || k.k, client, client_version, error,
-                finish_reason, fork_of, step{counted} FROM traces, {series} k""",
+                SELECT c.new, start_ns - {shift}, end_ns - {shift}, endpoint, model, conversation || '-' || c.k, status,
+                http_status, input_tokens, output_tokens, session || '-' || c.k, client, client_version, error,
+                finish_reason, fork_of, step{counted} FROM traces JOIN bench_copies c ON c.old = traces.trace_id""",
             f"""INSERT INTO spans (trace_id, span_id, parent_id, name, kind, start_ns, end_ns, status, attributes, events,
-                links, tokens{counted}) SELECT {tid}, span_id, parent_id, name, kind, start_ns - {shift}, end_ns - {shift},
-                status, attributes, events, links, tokens{counted} FROM spans, {series} k""",
-            f"""INSERT INTO sessions SELECT key || '-' || k.k, conversation || '-' || k.k, model, client, client_version,
+                links, tokens{counted}) SELECT c.new, span_id, parent_id, name, kind, start_ns - {shift}, end_ns - {shift},
+                status, attributes, events, links, tokens{counted} FROM spans JOIN bench_copies c ON c.old = spans.trace_id""",
+            f"""INSERT INTO sessions SELECT key || '-' || c.k, conversation || '-' || c.k, model, client, client_version,
                 first_ns - {shift}, last_ns - {shift}, steps, input_tokens, output_tokens, tools_valid,
-                tools_invalid_args, tools_unknown_tool, tools_unparsed, errors, {new_id.format(c="last_trace_id")}
-                FROM sessions, {series} k""",
-            (f"INSERT INTO trace_text (trace_id, text) SELECT {tid}, text FROM trace_text, {series} k"
-             if self.kind == "sqlite" else
-             f"INSERT INTO trace_text (trace_id, part, text) SELECT {tid}, part, text FROM trace_text, {series} k"),
+                tools_invalid_args, tools_unknown_tool, tools_unparsed, errors, c.new
+                FROM sessions JOIN bench_copies c ON c.old = sessions.last_trace_id""",
+            f"INSERT INTO trace_text (trace_id, {text_columns}) SELECT c.new, {text_columns} FROM trace_text "
+            "JOIN bench_copies c ON c.old = trace_text.trace_id",
+            "DROP TABLE bench_copies",
         ]
         if self.kind == "postgresql":
             statements.append("INSERT INTO store_usage SELECT 1, (SELECT sum(bytes) * %d FROM store_usage) "
