@@ -111,11 +111,11 @@ def serve(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
-    """The tests' PostgreSQL database (support/postgres.py: Debian's cluster, started if stopped)."""
+    """The tests' PostgreSQL database, as tests/run.sh set it up (support/postgres.py; nothing started here)."""
     import postgres
 
     try:
-        return postgres.url()
+        return postgres.prepared_url()
     except postgres.Unavailable as exc:
         pytest.skip(str(exc))
 

@@ -27,8 +27,8 @@ def logs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def store_url(postgres_url, logs):
-    made = Stores("postgresql", logs, postgres_url)
+def store_url(logs):
+    made = Stores("postgresql", logs, postgres.url())  # the cluster started here if stopped
     yield made.setting()
     made.close()
 

@@ -6,7 +6,8 @@ fresh schema per store.
 Local connections are peer-authenticated (`runuser -u postgres -- psql`); the tests connect over
 127.0.0.1 with a password, as looptrace would to a server elsewhere. The password is made afresh
 each time the role is set up and written nowhere but the test cache (0600), never into the
-repository. `stop()` and `start()` stop and start the cluster itself (the outage tests).
+repository. The unit tests take `prepared_url()` (no process started); `url()` starts the cluster
+where it is stopped, and `stop()` and `start()` stop and start it (the integration outage test).
 """
 
 from __future__ import annotations
@@ -97,6 +98,18 @@ def url() -> str:
         secret.parent.mkdir(parents=True, exist_ok=True)
         secret.touch(mode=0o600)
         secret.write_text(password)
+    return _url(secret.read_text().strip())
+
+
+def prepared_url() -> str:
+    """The tests' database as tests/run.sh (this module, run as a script) left it: read from the test
+    cache and connected to, nothing started (the unit tests start no process)."""
+    secret = build_cache.cache_root() / "postgres-password"
+    if not secret.exists():
+        raise Unavailable("the tests' PostgreSQL is not set up: run tests/support/postgres.py (tests/run.sh does)")
+    if not _role_works(secret.read_text().strip()):
+        raise Unavailable("the tests' PostgreSQL does not answer on 127.0.0.1: run tests/support/postgres.py "
+                          "(tests/run.sh does), which starts it")
     return _url(secret.read_text().strip())
 
 
