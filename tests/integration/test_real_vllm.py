@@ -394,8 +394,8 @@ def test_vllms_speculation_shows_in_looptraces_metrics(fronts):
 class IdleClosingProxy:
     """A TCP relay to a vLLM server that closes a connection when a request arrives on it after it sat
     idle for `idle` seconds: what vLLM's HTTP server does when its keep-alive timeout (uvicorn's,
-    VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s) runs out as a client reuses the connection; a race here,
-    a certainty through this relay."""
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s) runs out as a client reuses the connection; a race there,
+    a certainty here. Its own connections to vLLM come and go unseen: one is opened for each request."""
 
     def __init__(self, target_port: int, idle: float = 0.5) -> None:
         self.target_port, self.idle = target_port, idle
@@ -416,30 +416,33 @@ class IdleClosingProxy:
         self.thread.join(10)
 
     async def _relay(self, reader, writer) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        last: float | None = None  # when bytes last went either way; None before the first request
+        last: list[float] = []  # when bytes last went either way; empty before the first request
+        upstream = answers = None
 
-        async def requests() -> None:
-            nonlocal last
-            while data := await reader.read(65536):
-                if last is not None and time.monotonic() - last >= self.idle:
-                    self.closed += 1
-                    break
-                last = time.monotonic()
-                upstream_writer.write(data)
-                await upstream_writer.drain()
-            writer.close()
-            upstream_writer.close()
-
-        async def answers() -> None:
-            nonlocal last
+        async def answer(upstream_reader) -> None:
             while data := await upstream_reader.read(65536):
-                last = time.monotonic()
+                last[:] = [time.monotonic()]
                 writer.write(data)
                 await writer.drain()
-            writer.close()
 
-        await asyncio.gather(requests(), answers(), return_exceptions=True)
+        try:
+            while data := await reader.read(65536):
+                if last and time.monotonic() - last[0] >= self.idle:
+                    self.closed += 1
+                    break
+                last[:] = [time.monotonic()]
+                if upstream is None or answers.done():
+                    upstream_reader, upstream = await asyncio.open_connection("127.0.0.1", self.target_port)
+                    answers = asyncio.ensure_future(answer(upstream_reader))
+                upstream.write(data)
+                await upstream.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            if upstream is not None:
+                upstream.close()
+                answers.cancel()
 
 
 def test_an_idle_connection_vllm_closed_is_no_failure(serve, scale_out):
