@@ -279,7 +279,8 @@ def _timed_reads(server, middle: str, steps: int, runs: int) -> dict:
     paths = {"health (no store)": "/health", "traces_first_page": "/v1/traces?limit=50", "traces_page_41": f"/v1/traces?limit=50&before={deep}",
              "conversation_traces": f"/v1/traces?conversation={middle}&limit=1000",
              "sessions_first_page": "/v1/sessions?limit=50", "session_steps": f"/v1/sessions/{middle}",
-             "session_search": "/v1/sessions?limit=50&q=fix%20the%20parser",
+             "session_search_rare": "/v1/sessions?limit=50&q=step%204321",  # one step's words (and its copies')
+             "session_search_common": "/v1/sessions?limit=50&q=fix%20the%20parser",  # every step's words
              "one_trace": f"/v1/traces/{one}", "one_trace_tokens": f"/v1/traces/{one}/tokens",
              "model_filter": "/v1/traces?model=m&limit=50"}
     timings: dict[str, list[float]] = {}

@@ -101,9 +101,12 @@ def pool(url: str, *, name: str, size: int, statement_timeout_ms: int, checked: 
 
 class PostgresQueries(TraceQueries):
     SPAN_ORDER = "seq"
-    TEXT_MATCH = ("(strpos(lower(coalesce(conversation, key)), lower(?)) > 0 OR key IN ("
-                  "SELECT t.session FROM trace_text x JOIN traces t ON t.trace_id = x.trace_id "
-                  "WHERE x.words @@ phraseto_tsquery('simple', ?)))")
+    # EXISTS, not IN: the planner then picks per query between probing each session newest first
+    # (words every step has: the first page at once) and hashing the few matches (rare words). At a
+    # million traces, IN for words every step had ran past the 10 s statement timeout; this, 6 ms.
+    TEXT_MATCH = ("(strpos(lower(coalesce(conversation, key)), lower(?)) > 0 OR EXISTS ("
+                  "SELECT 1 FROM traces t JOIN trace_text x ON x.trace_id = t.trace_id "
+                  "WHERE t.session = sessions.key AND x.words @@ phraseto_tsquery('simple', ?)))")
 
     def __init__(self, url: str) -> None:
         self.url = url
