@@ -76,7 +76,6 @@ def test_generate_parses_the_calls_of_an_answer_that_starts_inside_one(local_app
     ("/v1/score", {"prompt_ids": [1, 2], "answer_ids": [3, 10**9]}, 400, "answer_ids[1]"),
     ("/v1/score", {"prompt_ids": [1, "2"], "answer_ids": [3]}, 400, "prompt_ids[1]"),
     ("/v1/score", {"prompt_ids": [1, 2], "answer_ids": [3], "model": "other"}, 404, "model"),
-    ("/v1/score", {"prompt_ids": [1] * 300_000, "answer_ids": [3]}, 400, "answer_ids"),
     ("/v1/generate", {"prompt_ids": []}, 400, "prompt_ids"),
     ("/v1/generate", {"prompt_ids": [1, 2], "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/generate", {"prompt_ids": [1, 2], "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
@@ -85,6 +84,37 @@ def test_what_cannot_be_done_is_refused_in_the_apis_shape(local_app, path, body,
     got, error = local_app.call("POST", path, body)
     assert got == status, error
     assert error["error"]["param"] == param and error["error"]["message"]
+
+
+SHORT = 64
+
+
+@pytest.fixture(scope="module")
+def short_app(qwen3_5_dir):
+    """The tiny Qwen3.5 with a context of SHORT tokens: a score past it fits in a body (its own context,
+    262,144 tokens, is as many ids as a body may hold values, so no body could go past it)."""
+    from looptrace.proxy.settings import Settings
+
+    from app_thread import AppThread
+
+    app = AppThread(Settings(model=str(qwen3_5_dir), served_model_name="tiny-qwen", max_model_len=SHORT,
+                             trace_db="off")).start()
+    yield app
+    app.stop()
+
+
+def test_a_prompt_and_answer_past_the_context_are_refused(short_app):
+    # The last answer token is read, never fed: prompt + answer - 1 rows must fit.
+    status, scored = short_app.call("POST", "/v1/score", {"prompt_ids": [1] * 60, "answer_ids": [3] * 5})
+    assert status == 200 and len(scored["tokens"]) == 5, scored
+    status, error = short_app.call("POST", "/v1/score", {"prompt_ids": [1] * 60, "answer_ids": [3] * 6})
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded", error
+    assert error["error"]["param"] == "answer_ids" and f"context of {SHORT}" in error["error"]["message"]
+
+
+def test_ids_past_what_a_body_may_hold_are_refused_before_it_is_parsed(local_app):
+    status, error = local_app.call("POST", "/v1/score", {"prompt_ids": [1] * 300_000, "answer_ids": [3]})
+    assert (status, error["error"]["code"], error["error"]["param"]) == (400, "too_many_items", None), error
 
 
 def test_the_replay_backend_has_no_model_to_score_with(replay_app):
