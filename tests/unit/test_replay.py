@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import junitparser
 import pytest
@@ -114,7 +115,10 @@ def recorded_session(local_app):
         assert status == 200, answer
         messages += [{"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
                      {"role": "user", "content": "Again."}]
-    session = local_app.stored("/v1/sessions/replay-unit")
+    # The store writes a step a moment after its answer: wait for the second, as stored() does for a trace.
+    deadline = time.monotonic() + 10
+    while len((session := local_app.stored("/v1/sessions/replay-unit"))["steps"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(session["steps"]) == 2
     return session
 
