@@ -2,7 +2,7 @@
 
 No I/O here. Field names are vLLM's own (vllm 0.33: `CompletionRequest`, `SamplingParams`,
 `GenerateRequest`, `CompletionStreamResponse`, `GenerateTokensStreamResponse`);
-tests/test_vllm_protocol.py checks them against the models in the vllm wheel, because vLLM's
+tests/integration/test_vllm_protocol.py checks them against the models in the vllm wheel, because vLLM's
 OpenAI models accept unknown fields silently: a misspelt name would simply do nothing.
 
 A token read from a chunk is a tuple `(id, logprob, rank, top_ids, top_logprobs)`; rank is None
