@@ -77,6 +77,9 @@ class Runtime:
     def _load_sync(self) -> Backend:
         settings, loader = self.settings, self._loader
         source = loader.checkpoint_source()
+        if source.endswith(".gguf") and model_runtime.kept_out():
+            model_runtime.let_in(f"{source} is a GGUF file, whose config and tokenizer transformers reads with "
+                                 "torch code (a checkpoint folder or --tokenizer DIR keeps torch out)")
         checkpoint = ckpt.read_config(source, settings.revision)
         family_cls = family_for_config(checkpoint.config)  # refuses an unsupported family before any weights move
         log.info("%s: %s family; fetching the checkpoint", source, family_cls.name)

@@ -484,7 +484,9 @@ def test_a_model_the_server_does_not_serve_is_refused(fresh, logs, qwen3_5_dir):
 def test_an_unreachable_server_is_reported_and_retried(qwen3_5_dir, logs):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = Server("--backend", "vllm", "--vllm-url", url, "--vllm-timeout", str(TIMEOUT), log_dir=logs)
+    # A generous --vllm-timeout: this test is about retrying, and a freshly started double's first answer
+    # can take seconds on a loaded machine (a 504 at 1.5 s failed it in CI).
+    server = Server("--backend", "vllm", "--vllm-url", url, "--vllm-timeout", "30", log_dir=logs)
     late = None
     try:
         refused = f"cannot reach the vLLM server at {url}: connection refused; retrying every 5 s"
