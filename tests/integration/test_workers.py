@@ -174,7 +174,10 @@ def test_a_killed_worker_is_restarted_and_its_counts_are_kept(fleet):
     answered = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (answered < 20 or ready_count(server.log(), 1) <= readies):
-        status, events = ask(server)  # the other worker answers; the new one once it has loaded
+        try:
+            status, events = ask(server)  # the other worker answers; the new one once it has loaded
+        except OSError as exc:  # a reset, say: what the supervisor and workers logged around it
+            raise AssertionError(f"request {answered} after the kill failed: {exc!r}\n{server.log()[-6000:]}") from exc
         assert status == 200 and events[-1] == "[DONE]"
         answered += 1
     log = server.log()
