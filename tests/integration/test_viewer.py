@@ -336,7 +336,7 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
 
     from PIL import Image
 
-    from test_media import mp4
+    from tiny_media import mp4
     from tiny_media import with_images
 
     replay = tmp_path / "steps.jsonl"
