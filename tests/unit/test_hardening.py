@@ -393,8 +393,16 @@ def test_typed_text_never_becomes_a_control_token_in_any_family(request, checkpo
                                          (" ".join(f"w{i}" for i in range(40)), "words")])
 def test_a_search_is_bounded_and_a_nul_is_a_400(replay_app, q, why):
     # A 60 KB phrase took 4.5–16.8 s and stalled the server; a NUL answered 503 "trace store unreadable".
+    # A session is stored first, so the search reaches the full-text index (an empty store answers none).
+    replay_app.replay("Ok.<|im_end|>")
+    status, _ = replay_app.call("POST", "/v1/chat/completions", {"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "abc searchable words"}]}, {"session_id": "hardening-search"})
+    assert status == 200
+    replay_app.stored("/v1/sessions/hardening-search")
     status, error = replay_app.call("GET", "/v1/sessions?" + urllib.parse.urlencode({"q": q}))
     assert status == 400 and error["error"]["param"] == "q" and why in error["error"]["message"], error
+    status, found = replay_app.call("GET", "/v1/sessions?q=searchable")
+    assert status == 200 and "hardening-search" in [s["key"] for s in found["data"]], found
 
 
 def test_serving_never_waits_for_the_viewers_reads(replay_app, monkeypatch):
