@@ -22,8 +22,7 @@ async def score_on(up: Upstream, prompt_ids: list[int], answer_ids: list[int]) -
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=up.timeout, sock_read=up.timeout)
     up.running += 1
     try:
-        async with up.session.post(up.url + protocol.COMPLETIONS, data=data, headers=headers,
-                                   timeout=timeout) as response:
+        async with await up.send(protocol.COMPLETIONS, data, headers, timeout) as response:
             text = await response.text()
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:

@@ -33,7 +33,7 @@ async def post(up: Upstream, request: DecodeRequest, max_tokens: int) -> aiohttp
     try:
         # sock_read bounds each wait for data, whichever task drives the stream (the Responses adapter
         # reads its first event in a task of its own), and stops counting while the consumer is slow.
-        response = await up.session.post(up.url + up.route, data=data, headers=headers, timeout=up.stream_timeout)
+        response = await up.send(up.route, data, headers, up.stream_timeout)
     except aiohttp.ClientConnectionError as exc:
         if isinstance(exc, aiohttp.SocketTimeoutError):
             raise  # it answered the connection, then nothing: a timeout
@@ -162,6 +162,11 @@ async def _refusal(up: Upstream, response: aiohttp.ClientResponse) -> BackendErr
 
 def _upstream_error(url: str, chunk: dict, count: int) -> BackendError:
     message = protocol.error_message(chunk, json.dumps(chunk))
+    code = (chunk.get("error") or {}).get("code") if isinstance(chunk.get("error"), dict) else None
+    if count == 0 and isinstance(code, int) and 400 <= code < 500:
+        # vLLM's engine checks a request after the 200 (a prompt past the context on the generate route, an id
+        # out of the vocabulary): the same refusal as an HTTP 4xx, so the client hears it as its own error.
+        return BackendError(message, status=code, code="upstream_rejected")
     return BackendError(f"the vLLM server at {url} failed after {_tokens(count)}: {message}", status=502,
                         code="upstream_error")
 

@@ -21,6 +21,11 @@ from . import vllm_protocol as protocol
 
 log = logging.getLogger("looptrace")
 
+# vLLM's HTTP server (uvicorn) closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): ours are
+# dropped sooner, so a request seldom goes out on one it is closing.
+KEEPALIVE_SECONDS = 4.0
+RESENDS = 2  # a request sent again when the connection it went on closed unanswered (below, Upstream.send)
+
 
 class Unreachable(Exception):
     """The server did not answer at all (refused, unknown host, no answer in time)."""
@@ -58,9 +63,27 @@ class Upstream:
             # No total limit: a stream lasts as long as the generation; waits are bounded per read.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
-                connector=aiohttp.TCPConnector(limit=0), json_serialize=json.dumps,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+                json_serialize=json.dumps,
             )
         return self._session
+
+    async def send(self, path: str, data: bytes, headers: dict,
+                   timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """POST, answered with the response's headers. A pooled connection the server closed as the request
+        went out (its keep-alive ran out at that moment: "Server disconnected", a reset) is a request the
+        server never read, so it goes again on another connection, as aiohttp does for a GET; a connection
+        that cannot be made is not retried here."""
+        resends = 0
+        while True:
+            try:
+                return await self.session.post(self.url + path, data=data, headers=headers, timeout=timeout)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError) or resends == RESENDS:
+                    raise
+                resends += 1
+                log.debug("the vLLM server at %s closed the connection unanswered (%s); sending again", self.url,
+                          describe(exc))
 
     # -- connecting --
 
