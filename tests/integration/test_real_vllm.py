@@ -411,9 +411,17 @@ class IdleClosingProxy:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def shut() -> None:  # relays still open (looptrace's idle connections) end here, not in the GC
+            self.server.close()
+            relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
     async def _relay(self, reader, writer) -> None:
         last: list[float] = []  # when bytes last went either way; empty before the first request

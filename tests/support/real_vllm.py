@@ -203,7 +203,7 @@ class VLLMServer(Service):
     name = "vLLM"
 
     def __init__(self, model: Path | str, *args: str, log_path: Path, served_model_name: str = "smollm2",
-                 max_model_len: int = 2048, kv_cache_gib: int = 1, eager: bool = True,
+                 max_model_len: int = 2048, kv_cache_gib: int = 1, eager: bool = True, dtype: str = "float32",
                  env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.model = str(model)
@@ -212,6 +212,9 @@ class VLLMServer(Service):
         command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                    "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
                    "--max-model-len", str(max_model_len),
+                   # vLLM on CPU computes in bfloat16 unless told, whatever the checkpoint holds: ties in the top
+                   # five, and answers that part from the double's (transformers, float32) on close calls
+                   "--dtype", dtype,
                    "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
                    *(["--enforce-eager"] if eager else []), *args]
         cache = compile_cache()
