@@ -1,5 +1,5 @@
 """A prompt that is token ids already run on the backend serving now and collected whole: what a
-fork (viewer/fork.py: a stored trace's prompt and the tokens before the fork) and POST /v1/decode
+fork (viewer/fork.py: a stored trace's prompt and the tokens before the fork) and POST /v1/generate
 (targets.py: a prompt a replay sends) share. No rendering: the ids go to the model as they are."""
 
 from __future__ import annotations
