@@ -144,9 +144,10 @@ class RequestMetrics(Observer):
         if rate:
             self.metrics.decode_rate.labels(self.model).observe(rate, self._exemplar)
         if done.get("drafted"):
-            self.metrics.spec_draft_tokens.labels(self.model).inc(done["drafted"])
-            self.metrics.spec_accepted_tokens.labels(self.model).inc(done["accepted"])
-            self.metrics.spec_drafts.labels(self.model).inc(done["drafts"])
+            method = done.get("draft_method") or "unknown"
+            self.metrics.spec_draft_tokens.labels(self.model, method).inc(done["drafted"])
+            self.metrics.spec_accepted_tokens.labels(self.model, method).inc(done["accepted"])
+            self.metrics.spec_drafts.labels(self.model, method).inc(done["drafts"])
         self._flush_tokens()
 
     # -- the request's end --
