@@ -4,7 +4,7 @@ the same checkpoint, directly (its `prompt_logprobs`) and through a looptrace in
 (--backend vllm: the backend's own score), which must read the same numbers.
 
 Two implementations of one model on one CPU agree on the greedy choices but not to the last bit: the
-logprobs are compared within what they differ by (measured here, see README), not to 1e-4."""
+logprobs differed by 4.4e-5 at most here (48 tokens in two steps), and are held to 1e-3."""
 
 from __future__ import annotations
 
@@ -65,5 +65,5 @@ def test_forced_against_vllm_agrees_directly_and_through_a_looptrace_in_front(vl
     # Greedy answers decoded here, read by vLLM: the same greedy choices, logprobs within float32 noise
     # of two implementations.
     assert direct["agreement"] == 1.0, direct["first_divergence"]
-    assert all(s["max_logprob_difference"] < 1e-2 for s in direct["steps"]), [s["max_logprob_difference"]
+    assert all(s["max_logprob_difference"] < 1e-3 for s in direct["steps"]), [s["max_logprob_difference"]
                                                                               for s in direct["steps"]]
