@@ -257,7 +257,7 @@ def bench_growth(traces: int, steps: int, tokens: int, runs: int, kind: str, pos
     try:
         server.wait_ready()
         # A conversation from the middle of the store (of the middle copy, when copied).
-        middle = f"c{result['filled'] // steps // 2}" + (f"-{copies // 2}" if copies else "")
+        middle = f"c{result['filled'] // steps // 2}" + (f"-{max(1, copies // 2)}" if copies else "")
         result["ms"] = _timed_reads(server, middle, steps, runs)
     finally:
         server.stop()
