@@ -6,7 +6,8 @@ never asks which backend produced them. Once yielded, an event is a fact: nobody
     prefill  the prompt was read: prompt and cached tokens, seconds until the first token
     token    one generated token: its id, piece, text, whether special, and the model's own view of
              it (p, logprob, rank, the five most likely tokens, at T = 1 whatever the sampling);
-             with speculative decoding, whether it was drafted and the draft accepted
+             with speculative decoding, whether it was drafted (and by which method) and the draft
+             accepted
     done     the generation ended: why, how many tokens, decode speed, cached prompt tokens,
              speculative decoding counts
     upstream (backends that forward, vLLM) the server an attempt goes to, before its tokens; a
@@ -53,6 +54,7 @@ class TokenEvent(TypedDict):
     # held a drafted token, and 1 when the draft stood (the token is the draft).
     drafted: int
     accepted: int
+    draft_method: str  # which method drafted it (speculative_config.METHODS), "" where nothing was drafted
 
 
 class DoneEvent(TypedDict):
@@ -66,6 +68,7 @@ class DoneEvent(TypedDict):
     drafts: int  # speculative decoding: proposals, tokens proposed, tokens accepted
     drafted: int
     accepted: int
+    draft_method: str  # the method that drafted them ("" without speculative decoding)
 
 
 class UpstreamEvent(TypedDict):
@@ -93,19 +96,20 @@ def prefill_event(prompt_tokens: int, cached_tokens: int | None, seconds: float,
 
 
 def token_event(index: int, token_id: int, piece: str, text: str, special: bool, logprob: float, rank: int | None,
-                top_ids: list[int], top_logprobs: list[float], drafted: int = 0, accepted: int = 0) -> TokenEvent:
+                top_ids: list[int], top_logprobs: list[float], drafted: int = 0, accepted: int = 0,
+                draft_method: str = "") -> TokenEvent:
     return {"type": "token", "index": index, "id": token_id, "piece": piece, "text": text, "special": special,
             "logprob": logprob, "p": math.exp(logprob), "rank": rank, "top_ids": top_ids,
-            "top_logprobs": top_logprobs, "drafted": drafted, "accepted": accepted}
+            "top_logprobs": top_logprobs, "drafted": drafted, "accepted": accepted, "draft_method": draft_method}
 
 
 def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int, cache_write_tokens: int = 0,
-               drafts: int = 0, drafted: int = 0, accepted: int = 0) -> DoneEvent:
+               drafts: int = 0, drafted: int = 0, accepted: int = 0, draft_method: str = "") -> DoneEvent:
     # The first token comes out of prefill, so the decode rate counts the ones after it.
     rate = (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
     return {"type": "done", "finish_reason": finish_reason, "tokens": tokens, "seconds": seconds,
             "tokens_per_second": rate, "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
-            "drafts": drafts, "drafted": drafted, "accepted": accepted}
+            "drafts": drafts, "drafted": drafted, "accepted": accepted, "draft_method": draft_method}
 
 
 def upstream_event(server: str, address: str, port: int, route: str, *, moved_from: str | None = None,

@@ -7,6 +7,7 @@ code; requests wait in a FIFO queue, and past its bound they are refused with a 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +23,8 @@ from .prefix_cache import MAX_BYTES, PrefixCache
 from .sampling import Choice, Penalties, generator_for, next_token
 from .scoring import score_transformers
 from .speculative import Drafting
-from .speculative_config import SpeculativeConfig
+from .speculative_config import SUFFIX_MAX_TOKENS, SpeculativeConfig
+from .suffix import SuffixCache
 from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
@@ -73,8 +75,11 @@ class LocalBackend(OnDecodeThread):
 
     def __init__(self, model, vocab: Vocabulary, *, max_queue: int = 64, graph_max_length: int = 0,
                  prefix_cache_tokens: int = 0, prefix_cache_bytes: int = MAX_BYTES,
-                 speculative: SpeculativeConfig | None = None, drafter=None) -> None:
+                 speculative: SpeculativeConfig | None = None, drafter=None, mtp=None) -> None:
         """`model`: a loaded model, or a function that loads one, which then runs on the decode thread.
+        `drafter` (draft_model) likewise; `mtp` (method mtp): the checkpoint's own drafter
+        (mtp_qwen3_5.Qwen3_5Drafting, mtp_gemma4.AssistantDrafting), or a function of the loaded
+        model that loads it.
 
         Every use of the model stays on that one thread. PyTorch's CPU thread pool (OpenMP) belongs to
         the thread that uses it: a model loaded on one thread and run on another makes two pools
@@ -87,6 +92,16 @@ class LocalBackend(OnDecodeThread):
         self.model = model if isinstance(model, torch.nn.Module) else self.call(model)
         # speculative draft_model: the smaller model that drafts, loaded on the same thread
         self.drafter = drafter if drafter is None or isinstance(drafter, torch.nn.Module) else self.call(drafter)
+        self.mtp = self.call(partial(mtp, self.model)) if callable(mtp) else mtp
+        if self.mtp is not None and speculative.num_speculative_tokens is None:  # the checkpoint's own count
+            self.speculative = dataclasses.replace(speculative, num_speculative_tokens=self.mtp.tokens)
+        # suffix: earlier requests' prompts and answers, kept for later ones to draft from
+        self.suffix = None
+        if speculative is not None and speculative.method == "suffix":
+            self.suffix = SuffixCache(speculative.suffix_decoding_max_cached_requests, SUFFIX_MAX_TOKENS,
+                                      speculative.suffix_decoding_max_tree_depth,
+                                      speculative.suffix_decoding_max_spec_factor,
+                                      speculative.suffix_decoding_min_token_prob)
         self.device = next(self.model.parameters()).device
         # On a GPU the decode step replays a captured CUDA graph (cuda_graph.py); elsewhere, plain calls.
         self.graphs = None
@@ -116,6 +131,8 @@ class LocalBackend(OnDecodeThread):
             details["prefix_cache"] = self.prefix_cache_stats()
         if self.speculative is not None:  # as configured: the counts are in the traces and metrics
             details["speculative"] = self.speculative.described()
+            if self.suffix is not None:  # suffix decoding's sequences kept
+                details["drafting"] = {"kept": self.suffix.stats()}
         if self.graphs is not None:
             # A captured graph prefills whole prompts: the prefix cache and speculation are not used on it.
             details["cuda_graph"] = {"max_length": self.graphs.max_length, "prefix_cache": False}
@@ -142,22 +159,47 @@ class LocalBackend(OnDecodeThread):
         # A captured graph decodes one token a step: speculative decoding, when on, runs without it.
         graphed = self.graphs.for_length(len(request.prompt_ids) + request.max_tokens) \
             if self.graphs and request.media is None and self.speculative is None else None
-        if graphed is not None:
-            cached = written = 0
-            logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
-            step = graphed.decode_one_token
-        else:
-            media = on_device(request.media, model) if request.media is not None else None
-            cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at, media,
-                                                           request.media_key)
-            step = partial(decode_one_token, model, cache=cache)
+        # Made before prefill: an MTP drafter reads the model's hidden states from it on.
+        proposer = self._proposer(request, generator) if self.speculative is not None and graphed is None else None
+        try:
+            if graphed is not None:
+                cached = written = 0
+                logits = graphed.prefill(torch.tensor([request.prompt_ids], device=self.device))
+                step = graphed.decode_one_token
+            else:
+                media = on_device(request.media, model) if request.media is not None else None
+                cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at, media,
+                                                               request.media_key)
+                step = partial(decode_one_token, model, cache=cache)
+            if hasattr(proposer, "prefilled"):
+                proposer.prefilled(cached)
+            self._generate(request, emit, logits, step, cache if graphed is None else None, generator, proposer,
+                           started, cached, written)
+        finally:
+            if proposer is not None and hasattr(proposer, "finish"):
+                proposer.finish()
+
+    def _proposer(self, request: DecodeRequest, generator):
+        """What drafts for this request, where the method needs more than the prompt (None: prompt
+        lookup, or the draft model, which Drafting makes itself)."""
+        if self.suffix is not None:
+            return self.suffix.begin(request.prompt_ids, request.conversation)
+        if self.mtp is not None:
+            return self.mtp.drafter(self.model, request.prompt_ids, request.sampling, generator)
+        return None
+
+    def _generate(self, request: DecodeRequest, emit: Emit, logits, step, cache, generator, proposer, started: float,
+                  cached: int, written: int) -> None:
+        """After prefill: the first token, then the decode loop (token_loop.run_tokens)."""
+        sampling = request.sampling
         penalties = Penalties(sampling, logits) if sampling.penalised else None
         choice = next_token(logits, sampling, generator, penalties)
         if penalties is not None:  # the penalties count every token chosen, drafted ones as they are verified
             penalties.add(choice.token_id)
         emit(prefill_event(len(request.prompt_ids), cached, time.perf_counter() - started))
-        drafting = Drafting(self.speculative, model, cache, request.prompt_ids, sampling, generator, penalties,
-                            self.device, self.drafter) if self.speculative is not None and graphed is None else None
+        drafting = Drafting(self.speculative, self.model, cache, request.prompt_ids, sampling, generator, penalties,
+                            self.device, self.drafter, proposer) \
+            if self.speculative is not None and cache is not None else None
 
         def choose_after(token_id: int) -> Choice:
             logits = step(token_id)
@@ -168,7 +210,7 @@ class LocalBackend(OnDecodeThread):
                 penalties.add(choice.token_id)
             return choice
 
-        run_tokens(request, vocab, emit, choice, choose_after, drafting=drafting, cached=cached, written=written)
+        run_tokens(request, self.vocab, emit, choice, choose_after, drafting=drafting, cached=cached, written=written)
 
     def _prefill(self, prompt_ids: list[int], keep_at: int | None, media: dict | None = None,
                  media_key: tuple = ()) -> tuple[int, int, torch.Tensor, object]:

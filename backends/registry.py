@@ -84,7 +84,9 @@ PREFIX_CACHE_MB = Option("prefix_cache_mb", ("--prefix-cache-mb",), {
 SPECULATIVE = Option("speculative_config", ("--speculative-config",), {
     "metavar": "JSON",
     "help": "speculative decoding, as vLLM's flag: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
-            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (prompt lookup, any model); off by default"},
+            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (prompt lookup, any model); '{\"method\": "
+            "\"suffix\"}' (suffix decoding over this and earlier requests); '{\"method\": \"mtp\"}' (the "
+            "checkpoint's own drafter); off by default"},
     elsewhere=" (a vLLM server takes its own --speculative-config)")
 TOKENIZER = Option("tokenizer", ("--tokenizer",), {
     "metavar": "PATH",
@@ -108,7 +110,7 @@ def _speculation(settings, methods: tuple[str, ...]) -> str | None:
 def _check_llama_cpp(settings) -> str | None:
     if settings.threads is not None and settings.threads < 1:
         return "--threads must be at least 1"
-    return _speculation(settings, ("ngram",))
+    return _speculation(settings, ("ngram", "suffix"))
 
 
 def _check_vllm(settings) -> str | None:
@@ -140,7 +142,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                 "action": "store_true",
                 "help": "on a GPU, decode with plain calls instead of replaying a captured CUDA graph"}),
             MAX_QUEUE, PREFIX_CACHE_TOKENS, PREFIX_CACHE_MB, SPECULATIVE),
-        check=lambda settings: _speculation(settings, ("ngram", "draft_model")),
+        check=lambda settings: _speculation(settings, ("ngram", "suffix", "draft_model", "mtp")),
     ),
     BackendEntry(
         "llama.cpp", "decode a .gguf here with llama.cpp (the default for a .gguf when looptrace[llama-cpp] is "

@@ -1,13 +1,18 @@
 """Speculative decoding for the local backend: drafts proposed cheaply, checked by the model in one
-forward pass, the cache cut back to what was accepted. (The llama.cpp backend drafts with PromptLookup
-and Backoff and accepts with `judge` too, cutting llama.cpp's KV cache itself.)
+forward pass, the cache cut back to what was accepted. (The llama.cpp backend drafts with the same
+proposers and accepts with `judge` too, cutting llama.cpp's KV cache itself.)
 
-`--speculative-config` is shaped as vLLM's flag. Two ways to draft:
-  ngram        prompt lookup: the tokens that followed the latest earlier occurrence of the output's
-               last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in the prompt or
-               the output so far. Any model; agents mostly write back what they have read.
+`--speculative-config` is shaped as vLLM's flag (speculative_config.py). Four ways to draft:
+  ngram        prompt lookup (PromptLookup): the tokens that followed the latest earlier occurrence
+               of the output's last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in
+               the prompt or the output so far. Any model; agents mostly write back what they read.
+  suffix       suffix decoding (suffix.py): the continuation that most often followed the longest
+               matching suffix, in this request and the ones before it, as long as it is likely.
   draft_model  a smaller checkpoint with the same tokenizer drafts greedily (or by sampling, when the
-               request samples), with a cache of its own.
+               request samples), with a cache of its own (DraftModel).
+  mtp          the checkpoint's own multi-token prediction: Qwen3.5's MTP layer (mtp_qwen3_5.py), a
+               Gemma 4 assistant reading the model's keys and values (mtp_gemma4.py); both are fed
+               the model's last hidden state, taken from its forward passes (taps.py).
 The target verifies with sampling.verified_token: greedy keeps the longest agreeing prefix and then
 its own token; sampling accepts a draft with probability min(1, p/q), else draws from the residual,
 so the output is distributed exactly as plain decoding's.
@@ -18,7 +23,7 @@ Gated DeltaNet) cannot be cut, so their recurrent and convolution state is copie
 and, when a draft is rejected, put back and the accepted tokens run again.
 
 Drafting never costs much for long: a step whose drafts are all rejected pauses drafting for 1, 2,
-4 … 64 steps, and the draft length follows what was accepted (Backoff).
+4 … 64 steps (Backoff).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .sampling import next_token, probabilities, verified_token
 from .speculative_config import SpeculativeConfig
 
 __all__ = ["Backoff", "Drafting", "PromptLookup", "Rollback", "SpeculativeConfig", "judge"]
+
 
 class PromptLookup:
     """Drafts for prompt lookup: the tokens that followed the latest earlier occurrence of the last n
@@ -163,17 +169,24 @@ def verify_pass(model, tokens: list[int], cache, device) -> torch.Tensor:
 
 class Drafting:
     """One request's speculative decoding: proposes drafts after each token, verifies them, and keeps
-    the counts the `done` event reports. Runs on the decode thread, with the request's cache."""
+    the counts the `done` event reports. Runs on the decode thread, with the request's cache.
+    `proposer`: what drafts (suffix decoding, an MTP drafter); else prompt lookup, or `drafter`, a
+    draft model. Its `propose(count)` and `append(token)` are all it must have; `probs` (the
+    drafter's distribution of each draft), `verified(accepted)` and `tap` are read when it has them
+    (its `finish()` is the backend's to call, when the request ends however it ends)."""
 
     def __init__(self, config: SpeculativeConfig, model, cache, prompt_ids: list[int], sampling, generator,
-                 penalties, device, drafter=None) -> None:
+                 penalties, device, drafter=None, proposer=None) -> None:
         self.model, self.cache, self.device = model, cache, device
         self.sampling, self.generator, self.penalties = sampling, generator, penalties
-        if drafter is not None:  # draft_model: proposals with the drafter's distribution
+        self.method = config.method  # each drafted token's, as traced
+        if proposer is not None:
+            self.lookup = proposer
+        elif drafter is not None:  # draft_model: proposals with the drafter's distribution
             self.lookup = DraftModel(drafter, prompt_ids, sampling, generator, device)
         else:
             self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
-        self.backoff = Backoff(config.num_speculative_tokens)
+        self.backoff = Backoff(config.num_speculative_tokens or 1)
         self.rollback = Rollback(cache)
         self.drafts = self.drafted = self.accepted = 0
 
@@ -195,12 +208,18 @@ class Drafting:
         q = getattr(self.lookup, "probs", None)  # a drafter's distributions; None for copied drafts
         out = judge(rows, drafts, sampling, generator, penalties, q)
         accepted = sum(stood for _, _, stood in out)
-        if isinstance(self.lookup, DraftModel):
-            self.lookup.verified(accepted)
+        verified = getattr(self.lookup, "verified", None)
+        if verified is not None:
+            verified(accepted)
         again = self.rollback.after(len(drafts) + 1, accepted + 1)
         if again:  # linear-attention state was put back: the tokens that stand go in again
+            tap = getattr(self.lookup, "tap", None)
+            if tap is not None:
+                tap.paused = True  # the drafter has these positions' hidden states from the pass
             self.model(input_ids=torch.tensor([[last, *drafts[:accepted]]], device=self.device), cache=self.cache,
                        use_cache=True, logits_to_keep=1)
+            if tap is not None:
+                tap.paused = False
         self.backoff.record(accepted)
         self.drafts += 1
         self.drafted += len(drafts)

@@ -25,6 +25,7 @@ class Verifier(Protocol):
     drafts: int
     drafted: int
     accepted: int
+    method: str  # speculative_config.METHODS: each drafted token says which
 
     def seen(self, token: int) -> None: ...
 
@@ -42,6 +43,7 @@ def run_tokens(request: DecodeRequest, vocab: Vocabulary, emit: Callable[[object
     detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
     pieces, special = vocab.pieces, vocab.special
     first_at = time.perf_counter()
+    method = drafting.method if drafting is not None else ""
     count, finish = 0, ""
     ready = deque([(first, 0, 0)])  # chosen, not yet emitted: (choice, drafted, accepted)
     while True:
@@ -57,7 +59,7 @@ def run_tokens(request: DecodeRequest, vocab: Vocabulary, emit: Callable[[object
                 text += detokenizer.flush()  # the last token: bytes held back come out now
         emit(token_event(count - 1, token_id, pieces[token_id] if token_id < len(pieces) else "", text,
                          token_id in special, choice.logprob, choice.rank, choice.top_ids, choice.top_logprobs,
-                         drafted, accepted))
+                         drafted, accepted, method if drafted else ""))
         if finish:
             break
         if drafting is not None:
@@ -68,4 +70,4 @@ def run_tokens(request: DecodeRequest, vocab: Vocabulary, emit: Callable[[object
             ready.append((choose_after(token_id), 0, 0))
     spec = (drafting.drafts, drafting.drafted, drafting.accepted) if drafting is not None else (0, 0, 0)
     emit(done_event(finish, count, time.perf_counter() - first_at, cached_tokens=cached, cache_write_tokens=written,
-                    drafts=spec[0], drafted=spec[1], accepted=spec[2]))
+                    drafts=spec[0], drafted=spec[1], accepted=spec[2], draft_method=method))

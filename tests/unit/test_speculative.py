@@ -74,7 +74,10 @@ def test_backoff_pauses_after_failures_and_never_shortens():
     ('{"method": "ngram"}', "num_speculative_tokens"), ('{"method": "ngram", "num_speculative_tokens": 2, "x": 1}',
                                                         "x not understood"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "min <= max"),
-    ('{"method": "mtp", "num_speculative_tokens": 1}', "MTP head"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 8}', "is for method suffix"),
+    ('{"method": "suffix", "suffix_decoding_min_token_prob": 2}', "min_token_prob must be a number from 0 to 1"),
+    ('{"method": "suffix", "suffix_decoding_max_tree_depth": 0}', "max_tree_depth must be an integer from 1"),
+    ('{"method": "mtp", "num_speculative_tokens": 0}', "num_speculative_tokens"),
     ('{"method": "draft_model", "num_speculative_tokens": 1}', "needs a model"),
 ])
 def test_a_bad_config_says_what_is_wrong(text, says):
@@ -86,6 +89,21 @@ def test_vllms_defaults():
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}').prompt_lookup_min == 5
     config = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (4, 4)
+    suffix = SpeculativeConfig.parse('{"method": "suffix"}')  # vLLM's: the tree depth is the draft length
+    assert (suffix.num_speculative_tokens, suffix.suffix_decoding_max_tree_depth, suffix.suffix_decoding_max_cached_requests,
+            suffix.suffix_decoding_max_spec_factor, suffix.suffix_decoding_min_token_prob) == (24, 24, 10000, 1.0, 0.1)
+    assert SpeculativeConfig.parse('{"method": "mtp"}').num_speculative_tokens is None  # the checkpoint's own count
+
+
+def test_mtp_is_refused_for_a_model_without_a_drafter_of_its_own():
+    from looptrace.backends.loading import mtp_loader
+    from looptrace.common.checkpoint import Checkpoint
+
+    config = SpeculativeConfig.parse('{"method": "mtp"}')
+    with pytest.raises(ValueError, match="this model \\(llama\\) has neither"):
+        mtp_loader(Checkpoint("x", None, {"model_type": "llama"}), config)
+    with pytest.raises(ValueError, match="google/gemma-4-E2B-it-assistant"):  # Gemma 4's drafter is a checkpoint
+        mtp_loader(Checkpoint("x", None, {"model_type": "gemma4"}), config)
 
 
 # -- draft_model: a smaller model drafts; here the tiny model with its weights slightly moved --
@@ -125,6 +143,40 @@ def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, fami
     sampled = collect(spec, DecodeRequest(prompt, 32, SamplingParams(temperature=0.9, top_k=50, seed=3), frozenset()))
     assert len(tokens(sampled)) == 32 and sampled[-1]["drafted"] > 0
     asyncio.run(spec.close())
+
+
+# -- suffix: drafts from this conversation's earlier turns, through the same verification --
+
+SUFFIX = SpeculativeConfig.parse('{"method": "suffix", "num_speculative_tokens": 8}')
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
+def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_output(request, family):
+    # Each turn's prompt holds the turns before it and their answers, as an agent's does. The tiny
+    # Qwen3.5 answers the second turn with its first answer again, which suffix decoding drafts from
+    # the first turn, whole drafts standing; Gemma 4's answers repeat less, drafted where they do.
+    folder = request.getfixturevalue(f"{family}_dir")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    greedy = SamplingParams(temperature=0)
+    first = prompt_of(tokenizer)
+    plain = LocalBackend(target, Vocabulary(tokenizer))
+    prompts, truths = [], []
+    for more in (first, first, first[:20]):  # the user's next message
+        prompts.append([*prompts[-1], *truths[-1], *more] if prompts else more)
+        truths.append([e["id"] for e in tokens(collect(plain, DecodeRequest(prompts[-1], 40, greedy, frozenset())))])
+    asyncio.run(plain.close())
+    spec = LocalBackend(target, Vocabulary(tokenizer), speculative=SUFFIX)
+    turns = [collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")) for prompt in prompts]
+    assert spec.health_details()["drafting"]["kept"]["sequences"] == 1  # each turn extended the one before's
+    asyncio.run(spec.close())
+    assert [[e["id"] for e in tokens(events)] for events in turns] == truths
+    marks = ["".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in tokens(events))
+             for events in turns]
+    assert all(events[-1]["draft_method"] == "suffix" for events in turns)
+    assert sum(events[-1]["accepted"] for events in turns) == sum(m.count("A") for m in marks) > 0, marks
+    if family == "qwen3_5":
+        assert "AAAAAAAA" in marks[1], marks
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir):
