@@ -283,3 +283,78 @@ def gemma4_checkpoint(**overrides: Any) -> Path:
         return info
 
     return cached("gemma4-tiny", params, build)
+
+
+GEMMA4_ASSISTANT_TOKENS = 6  # num_assistant_tokens, as google/gemma-4-E2B-it-assistant ships it
+GEMMA4_CLUSTER = 128  # tokens per cluster of the assistant's output, as the real one's (262,144 in 2,048)
+
+
+def gemma4_assistant_config_dict(target_text: dict[str, Any], hidden_size: int = 32, top_clusters: int = 8) -> dict[str, Any]:
+    """Config of a Gemma 4 assistant for the tiny Gemma 4: as google/gemma-4-E2B-it-assistant is for
+    gemma-4-E2B-it (four layers, every one KV-shared, a hidden size a sixth of the model's, the
+    model's hidden size as `backbone_hidden_size`, a clustered output of `GEMMA4_CLUSTER` tokens per
+    cluster, the best `top_clusters` scored in full), at the tiny model's width. Its attention reads
+    the model's keys and values, so heads, head sizes, window and rotary settings are the model's."""
+    full = target_text["layer_types"].index("full_attention")
+    text = {key: target_text[key] for key in (
+        "vocab_size", "num_key_value_heads", "head_dim", "attention_k_eq_v", "sliding_window",
+        "max_position_embeddings", "rms_norm_eps", "rope_parameters", "hidden_activation", "pad_token_id",
+        "eos_token_id", "bos_token_id")}
+    text.update({
+        "model_type": "gemma4_text",
+        "global_head_dim": target_text["per_layer_config"][str(full)]["head_dim"],  # as saved: per layer
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": 4,
+        "num_attention_heads": target_text["num_attention_heads"],
+        "num_kv_shared_layers": 4,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "use_double_wide_mlp": False,
+        "enable_moe_block": False,
+        "final_logit_softcapping": None,
+        "tie_word_embeddings": True,
+    })
+    return {
+        "architectures": ["Gemma4AssistantForCausalLM"],
+        "model_type": "gemma4_assistant",
+        "backbone_hidden_size": target_text["hidden_size"],
+        "use_ordered_embeddings": True,
+        "num_centroids": target_text["vocab_size"] // GEMMA4_CLUSTER,
+        "centroid_intermediate_top_k": top_clusters,
+        "tie_word_embeddings": True,
+        "text_config": text,
+    }
+
+
+def gemma4_assistant_checkpoint(std: float = 0.1, **overrides: Any) -> Path:
+    """A random-weight Gemma4AssistantForCausalLM for the tiny Gemma 4 (gemma4_checkpoint with the same
+    overrides), its clusters a random ordering of the vocabulary, with the model's tokenizer."""
+    target = gemma4_checkpoint(**overrides)
+    target_config = json.loads((target / "config.json").read_text())
+    config_dict = gemma4_assistant_config_dict(target_config["text_config"])
+    params = {"target": target.name, "config": config_dict, "std": std, "seed": DEFAULT_SEED,
+              "tokens": GEMMA4_ASSISTANT_TOKENS}
+
+    def build(out: Path) -> dict[str, Any]:
+        import torch
+        from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, GenerationConfig
+
+        copy_tokenizer(target, out)
+        torch.manual_seed(DEFAULT_SEED)
+        config = Gemma4AssistantConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures",
+                                                                                                "model_type")})
+        model = Gemma4AssistantForCausalLM(config).eval()
+        generator = torch.Generator().manual_seed(DEFAULT_SEED)
+        with torch.no_grad():
+            for _, param in sorted(model.named_parameters()):
+                if param.dim() >= 2:
+                    param.copy_(torch.randn(param.shape, generator=generator) * std)
+            vocab = config.get_text_config().vocab_size
+            model.masked_embedding.token_ordering.copy_(torch.randperm(vocab, generator=generator))
+        model.save_pretrained(out)
+        GenerationConfig(num_assistant_tokens=GEMMA4_ASSISTANT_TOKENS).save_pretrained(out)
+        return {"clusters": config.num_centroids}
+
+    return cached("gemma4-tiny-assistant", params, build)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from build_cache import MissingPackage, cached, chat_template_path, package_dir, sha256, write_json
+from build_cache import BUILD_INFO, MissingPackage, cached, chat_template_path, package_dir, sha256, write_json
 from tiny_models import DEFAULT_SEED, QWEN3_5_INIT_STD, build_model, copy_tokenizer
 
 QWEN3_5_NOT_SPECIAL = frozenset(
@@ -290,3 +290,58 @@ def qwen3_5_checkpoint(**overrides: Any) -> Path:
         return info
 
     return cached("qwen3_5-tiny", params, build)
+
+
+def qwen3_5_mtp_tensors(text: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shapes of a Qwen3.5 checkpoint's MTP tensors (`mtp.*`) for a text config, as the real
+    checkpoints lay them out: the projection of [embedding, hidden] back to the hidden size, three
+    zero-centred norms, and one full-attention decoder layer (gated queries: twice the heads)."""
+    hidden, heads, kv_heads = text["hidden_size"], text["num_attention_heads"], text["num_key_value_heads"]
+    head_dim, inner = text["head_dim"], text["intermediate_size"]
+    layer = "mtp.layers.0."
+    return {
+        "mtp.fc.weight": (hidden, 2 * hidden),
+        "mtp.pre_fc_norm_embedding.weight": (hidden,),
+        "mtp.pre_fc_norm_hidden.weight": (hidden,),
+        "mtp.norm.weight": (hidden,),
+        layer + "input_layernorm.weight": (hidden,),
+        layer + "post_attention_layernorm.weight": (hidden,),
+        layer + "self_attn.q_proj.weight": (2 * heads * head_dim, hidden),
+        layer + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        layer + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        layer + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        layer + "self_attn.q_norm.weight": (head_dim,),
+        layer + "self_attn.k_norm.weight": (head_dim,),
+        layer + "mlp.gate_proj.weight": (inner, hidden),
+        layer + "mlp.up_proj.weight": (inner, hidden),
+        layer + "mlp.down_proj.weight": (hidden, inner),
+    }
+
+
+def qwen3_5_mtp_checkpoint(mtp_std: float = 0.05, **overrides: Any) -> Path:
+    """The tiny Qwen3.5 with an MTP layer, as the real checkpoints carry one: `mtp.*` tensors beside the
+    model's in model.safetensors (random, matrices at `mtp_std`, norms zero as the model's start) and
+    `mtp_num_hidden_layers: 1` in text_config. A folder of its own: qwen3_5_checkpoint's is unchanged."""
+    base = qwen3_5_checkpoint(**overrides)
+    params = {"base": base.name, "mtp_std": mtp_std, "seed": DEFAULT_SEED}
+
+    def build(out: Path) -> dict[str, Any]:
+        import json
+
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        for path in base.iterdir():
+            if path.is_file() and path.name != BUILD_INFO:
+                shutil.copyfile(path, out / path.name)
+        config = json.loads((out / "config.json").read_text())
+        config["text_config"]["mtp_num_hidden_layers"] = 1
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        tensors = load_file(str(out / "model.safetensors"))
+        generator = torch.Generator().manual_seed(DEFAULT_SEED)
+        for name, shape in qwen3_5_mtp_tensors(config["text_config"]).items():
+            tensors[name] = torch.randn(shape, generator=generator) * mtp_std if len(shape) > 1 else torch.zeros(shape)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return {"mtp_tensors": len(qwen3_5_mtp_tensors(config["text_config"]))}
+
+    return cached("qwen3_5-tiny-mtp", params, build)
