@@ -145,6 +145,7 @@ DECODE_BACKEND_FINISH_REASON = "looptrace.decode.backend_finish_reason"  # why t
 SPEC_DRAFTS = "looptrace.spec.drafts"  # speculative decoding: draft proposals made
 SPEC_DRAFTED_TOKENS = "looptrace.spec.drafted_tokens"  # tokens the drafts proposed
 SPEC_ACCEPTED_TOKENS = "looptrace.spec.accepted_tokens"  # of which the target model accepted
+SPEC_METHOD = "looptrace.spec.method"  # how the drafts were made: ngram, suffix, draft_model, mtp
 
 # -- looptrace.* of a vLLM server, on the decode span ----------------------------------------------
 
@@ -172,10 +173,11 @@ TOKENS_TOP_PIECES = "looptrace.tokens.top_pieces"  # their vocabulary entries (T
 TOKENS_TOP_P = "looptrace.tokens.top_p"  # their probabilities (TOP_N per token; -1 marks padding)
 TOKENS_DRAFTED = "looptrace.tokens.drafted"  # speculative decoding: 1 where a drafted token stood here
 TOKENS_ACCEPTED = "looptrace.tokens.accepted"  # 1 where the draft was accepted
+TOKENS_DRAFT_METHOD = "looptrace.tokens.draft_method"  # the method that drafted it ("" where none did)
 
 TOKENS_COLUMNS = (TOKENS_INDEX, TOKENS_TIME_UNIX_NANO, TOKENS_ID, TOKENS_PIECE, TOKENS_TEXT, TOKENS_SPECIAL,
                   TOKENS_CHANNEL, TOKENS_P, TOKENS_LOGPROB, TOKENS_RANK, TOKENS_TOP_IDS, TOKENS_TOP_PIECES,
-                  TOKENS_TOP_P, TOKENS_DRAFTED, TOKENS_ACCEPTED)  # in the order the arrays are kept
+                  TOKENS_TOP_P, TOKENS_DRAFTED, TOKENS_ACCEPTED, TOKENS_DRAFT_METHOD)  # in the order the arrays are kept
 # Left out with --no-trace-content:
 TOKENS_CONTENT_COLUMNS = (TOKENS_ID, TOKENS_PIECE, TOKENS_TEXT, TOKENS_TOP_IDS, TOKENS_TOP_PIECES)
 TOKENS_TOP_COLUMNS = (TOKENS_TOP_IDS, TOKENS_TOP_PIECES, TOKENS_TOP_P)  # TOP_N entries per token

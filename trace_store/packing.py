@@ -42,7 +42,8 @@ INT_CODES = ("b", "h", "i", "q")
 # order: new columns go at the end, never between.
 COLUMNS = (attr.TOKENS_INDEX, attr.TOKENS_TIME_UNIX_NANO, attr.TOKENS_ID, attr.TOKENS_PIECE, attr.TOKENS_TEXT,
            attr.TOKENS_SPECIAL, attr.TOKENS_CHANNEL, attr.TOKENS_P, attr.TOKENS_LOGPROB, attr.TOKENS_RANK,
-           attr.TOKENS_TOP_IDS, attr.TOKENS_TOP_PIECES, attr.TOKENS_TOP_P, attr.TOKENS_DRAFTED, attr.TOKENS_ACCEPTED)
+           attr.TOKENS_TOP_IDS, attr.TOKENS_TOP_PIECES, attr.TOKENS_TOP_P, attr.TOKENS_DRAFTED, attr.TOKENS_ACCEPTED,
+           attr.TOKENS_DRAFT_METHOD)
 KNOWN = {name: i for i, name in enumerate(COLUMNS)}
 LITTLE = sys.byteorder == "little"
 

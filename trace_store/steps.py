@@ -5,7 +5,8 @@ JSON document per step instead of every prompt and token.
     {"trace_id", "start_ns", "end_ns", "endpoint", "model", "status", "http_status", "error",
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
-     "drafted", "accepted", "new_from", "new_messages", "output", "tool_calls", "tools", "fork_of"}
+     "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
+     "fork_of"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
@@ -96,6 +97,7 @@ class StepGatherer:
             "backend": decode.get(attr.BACKEND),
             "drafted": decode.get(attr.SPEC_DRAFTED_TOKENS),
             "accepted": decode.get(attr.SPEC_ACCEPTED_TOKENS),
+            "draft_method": decode.get(attr.SPEC_METHOD),
             "new_from": attrs.get(attr.INPUT_NEW_FROM),
             "new_messages": _json(attrs, attr.INPUT_NEW_MESSAGES),
             "output": _json(attrs, attr.GEN_AI_OUTPUT_MESSAGES),

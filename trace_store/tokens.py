@@ -44,6 +44,7 @@ def columns(events: Sequence[TokenEvent], channels: list[str], times: list[int],
         attr.TOKENS_TOP_P: top_p,
         attr.TOKENS_DRAFTED: [e.get("drafted", 0) for e in events],
         attr.TOKENS_ACCEPTED: [e.get("accepted", 0) for e in events],
+        attr.TOKENS_DRAFT_METHOD: [e.get("draft_method", "") for e in events],
     }
     if pieces is not None:
         top_ids: list[int] = []

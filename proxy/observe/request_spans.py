@@ -281,7 +281,9 @@ class RequestSpans(Observer):
                                           generation.tool_calls, generation.finish_reason)
             self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
         self._end_prefill(generation.cached_tokens)
+        method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
         self._end_decode({
+            **method,
             attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
             attr.DECODE_TOKENS: generation.completion_tokens,
             attr.DECODE_SECONDS: done.get("seconds", 0.0),

@@ -2,8 +2,8 @@
 SmolLM2-135M-Instruct served with `--speculative-config` prompt lookup. Greedy answers on both APIs,
 streamed and not, are token for token what plain decoding gives (transformers' `generate()`, which the
 local backend matches without speculation); the drafts were real (accepted and rejected), each token's
-marks and the decode span's counts are traced, the counters move, and the dashboard's acceptance panels
-show the rates in a real Prometheus.
+marks and the decode span's counts are traced (the method too), the counters move under the method, and
+the dashboard's acceptance panels show the rates in a real Prometheus.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def test_greedy_answers_are_plain_decodings(speculating, expected, api, stream):
     attributes = span["attributes"]
     assert attributes["looptrace.spec.accepted_tokens"] == accepted
     assert attributes["looptrace.spec.drafted_tokens"] >= drafted  # a rejected draft's followers are not marked
-    assert attributes["looptrace.spec.drafts"] > 0
+    assert attributes["looptrace.spec.drafts"] > 0 and attributes["looptrace.spec.method"] == "ngram"
+    assert {t["draft_method"] for t in marks if t["drafted"]} == {"ngram"} and not any(
+        t["draft_method"] for t in marks if not t["drafted"])
 
 
 def test_health_says_how_it_speculates(speculating):
@@ -91,7 +93,7 @@ def test_health_says_how_it_speculates(speculating):
 
 def test_counters_and_the_dashboards_acceptance_panels(speculating, tmp_path):
     from prometheus import Prometheus
-    from test_dashboards import DASHBOARDS, promql_targets
+    from grafana_dashboards import DASHBOARDS, promql_targets
 
     server = speculating
     prometheus = Prometheus([f"127.0.0.1:{server.port}"], tmp_path)
@@ -108,8 +110,13 @@ def test_counters_and_the_dashboards_acceptance_panels(speculating, tmp_path):
         assert {t["panel"] for t in panels} >= {"Speculative acceptance rate", "Mean acceptance length"}, panels
         for target in panels:
             expr = target["expr"].replace('model="qwen"', f'model="{MODEL}"')
-            (sample,) = prometheus.wait_for(expr, timeout=30)
-            value = float(sample["value"][1])
+            by_method = {s["metric"].get("method"): float(s["value"][1]) for s in prometheus.wait_for(expr, timeout=30)}
+            if "by (method)" in expr:  # the counts are under the method that drafted them; the others 0 ÷ 0
+                value = by_method.pop("ngram")
+                assert set(by_method) == {"suffix", "draft_model", "mtp"}, by_method
+                assert all(math.isnan(v) for v in by_method.values()), (target["panel"], by_method)
+            else:
+                (value,) = by_method.values()
             assert math.isfinite(value), (target["panel"], expr)
             if "acceptance rate" in target["panel"].lower():
                 assert 0 < value <= 1

@@ -394,10 +394,13 @@ def test_drafted_tokens_are_marked_and_say_whether_the_draft_stood(serve, qwen3_
     assert shown.locator(".tok.drafted-accepted[data-i]").count() == len(stood)
     assert shown.locator(".tok.drafted[data-i]").count() == len(rejected)
     assert f"drafts {len(stood)}/" in p.locator("li.step").first.inner_text()
+    assert "accepted (draft_model)" in p.locator("li.step").first.inner_text()  # the step's method
     tip = p.locator("#tip")
     shown.locator(f".tok[data-i='{rejected[0]}']").hover()
     tip.wait_for()
     assert "the draft was rejected: this is the model's own token" in tip.inner_text()
+    assert "drafted by" in tip.inner_text() and "a draft model" in tip.inner_text()  # the method, per token
+    assert {tokens[i]["draft_method"] for i in stood + rejected} == {"draft_model"}
     shown.locator(f".tok[data-i='{stood[0]}']").hover()
     p.wait_for_function("document.getElementById('tip').innerText.includes('yes: the draft stood')")
     assert f"{stood[0]} · id {tokens[stood[0]]['id']}" in tip.inner_text()

@@ -26,7 +26,7 @@ def event(index: int, token_id: int, logprob: float, rank: int | None, top_ids: 
     p = math.exp(logprob) if math.isfinite(logprob) or logprob == -math.inf else logprob
     return {"type": "token", "index": index, "id": token_id, "piece": piece, "text": piece.replace("Ġ", " "),
             "special": False, "logprob": logprob, "p": p, "rank": rank, "top_ids": top_ids,
-            "top_logprobs": top_logprobs, "drafted": 0, "accepted": 0}
+            "top_logprobs": top_logprobs, "drafted": 0, "accepted": 0, "draft_method": ""}
 
 
 def answer_events(tokens: int, seed: int = 0) -> list[dict]:

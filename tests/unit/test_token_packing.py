@@ -36,7 +36,8 @@ def token_events(draw):
     return {**event(draw(st.integers(0, 10**6)), token_id, logprob, draw(st.sampled_from([None, 1, 2, 6, 10**6])),
                     [draw(st.integers(-1, len(PIECES) - 1)) for _ in top], top),
             "text": draw(st.text(max_size=6)), "special": draw(st.booleans()),
-            "drafted": draw(st.integers(0, 1)), "accepted": draw(st.integers(0, 1))}
+            "drafted": draw(st.integers(0, 1)), "accepted": draw(st.integers(0, 1)),
+            "draft_method": draw(st.sampled_from(["", "ngram", "suffix", "mtp"]))}
 
 
 @settings(max_examples=150, deadline=None)
@@ -96,6 +97,26 @@ def test_float32_logprobs_take_four_bytes_and_their_probabilities_none():
              if kind != "table"}
     assert kinds[attr.TOKENS_LOGPROB] == "f64"
     assert packing.unpack(packing.pack(groups)) == loads(dumps(groups))
+
+
+# Packed by looptrace before the draft_method column (issue 29), tokens 0-2 with ids, pieces and marks.
+OLD_BLOB = bytes.fromhex(
+    "0178014d8c310e83301004cf453eb2f516184293af5814d8b2222430087015e50bbc993351a25cb33ba3d51d22f2c2739df3b2e1e19a"
+    "8e08f398a754c801ac88bdf763041d3ca8834f6ad35ad1126b4eba53aa7fd42a3585962186b881b50a7b9921ede0f795bd97d19feade37"
+    "53aef7418c112327d0732830")
+
+
+def test_the_draft_method_column_is_appended_and_older_blobs_still_read():
+    # Columns are named in a blob by their place in packing.COLUMNS: a new one goes at the end.
+    assert packing.COLUMNS[-1] == attr.TOKENS_DRAFT_METHOD and packing.COLUMNS.index(attr.TOKENS_ACCEPTED) == 14
+    assert packing.unpack(OLD_BLOB) == [{attr.TOKENS_INDEX: [0, 1, 2], attr.TOKENS_ID: [5, 6, 7],
+                                         attr.TOKENS_PIECE: ["a", "b", "c"], attr.TOKENS_DRAFTED: [0, 1, 1],
+                                         attr.TOKENS_ACCEPTED: [0, 1, 0]}]
+    group = {attr.TOKENS_INDEX: list(range(200)), attr.TOKENS_DRAFT_METHOD: ["", "suffix", "suffix", "ngram"] * 50}
+    blob = packing.pack([group])
+    (column,) = [c for c in _header(blob)["columns"] if c[0] == len(packing.COLUMNS) - 1]
+    assert column[2] == "choice" and column[3] == ["", "suffix", "ngram"]  # a few values, indexed: a byte a token
+    assert packing.unpack(blob) == [group]
 
 
 def _name(column) -> str:

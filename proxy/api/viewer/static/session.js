@@ -136,7 +136,7 @@ export class SessionView {
       step.queue_ms !== undefined ? `queue ${ms(step.queue_ms)}` : "",
       step.prefill_ms !== undefined ? `prefill ${ms(step.prefill_ms)}` : "",
       step.tokens_per_second ? `${step.tokens_per_second.toFixed(1)} tok/s` : "",
-      step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` : "",
+      step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` + (step.draft_method ? ` (${step.draft_method})` : "") : "",
       step.backend || "",
     ].filter(Boolean);
     el.append(h("header", {},

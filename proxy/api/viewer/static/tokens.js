@@ -14,6 +14,11 @@ export const FLAG_P = 0.5; // a tool-call token less likely than this is flagged
 export const FLAG_MARGIN = 0.2; // …and so is one that led its runner-up by less than this
 
 const CHANNELS = {thought: "thinking", content: "answer", tool_call: "tool call"};
+// --speculative-config's methods, as the tooltip names them (an unknown one shows as it was stored).
+const DRAFT_METHODS = {
+  ngram: "ngram (prompt lookup)", suffix: "suffix decoding", draft_model: "a draft model",
+  mtp: "the model's own MTP drafter",
+};
 
 export function bin(p) {
   if (p === null || p === undefined) return "pn"; // not a number when recorded: no colour, not "< 5%"
@@ -159,7 +164,10 @@ export function showTip(token, anchor, index) {
     ["channel", CHANNELS[token.channel] || token.channel || "–"],
   ];
   if (token.special) rows.push(["special", "yes"]);
-  if (token.drafted) rows.push(["drafted", token.accepted ? "yes: the draft stood" : "the draft was rejected: this is the model's own token"]);
+  if (token.drafted) {
+    rows.push(["drafted", token.accepted ? "yes: the draft stood" : "the draft was rejected: this is the model's own token"]);
+    if (token.draft_method) rows.push(["drafted by", DRAFT_METHODS[token.draft_method] || token.draft_method]);
+  }
   if (flagged(token)) rows.push(["flag", `unsure: p ${percent(token.p)}, lead over the runner-up ${percent(margin(token))}`]);
   tip.replaceChildren(
     h("dl", {}, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
