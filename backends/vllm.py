@@ -80,8 +80,6 @@ class VLLMLoader(Loader):
         await self.pool.close()
         if self.spawned is not None:
             await self.spawned.stop()
-        if self.spawned is not None:
-            await self.spawned.stop()
 
 
 def _health(pool: Pool, spawned: SpawnedVLLM | None) -> dict:
