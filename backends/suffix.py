@@ -21,10 +21,11 @@ swept out. (Written by hand: Arctic's tree is C++, and vLLM calls it through its
 
 What is kept (SuffixCache, on the backend's decode thread): each conversation's latest prompt with
 its answer, as one sequence; the next turn, whose prompt starts with it, extends that sequence
-rather than indexing the conversation again, so a turn costs its new tokens only. Other
-conversations' sequences stay for later requests to draw on, at most
-`suffix_decoding_max_cached_requests` of them and SUFFIX_MAX_TOKENS tokens in all, the least
-recently used dropped first.
+rather than indexing the conversation again, so a turn costs its new tokens only (a turn whose
+prompt does not start with it, the history compacted or edited, starts a sequence of its own; the
+old one stays to draft from). Other conversations' sequences stay for later requests to draw on,
+at most `suffix_decoding_max_cached_requests` of them and SUFFIX_MAX_TOKENS tokens in all, the
+least recently used dropped first.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class SuffixCache:
         self.tokens = 0  # in the live sequences
         self._entries = 0  # in the index, dropped sequences' included until it is rebuilt
         self._next_id = 1
-        self._finished: OrderedDict[int, str | tuple] = OrderedDict()  # id → its key, least recently used first
+        # id → its key (None: no longer a conversation's), least recently used first
+        self._finished: OrderedDict[int, str | tuple | None] = OrderedDict()
         self._by_key: dict[str | tuple, list[int]] = {}
 
     def begin(self, prompt: list[int], conversation: str | None = None) -> SuffixDrafter:
@@ -66,14 +68,17 @@ class SuffixCache:
 
     def _earlier(self, prompt: list[int], conversation: str | None) -> int | None:
         """The finished sequence this prompt continues (the conversation's last prompt and answer),
-        or None; a conversation's sequence that the prompt does not continue (its history was
-        rewritten) is dropped."""
-        for sid in reversed(list(self._by_key.get(_key(prompt, conversation), ()))):
+        or None. A conversation's sequence that the prompt does not continue (its history was
+        rewritten: compacted, edited) is no longer the conversation's, but stays to draft from, as
+        another request's does, until the bounds drop it."""
+        key = _key(prompt, conversation)
+        for sid in reversed(list(self._by_key.get(key, ()))):
             seq = self.sequences[sid]
             if len(seq) <= len(prompt) and prompt[:len(seq)] == seq:
                 return sid
-            if conversation is not None:
-                self._drop(sid)
+            if conversation is not None:  # in its place among the least recently used, under no key
+                self._unkey(sid, key)
+                self._finished[sid] = None
         return None
 
     def _new(self) -> int:
@@ -113,10 +118,13 @@ class SuffixCache:
     def _unlist(self, sid: int) -> None:
         key = self._finished.pop(sid, None)
         if key is not None:
-            listed = self._by_key[key]
-            listed.remove(sid)
-            if not listed:
-                del self._by_key[key]
+            self._unkey(sid, key)
+
+    def _unkey(self, sid: int, key: str | tuple) -> None:
+        listed = self._by_key[key]
+        listed.remove(sid)
+        if not listed:
+            del self._by_key[key]
 
     def _drop(self, sid: int) -> None:
         """Forgets a sequence; its index entries go when dead ones outnumber the live (rebuilt then)."""

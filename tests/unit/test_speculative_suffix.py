@@ -88,13 +88,18 @@ def test_a_conversations_next_turn_extends_its_sequence():
     assert kept.tokens == 16 and len(kept.sequences) == 1
 
 
-def test_a_rewritten_history_starts_a_new_sequence_and_drops_the_old():
-    kept = cache()
+def test_a_rewritten_history_starts_a_new_sequence_and_the_old_is_drafted_from():
+    kept = cache(max_requests=2)
     kept.begin([1, 2, 3, 4, 5], "c").finish()
-    drafter = kept.begin([1, 2, 9, 9, 9], "c")  # the template dropped part of it
-    assert drafter.unindexed == [1, 2, 9, 9, 9] and len(kept.sequences) == 1
+    drafter = kept.begin([7, 1, 2], "c")  # compacted: the conversation's sequence is not continued
+    assert drafter.unindexed == [7, 1, 2] and len(kept.sequences) == 2
+    assert drafter.propose(4) == [3, 4]  # but what it held is still drafted from
     drafter.finish()
-    assert kept.tokens == 5
+    again = kept.begin([7, 1, 2, 8], "c")
+    assert again.sid == drafter.sid  # the new one is the conversation's now
+    again.finish()
+    kept.begin([50, 51], "d").finish()
+    assert kept.tokens == 2 + 4 and len(kept.sequences) == 2  # the old one went first, in its place
 
 
 def test_without_a_conversation_id_a_prompt_continues_the_sequence_it_starts_with():
