@@ -9,8 +9,13 @@ every backend reports them. What it does not: match transformers token for token
 quantized here, and llama.cpp's kernels differ).
 
 One context, one request at a time, on one decode thread (decode_thread.py); an agent's next turn
-reuses the KV cache of the turn before (llama_cpp_reuse.py); speculative decoding by prompt lookup
-verifies a draft in one batch and cuts the cache back past the rejected tokens.
+reuses the KV cache of the turn before (llama_cpp_reuse.py); speculative decoding (prompt lookup or
+suffix decoding) verifies a draft in one batch and cuts the cache back past the rejected tokens.
+A batch's rows cost llama.cpp nearly a step each on a CPU, so the drafts a pass carries are as many
+as their chances of standing pay for, by what passes and steps are measured to cost (pass_cost.py);
+what a verified token is: the model's greedy choice (or draw) at that position from the logits
+llama.cpp's batch kernels computed, which round differently from its one-token kernels, so a near-tie
+may fall the other way than in plain decoding (README, "llama.cpp", says how often).
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
+from .pass_cost import Acceptance, PassCost
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
 from .scoring import score_llama_cpp
 from .speculative import Backoff, PromptLookup, judge
-from .speculative_config import SpeculativeConfig
+from .speculative_config import SUFFIX_MAX_TOKENS, SpeculativeConfig
+from .suffix import SuffixCache
 from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
@@ -78,6 +85,13 @@ class LlamaCppBackend(OnDecodeThread):
             self._thread.stop()
             raise
         self.reuse = PrefixReuse(self.context, prefix_cache_tokens, prefix_cache_bytes)
+        self.cost = PassCost()  # what a step and a verification pass cost here, measured as requests run
+        self.suffix = None  # suffix decoding: earlier requests' prompts and answers
+        if speculative is not None and speculative.method == "suffix":
+            self.suffix = SuffixCache(speculative.suffix_decoding_max_cached_requests, SUFFIX_MAX_TOKENS,
+                                      speculative.suffix_decoding_max_tree_depth,
+                                      speculative.suffix_decoding_max_spec_factor,
+                                      speculative.suffix_decoding_min_token_prob)
 
     def prefix_cache_stats(self) -> dict:
         return self.reuse.stats()
@@ -91,6 +105,9 @@ class LlamaCppBackend(OnDecodeThread):
             details["prefix_cache"] = stats
         if self.speculative is not None:
             details["speculative"] = self.speculative.described()
+            # what a pass is measured to cost here; suffix decoding's sequences kept
+            details["drafting"] = {"cost": self.cost.described(),
+                                   **({"kept": self.suffix.stats()} if self.suffix is not None else {})}
         return details
 
     async def close(self) -> None:
@@ -133,23 +150,42 @@ class LlamaCppBackend(OnDecodeThread):
 
         choice = choose(context.logits(-1))
         emit(prefill_event(len(prompt), cached, time.perf_counter() - started))
-        drafting = Drafting(self.speculative, context, prompt, sampling, generator, penalties) \
-            if self.speculative is not None else None
+        if self.speculative is None:
+            run_tokens(request, vocab, emit, choice, lambda token_id: choose(context.step(token_id)),
+                       cached=cached, written=written)
+            return
+        proposer = self.suffix.begin(prompt, request.conversation) if self.suffix is not None else None
+        drafting = Drafting(self.speculative, context, prompt, sampling, generator, penalties, self.cost, proposer)
+        cost, clock = self.cost, time.perf_counter
 
-        run_tokens(request, vocab, emit, choice, lambda token_id: choose(context.step(token_id)), drafting=drafting,
-                   cached=cached, written=written)
+        def timed_step(token_id: int) -> Choice:  # a plain step's time is what a pass is weighed against
+            begun = clock()
+            chosen = choose(context.step(token_id))
+            cost.stepped(clock() - begun)
+            return chosen
+
+        try:
+            run_tokens(request, vocab, emit, choice, timed_step, drafting=drafting, cached=cached, written=written)
+        finally:
+            if proposer is not None:
+                proposer.finish()
 
 
 class Drafting:
-    """Prompt lookup on llama.cpp: the last token and its drafts go in as one batch with logits for
-    every position, speculative.judge accepts by the local backend's rules, and the KV cache is cut
-    back to the tokens that stood."""
+    """Speculative decoding on llama.cpp: the last token and the drafts worth their cost go in as one
+    batch with logits for every position, speculative.judge accepts by the local backend's rules,
+    and the KV cache is cut back to the tokens that stood. Drafts come from prompt lookup or from
+    suffix decoding (`proposer`); how many a pass carries is PassCost's choice, from each draft's
+    chance of standing (suffix decoding's own frequencies; prompt lookup's record in this request)."""
 
     def __init__(self, config: SpeculativeConfig, context: LlamaContext, prompt_ids: list[int], sampling,
-                 generator, penalties) -> None:
+                 generator, penalties, cost: PassCost, proposer=None) -> None:
         self.context, self.sampling, self.generator, self.penalties = context, sampling, generator, penalties
-        self.lookup = PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.method = config.method
+        self.lookup = proposer or PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
         self.backoff = Backoff(config.num_speculative_tokens)
+        self.cost = cost
+        self.record = Acceptance(config.num_speculative_tokens)
         self.drafts = self.drafted = self.accepted = 0
 
     def seen(self, token: int) -> None:
@@ -160,15 +196,22 @@ class Drafting:
         when there is nothing worth drafting."""
         length = min(self.backoff.next_length(), room - 1)
         drafts = self.lookup.propose(length) if length > 0 else []
+        if drafts:
+            chances = getattr(self.lookup, "likelihood", None) or self.record.chances(len(drafts))
+            drafts = drafts[:self.cost.length(chances)]
+            if not drafts:
+                self.record.unverified()
         if not drafts:
             return []
-        context = self.context
+        context, begun = self.context, time.perf_counter()
         held = len(context.ids)
         context.eval([last, *drafts], every_row=True)
         rows = [torch.from_numpy(context.logits(i)) for i in range(len(drafts) + 1)]
         out = judge(rows, drafts, self.sampling, self.generator, self.penalties)
+        self.cost.passed(len(drafts) + 1, time.perf_counter() - begun)
         accepted = sum(stood for _, _, stood in out)
         context.cut(held + 1 + accepted)  # `last` and the drafts that stood; the next token goes in later
+        self.record.record(len(drafts), accepted)
         self.backoff.record(accepted)
         self.drafts += 1
         self.drafted += len(drafts)
