@@ -241,9 +241,12 @@ def smollm2(serve, smollm2_gguf_path):
     # The context is capped so that a rambling sample ends in a quick failure rather than minutes of
     # decoding on two cores; codex's own prompt is about 4,600 SmolLM2 tokens. llama.cpp, the backend a
     # .gguf gets by default, named so the real clients drive it whatever is installed (and it prefills
-    # codex's prompt in seconds, where transformers took about 20 s).
+    # codex's prompt in seconds, where transformers took about 20 s). One thread: llama.cpp's threads
+    # meet at spinning barriers every layer, and two on two cores collapse whenever another process
+    # wants one (the client beside it, a busy CI machine: codex's prompt then took minutes, past the
+    # timeout; see test_claude_code.py).
     return serve(str(smollm2_gguf_path), "--backend", "llama.cpp", "--served-model-name", "smollm2",
-                 "--max-model-len", "5120", api_key=API_KEY)
+                 "--max-model-len", "5120", "--threads", "1", api_key=API_KEY)
 
 
 QUESTION = "What is the capital of France? Answer in one short sentence."
