@@ -106,14 +106,23 @@ def installed_version() -> str:
 
 
 @pytest.fixture(scope="module")
-def smollm2(serve, smollm2_gguf_path):
-    # SmolLM2's template has no tools, so Claude Code's prompt is its system prompt and the question:
-    # about 4,000 tokens, which llama.cpp prefills in seconds on two idle cores. One thread: llama.cpp's
-    # threads meet at spinning barriers every layer, so two threads on two cores collapse as soon as
-    # another process wants one (Claude Code's node beside it; measured on a busy machine: 2.1 tokens/s
-    # decoding with two threads against 16.5 with one, and a 4,122-token prefill of 158 s).
-    return serve(str(smollm2_gguf_path), "--backend", "llama.cpp", "--served-model-name", "smollm2",
-                 "--max-model-len", "8192", "--threads", "1", api_key=API_KEY)
+def smollm2(serve, smollm2_gguf_path, tmp_path_factory):
+    # One thread: llama.cpp's threads meet at spinning barriers every layer, so two threads on two
+    # cores collapse as soon as another process wants one (Claude Code's node beside it; measured on a
+    # busy machine: 2.1 tokens/s decoding with two threads against 16.5 with one).
+    # Greedy: Claude Code sends no temperature, and SmolLM2 sampled at its family's defaults (0.7)
+    # now and then rambled to max_tokens, and Claude Code asked it to go on, again and again, past
+    # the test's time. The GGUF's tokenizer and config saved as a folder with a generation config
+    # that asks for greedy decoding (the checkpoint's own setting, as a user would give it).
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = smollm2_gguf_path.parent, smollm2_gguf_path.name
+    tokenizer = tmp_path_factory.mktemp("smollm2-greedy")
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tokenizer)
+    AutoConfig.from_pretrained(folder, gguf_file=name).save_pretrained(tokenizer)
+    (tokenizer / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    return serve(str(smollm2_gguf_path), "--backend", "llama.cpp", "--tokenizer", str(tokenizer),
+                 "--served-model-name", "smollm2", "--max-model-len", "8192", "--threads", "1", api_key=API_KEY)
 
 
 # A system prompt of our own: with Claude Code's (4,000 tokens of instructions a 135M model cannot
