@@ -1,5 +1,5 @@
 """Decode speed on a GPU: `generate()`, the local backend plain, the backend replaying a CUDA graph, and
-the backend with speculative decoding (prompt lookup).
+the backend with speculative decoding (prompt lookup, suffix decoding, the MTP layer).
 
     python bench/gpu_decode.py --tokenizer DIR [--prompt 512] [--tokens 256] [--out result.json]
 
@@ -10,7 +10,10 @@ decode step cannot beat: it must read every weight once per token. Speculation: 
 pass of 1–9 tokens costs against a one-token step (what bounds its speed-up), and prompt lookup on a
 prompt that holds the model's own earlier answer (the prompt, that answer, the prompt again), its
 tokens compared with plain decoding's (bfloat16 passes of several tokens may round differently from
-single steps). Prints one JSON object.
+single steps); suffix decoding on the same prompt; and Qwen3.5's MTP layer (random weights of its
+real shape: one full-attention layer with the model's head, so its drafts are rejected: what is
+measured is what a drafter step costs against a model step, and that the output is unchanged).
+Prints one JSON object.
 Written to run in a couple of minutes on a lent H200 with nothing installed but a carried wheel.
 """
 
@@ -120,8 +123,10 @@ def main() -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from looptrace.common.vocabulary import Vocabulary
+    from looptrace.backends.base import SamplingParams
     from looptrace.backends.local import LocalBackend
+    from looptrace.backends.speculative_config import SpeculativeConfig
+    from looptrace.common.vocabulary import Vocabulary
 
     result: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
                     "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run, tiny model)",
@@ -178,7 +183,7 @@ def main() -> None:
         asyncio.run(backend.close())
 
     def speculative() -> None:
-        from looptrace.backends.speculative import Rollback, SpeculativeConfig
+        from looptrace.backends.speculative import Rollback
 
         # What a pass of n tokens costs, after the prompt, against one token (each pass undone after).
         costs = {}
@@ -202,6 +207,7 @@ def main() -> None:
         backend = LocalBackend(model, vocab)
         time_backend(backend, prompt[:16], 4)
         _, plain_rate, plain = time_backend(backend, copying, args.tokens)
+        ids["speculative_plain"] = plain
         backend.speculative = SpeculativeConfig.parse(config)
         started = time.perf_counter()
         _, rate, drafted = time_backend(backend, copying, args.tokens)
@@ -212,7 +218,58 @@ def main() -> None:
                       speculative_greedy_unchanged=drafted == plain)
         asyncio.run(backend.close())
 
-    steps = [bandwidth, generate, eager] + ([graphed] if DEVICE == "cuda" else []) + [speculative]
+    def suffix() -> None:
+        copying = prompt + ids.get("eager", []) + prompt
+        config = '{"method": "suffix", "num_speculative_tokens": 16}'
+        backend = LocalBackend(model, vocab, speculative=SpeculativeConfig.parse(config))
+        time_backend(backend, prompt[:16], 4)
+        _, rate, drafted = time_backend(backend, copying, args.tokens)
+        result.update(suffix_config=json.loads(config), suffix_decode_tok_s=round(rate, 2),
+                      suffix_equals_plain_until=first_difference(drafted, ids.get("speculative_plain", [])))
+        asyncio.run(backend.close())
+
+    def mtp() -> None:
+        from looptrace.backends.mtp_qwen3_5 import Qwen35MTP, Qwen3_5Drafting
+
+        torch.manual_seed(2)
+        layer = Qwen35MTP(model.config).to(device=DEVICE, dtype=next(model.parameters()).dtype).eval()
+        drafting = Qwen3_5Drafting(layer)
+        drafter = drafting.drafter(model, prompt, SamplingParams(temperature=0), None)
+        try:
+            with torch.inference_mode():
+                cache = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True).cache
+                drafter.append(prompt[0])
+                times = {}
+                for count in (1, 3):
+                    runs = []
+                    for _ in range(5):
+                        drafter.pending = [torch.zeros(1, layer.config.hidden_size, device=DEVICE,
+                                                       dtype=next(layer.parameters()).dtype)]
+                        sync()
+                        started = time.perf_counter()
+                        drafter.propose(count)
+                        sync()
+                        runs.append(time.perf_counter() - started)
+                        drafter.verified(0)
+                    times[count] = sorted(runs)[2]
+                steps = []
+                for _ in range(5):
+                    sync()
+                    started = time.perf_counter()
+                    model(input_ids=torch.tensor([[prompt[0]]], device=DEVICE), cache=cache, use_cache=True)
+                    sync()
+                    steps.append(time.perf_counter() - started)
+        finally:
+            drafter.finish()
+        step = sorted(steps)[2]
+        result["mtp_draft_cost_vs_model_step"] = {n: round(t / step, 3) for n, t in times.items()}
+        backend = LocalBackend(model, vocab, speculative=SpeculativeConfig.parse('{"method": "mtp"}'), mtp=drafting)
+        _, rate, drafted = time_backend(backend, prompt, args.tokens)
+        result.update(mtp_decode_tok_s=round(rate, 2),
+                      mtp_equals_eager_until=first_difference(drafted, ids.get("eager", [])))
+        asyncio.run(backend.close())
+
+    steps = [bandwidth, generate, eager] + ([graphed] if DEVICE == "cuda" else []) + [speculative, suffix, mtp]
     for step in steps:  # each reports its own failure; the others' figures still count
         try:
             step()
