@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import probabilities
+from .sampling import draft_choice
 from .taps import HiddenTap, SharedKVTap
 
 
@@ -110,12 +110,8 @@ class AssistantDrafter:
         self.probs = probs or None
         return drafts
 
-    def _choose(self, logits: torch.Tensor, probs: list) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        q = probabilities(logits, self.sampling)
-        probs.append(q)
-        return int(torch.multinomial(q, 1, generator=self.generator))
+    def _choose(self, logits: torch.Tensor, probs: list) -> int:  # one draft (the tests record each first)
+        return draft_choice(logits, self.sampling, self.generator, probs)
 
     def verified(self, accepted: int) -> None:
         """After the model's pass over the newest token and `accepted` drafts that stood (and the rest):

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .sampling import probabilities
+from .sampling import draft_choice
 from .taps import HiddenTap
 
 PREFIX = "mtp."
@@ -173,12 +173,8 @@ class MTPDrafter:
         positions = torch.arange(first, first + len(tokens), device=self.device)
         return self.mtp(self.embed(ids), hidden, positions, self.cache, self.rotary)
 
-    def _choose(self, logits: torch.Tensor, probs: list) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        q = probabilities(logits, self.sampling)
-        probs.append(q)
-        return int(torch.multinomial(q, 1, generator=self.generator))
+    def _choose(self, logits: torch.Tensor, probs: list) -> int:  # one draft (the tests record each first)
+        return draft_choice(logits, self.sampling, self.generator, probs)
 
     def verified(self, accepted: int) -> None:
         """After the model's pass over `last` and the drafts: the layer's guesses leave its cache, and

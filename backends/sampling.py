@@ -36,6 +36,17 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return torch.multinomial(probabilities(logits, params), 1, generator=generator)[0]
 
 
+def draft_choice(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                 probs: list[torch.Tensor]) -> int:
+    """A drafter's token from one row of float32 logits; when sampling, the distribution it was drawn
+    from is appended to `probs` (the verification rule needs it: sampling.judge's q)."""
+    if params.greedy:
+        return int(logits.argmax())
+    q = probabilities(logits, params)
+    probs.append(q)
+    return int(torch.multinomial(q, 1, generator=generator))
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution a sampling request draws from: the logits after temperature, top-k and top-p."""
     scores = logits / params.temperature

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import next_token, probabilities, verified_token
+from .sampling import draft_choice, next_token, verified_token
 from .speculative_config import SpeculativeConfig
 
 __all__ = ["Backoff", "Drafting", "PromptLookup", "Rollback", "SpeculativeConfig", "judge"]
@@ -255,12 +255,7 @@ class DraftModel:
         self.rollback.before()
         drafts, probs = [], []
         for i in range(count):
-            if self.sampling.greedy:
-                token = int(logits.argmax())
-            else:
-                q = probabilities(logits, self.sampling)
-                token = int(torch.multinomial(q, 1, generator=self.generator))
-                probs.append(q)
+            token = draft_choice(logits, self.sampling, self.generator, probs)
             drafts.append(token)
             if i < count - 1:  # the last draft's state is not needed unless it stands
                 logits = self._forward([token])
