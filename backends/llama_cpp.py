@@ -34,7 +34,7 @@ from looptrace.common.vocabulary import Vocabulary
 from .events import Event, done_event, prefill_event
 from .llama_cpp_context import BATCH, LlamaContext, physical_cores
 from .llama_cpp_reuse import PrefixReuse
-from .pass_cost import Acceptance, PassCost
+from .pass_cost import Acceptance, PassCost, chances_of
 from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
 from .scoring import score_llama_cpp
 from .speculative import Backoff, PromptLookup, judge
@@ -85,7 +85,9 @@ class LlamaCppBackend(OnDecodeThread):
             self._thread.stop()
             raise
         self.reuse = PrefixReuse(self.context, prefix_cache_tokens, prefix_cache_bytes)
-        self.cost = PassCost()  # what a step and a verification pass cost here, measured as requests run
+        # What a step and each extra row of a verification pass cost here: measured once now, then as
+        # requests run.
+        self.cost = self._thread.call(partial(measured_cost, self.context)) if speculative is not None else PassCost()
         self.suffix = None  # suffix decoding: earlier requests' prompts and answers
         if speculative is not None and speculative.method == "suffix":
             self.suffix = SuffixCache(speculative.suffix_decoding_max_cached_requests, SUFFIX_MAX_TOKENS,
@@ -185,7 +187,10 @@ class Drafting:
         self.lookup = proposer or PromptLookup(prompt_ids, config.prompt_lookup_min, config.prompt_lookup_max)
         self.backoff = Backoff(config.num_speculative_tokens)
         self.cost = cost
-        self.record = Acceptance(config.num_speculative_tokens)
+        # What stood in this request: prompt lookup's chances (from 0.8 a draft, each as likely as the one
+        # before it), the most suffix decoding's own estimates are trusted (from 0.95).
+        self.record = Acceptance(config.num_speculative_tokens, 0.95) if proposer is not None else \
+            Acceptance(config.num_speculative_tokens, 0.8, decay=True)
         self.drafts = self.drafted = self.accepted = 0
 
     def seen(self, token: int) -> None:
@@ -195,10 +200,11 @@ class Drafting:
         """As the local backend's Drafting.step: the next tokens as (choice, drafted, accepted), or []
         when there is nothing worth drafting."""
         length = min(self.backoff.next_length(), room - 1)
+        if length > 0 and not self.cost.length([1.0] * length):
+            length = 0  # not even certain drafts would pay for their pass now: none are looked for
         drafts = self.lookup.propose(length) if length > 0 else []
         if drafts:
-            chances = getattr(self.lookup, "likelihood", None) or self.record.chances(len(drafts))
-            drafts = drafts[:self.cost.length(chances)]
+            drafts = drafts[:self.cost.length(chances_of(self.lookup, self.record, len(drafts)))]
             if not drafts:
                 self.record.unverified()
         if not drafts:
@@ -217,6 +223,23 @@ class Drafting:
         self.drafted += len(drafts)
         self.accepted += accepted
         return out
+
+
+def measured_cost(context: LlamaContext, rows: int = 9) -> PassCost:
+    """A PassCost that starts from this machine's figures: a step and a pass of `rows` after 64
+    tokens, medians of three (about 15 steps' time, once at load); the context is left empty."""
+    probe = [100 + i for i in range(64)]
+    context.eval(probe)
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for _ in range(3):
+        for n in times:
+            begun = time.perf_counter()
+            context.eval(probe[:n], every_row=n > 1)
+            times[n].append(time.perf_counter() - begun)
+            context.cut(len(probe))
+    context.clear()
+    step, passed = (sorted(times[n])[1] for n in (1, rows))
+    return PassCost(min(max((passed / step - 1) / (rows - 1), 0.0), 4.0))
 
 
 def same_vocabulary(context: LlamaContext, vocab: Vocabulary) -> None:

@@ -162,6 +162,7 @@ class SuffixDrafter:
         self.seq = cache.sequences[sid]
         self.unindexed = list(unindexed)  # tokens of the request not in the index yet
         self.likelihood: list[float] = []  # each draft's frequency along the path, as proposed
+        self.support = 0  # how many earlier occurrences that frequency was counted over
 
     def append(self, token: int) -> None:
         if self.unindexed:
@@ -177,12 +178,13 @@ class SuffixDrafter:
     def propose(self, count: int) -> list[int]:
         """Up to `count` tokens: the continuation most occurrences of the longest matching suffix took,
         while its frequency stays at min_prob or above, and no longer than factor × the match."""
-        self.likelihood = []
+        self.likelihood, self.support = [], 0
         self._catch_up()
         found = self._candidates()
         if found is None:
             return []
         match, candidates = found
+        self.support = len(candidates)
         cache = self.cache
         limit = min(count, int(cache.factor * match))
         drafts: list[int] = []

@@ -120,8 +120,10 @@ def make_backend(kind: str, model_path: str, tokenizer, threads: int | None):
 
     if not model_path.endswith(".gguf"):
         raise SystemExit("--backend llama.cpp reads a .gguf (--model FILE.gguf)")
+    # Made with a config, so that it measures what a pass costs at load as `looptrace serve` does.
     return LlamaCppBackend(lambda: LlamaContext(model_path, n_ctx=8192, threads=threads or physical_cores()), vocab,
-                           max_queue=4, prefix_cache_tokens=0, prefix_cache_bytes=0)
+                           max_queue=4, prefix_cache_tokens=0, prefix_cache_bytes=0,
+                           speculative=SpeculativeConfig.parse(CONFIGS["ngram"]))
 
 
 def use(backend, method: str) -> None:

@@ -9,9 +9,9 @@ import pytest
 from looptrace.backends.pass_cost import IDLE, MARGIN, PRIOR_EXTRA, Acceptance, PassCost
 
 
-def measured(extra: float, step: float = 0.01) -> PassCost:
+def measured(extra: float, step: float = 0.01, at_load: float = PRIOR_EXTRA) -> PassCost:
     """A PassCost that has seen passes whose every row past the first cost `extra` steps."""
-    cost = PassCost()
+    cost = PassCost(at_load)
     cost.stepped(step)
     for _ in range(60):
         cost.passed(5, step * (1 + 4 * extra))
@@ -43,16 +43,13 @@ def test_a_step_measured_slow_is_what_passes_are_weighed_against():
 
 
 def test_an_estimate_that_stopped_drafting_drifts_back_and_drafting_is_tried_again():
-    cost = measured(2.0)
+    cost = measured(2.0, at_load=0.4)  # cheap rows at load, dear since
     assert cost.length([1.0] * 8) == 0
     for _ in range(IDLE):
         cost.stepped(0.01)
     assert cost.length([1.0] * 8) == 0  # not at once
-    steps = 0
-    while not cost.length([1.0] * 8):
-        cost.stepped(0.01)
-        steps += 1
-    assert steps < 60 and cost.extra > PRIOR_EXTRA
+    steps = next(n for n in range(1, 400) if cost.stepped(0.01) or cost.length([1.0] * 8))
+    assert steps < 150 and cost.extra > 0.4
     cost.passed(9, 0.01 * 17)  # measured dear again: back off again
     assert cost.length([1.0] * 8) == 0
 
@@ -62,8 +59,22 @@ def test_prompt_lookups_record_of_what_stood_drifts_back_when_unused():
     for _ in range(40):
         record.record(4, 0)  # every draft rejected
     assert max(record.chances(4)) < 0.01
-    for _ in range(IDLE + 40):
+    for _ in range(IDLE + 60):
         record.unverified()
     assert min(record.chances(4)) > 0.5
     record.record(4, 2)
     assert record.chances(4)[:2] > record.chances(4)[2:]
+
+
+def test_suffix_decodings_frequencies_count_for_less_when_seen_few_times():
+    from looptrace.backends.pass_cost import chances_of
+
+    class Seen:
+        likelihood = [1.0, 1.0, 0.5]
+        support = 1  # one earlier occurrence: "certain" to the frequency, 2/3 by the rule of succession
+
+    record = Acceptance(3, 0.95)
+    assert chances_of(Seen, record, 3) == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    Seen.support = 38
+    assert chances_of(Seen, record, 3) == pytest.approx([0.95, 0.95, 0.5 * 39 / 40])  # capped by its record
+    assert chances_of(object(), Acceptance(3, 0.8, decay=True), 3) == pytest.approx([0.8, 0.64, 0.512])  # its record
