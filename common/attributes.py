@@ -78,6 +78,9 @@ CLIENT_VERSION = "looptrace.client.version"  # and its version
 USAGE_CACHED_TOKENS = "looptrace.usage.cached_tokens"  # prompt tokens served from a prefix cache
 INPUT_NEW_FROM = "looptrace.input.new_from"  # index of the first message new since the conversation's last request
 INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages, as gen_ai.input.messages has them
+# gen_ai.input.messages stored as what it adds to an earlier step's (trace_store/chains.py; reads return it whole):
+INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input messages these continue
+INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------
@@ -113,7 +116,19 @@ PROMPT_THINKING = "looptrace.prompt.thinking"  # whether the prompt leaves the m
 PROMPT_MERGED_SYSTEM_MESSAGES = "looptrace.prompt.merged_system_messages"  # system messages merged into one
 PROMPT_FORCED_TOKENS = "looptrace.prompt.forced_tokens"  # tokens of the answer's forced opening, at the prompt's end
 PROMPT_FORCED_PREFIX = "looptrace.prompt.forced_prefix"  # that opening's text (a forced tool call's)
-PROMPT_NOT_KEPT = "looptrace.prompt.not_kept"  # why text and ids are missing: "past_context" (refused for its length)
+PROMPT_NOT_KEPT = "looptrace.prompt.not_kept"  # why text and ids are missing: "past_context" (refused for its
+# length), "base_missing" (stored as what it adds to a step the store no longer has)
+# The prompt stored as what it adds to the conversation's previous step (trace_store/chains.py; reads return
+# PROMPT_TEXT and PROMPT_IDS whole):
+PROMPT_BASE_TRACE_ID = "looptrace.prompt.base_trace_id"  # the trace whose prompt this one continues
+PROMPT_BASE_TOKENS = "looptrace.prompt.base_tokens"  # how many of its ids come first (cut before an added token)
+PROMPT_BASE_CHARS = "looptrace.prompt.base_chars"  # how many characters of its text
+PROMPT_ADDED_IDS = "looptrace.prompt.added_ids"  # the ids after them
+PROMPT_ADDED_TEXT = "looptrace.prompt.added_text"  # the text after them
+PROMPT_NEW_CHARS = "looptrace.prompt.new_chars"  # in the store: PROMPT_NEW_TEXT as its length, the added text's end
+# How the prompt was tokenized (families/incremental.py):
+PROMPT_REUSED_TOKENS = "looptrace.prompt.reused_tokens"  # ids taken from the conversation's previous encoding
+PROMPT_CHECKED = "looptrace.prompt.checked"  # a whole encoding, done to check, agreed (absent: not checked)
 PROMPT_MEDIA = "looptrace.prompt.media"  # JSON: each attached item (kind, MIME type, size, sha256, tokens, thumbnail)
 PROMPT_MEDIA_TOKENS = "looptrace.prompt.media.{kind}_tokens"  # prompt tokens the items of one kind became
 
@@ -195,6 +210,9 @@ TOOL_RESULT_TRACE_ID = "looptrace.tool.result_trace_id"  # that later request's 
 METRIC_REQUESTS = "looptrace_requests"  # requests finished, by endpoint and HTTP status
 METRIC_PROMPT_TOKENS = "looptrace_prompt_tokens"  # prompt tokens read
 METRIC_PROMPT_CACHED_TOKENS = "looptrace_prompt_cached_tokens"  # prompt tokens served from a prefix cache
+METRIC_RENDER_TOKENS = "looptrace_render_tokens"  # prompt tokens rendered, by how: reused or encoded
+METRIC_RENDER_CHECKS = "looptrace_render_checks"  # incremental encodings checked against whole ones, by result
+METRIC_RENDER_DURATION = "looptrace_render_duration_seconds"  # rendering and tokenizing one prompt
 METRIC_GENERATION_TOKENS = "looptrace_generation_tokens"  # tokens generated, by channel
 METRIC_TIME_TO_FIRST_TOKEN = "looptrace_time_to_first_token_seconds"  # request arrival → first token
 METRIC_INTER_TOKEN_LATENCY = "looptrace_inter_token_latency_seconds"  # between consecutive tokens

@@ -18,11 +18,12 @@ from typing import Any
 from jinja2 import TemplateError
 
 from .deltas import Delta
+from .incremental import IncrementalEncoder
 from .media.parts import MediaPart, has_media, lift_from_tool_results, placeholders_only, video_metadata
+from .media.video_processor import sampler
 from .prompt_items import ItemCosts, ItemCounts
 from .prompt_length import PromptLength
 from .sanitize import mark_keys, treat_added_tokens_as_control
-from .media.video_processor import sampler
 
 THOUGHT = "thought"
 CONTENT = "content"
@@ -76,6 +77,15 @@ class Rendered:
     # The prompt as the template alone writes it, each item one placeholder, for a server that
     # expands the items itself (vLLM); None unless asked for and the prompt holds media.
     template_ids: list[int] | None = None
+    # Encoded from the conversation's previous prompt (families/incremental.py): that prompt's encoding
+    # (its serial; 0: encoded whole), how many of `ids` and of `text`'s characters were taken from it,
+    # and whether a whole encoding done to check this one agreed (None: not checked). `encoding`: this
+    # prompt's own serial, which the next turn's `reused_from` names (0: not kept).
+    encoding: int = 0
+    reused_from: int = 0
+    reused_ids: int = 0
+    reused_chars: int = 0
+    checked: bool | None = None
 
 
 class Family:
@@ -124,6 +134,7 @@ class Family:
         self.media_ids = {i: kind for i, kind in ((token_id(tok, t), k) for t, k in self.media_tokens.items())
                           if i is not None}
         self._control = treat_added_tokens_as_control(tok)
+        self.encoder = IncrementalEncoder(tok, 0)  # prompts encoded whole until keep_encodings says otherwise
         self._length = PromptLength(tok)
         self._item_costs: ItemCosts | None = None  # measured on the template when first needed
 
@@ -139,10 +150,12 @@ class Family:
         return any(isinstance(a, str) and a.startswith(cls.architectures) for a in archs)
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
-               enable_thinking: bool | None = None, template_ids: bool = False, media: bool | None = None) -> Rendered:
+               enable_thinking: bool | None = None, template_ids: bool = False, media: bool | None = None,
+               conversation: str | None = None) -> Rendered:
         """Render with the checkpoint's own template; the text is decoded back from the ids.
         `template_ids`: also the ids before the processor expands the items (Rendered.template_ids).
-        `media`: whether the messages hold decoded items, as the request's media plan says (None: look)."""
+        `media`: whether the messages hold decoded items, as the request's media plan says (None: look).
+        `conversation`: whose previous prompt to encode from (incremental.py; a prompt of text alone)."""
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         merged = 0
         if self.system_first_only:
@@ -159,6 +172,8 @@ class Family:
             messages, videos = video_metadata(messages)
             if videos:  # frames were sampled while decoding, as the processor samples them
                 extra["processor_kwargs"] = {"video_metadata": videos, "do_sample_frames": False}
+        if not with_media and self.encoder.enabled:
+            return self._render_text(messages, tools, extra, merged, conversation)
         unexpanded = None
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
@@ -189,6 +204,41 @@ class Family:
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
                         history_length=len(ids) - self._transient_tail_length(text, ids), media=media,
                         template_ids=list(unexpanded) if unexpanded is not None else None)
+
+    def _render_text(self, messages: list[dict], tools: list[dict] | None, extra: dict, merged: int,
+                     conversation: str | None) -> Rendered:
+        """A prompt of text alone, as `apply_chat_template(..., sanitize_control_tokens=True)` renders and
+        encodes it, in its two halves: the template's text, with the client's control tokens marked as
+        transformers marks them, then that text encoded from where it departs from the conversation's
+        previous prompt (incremental.py)."""
+        from transformers.utils.chat_template_utils import mark_control_tokens
+
+        try:
+            marked = self.tokenizer.apply_chat_template(
+                mark_control_tokens(messages, self._control), tools=mark_control_tokens(tools, self._control) or None,
+                add_generation_prompt=True, tokenize=False, **extra)
+            encoding, reuse = self.encoder.encode(marked, conversation)
+        except TemplateError as exc:
+            raise RenderError(exc.message or str(exc)) from exc
+        except ValueError as exc:  # an empty conversation, say
+            raise RenderError(str(exc)) from exc
+        except RecursionError as exc:
+            raise RenderError("the conversation is nested too deeply for the chat template") from exc
+        ids, text = encoding.ids.tolist(), encoding.text
+        return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
+                        history_length=len(ids) - self._transient_tail_length(text, ids),
+                        encoding=encoding.serial, reused_from=reuse.base, reused_ids=reuse.ids,
+                        reused_chars=reuse.chars, checked=reuse.checked)
+
+    def keep_encodings(self, max_bytes: int, check_every: int) -> None:
+        """Encode each prompt from its conversation's previous one (incremental.py), keeping up to
+        `max_bytes` of them (0: every prompt encoded whole); every `check_every`-th such encoding is
+        checked against a whole one (0: never)."""
+        self.encoder = IncrementalEncoder(self._tokenizer_itself(), max_bytes, check_every)
+
+    def _tokenizer_itself(self) -> Any:
+        tok = getattr(self.tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
+        return tok if hasattr(tok, "convert_tokens_to_ids") else self.tokenizer
 
     def encode_as_text(self, text: str) -> list[int]:
         """Text a client typed outside any message (a fork's replacement) as tokens, every control token

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
                        "with --backend vllm, the model the server serves)")
     _server_options(serve)
+    _prompt_options(serve)
     _media_options(serve)
     serve.add_argument("--backend", choices=registry.names(), default=None,
                        help="; ".join(f"{e.name}: {e.help}" for e in registry.ENTRIES))
@@ -76,6 +77,16 @@ def _server_options(serve: argparse.ArgumentParser) -> None:
                        help="server processes on the one port, for a relay (--backend vllm or replay): each has an "
                        "event loop of its own; this process supervises them and holds no model")
     serve.add_argument("--worker-slot", type=int, help=argparse.SUPPRESS)  # set by the supervisor for its workers
+
+
+def _prompt_options(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("prompts")
+    group.add_argument("--render-cache-mb", type=float, default=_default("render_cache_mb"), metavar="MB",
+                       help="memory for each conversation's last prompt (its text, ids and where it may be cut), so "
+                       "that the next turn tokenizes only where it departs from it; 0: every prompt tokenized whole")
+    group.add_argument("--render-check-every", type=int, default=_default("render_check_every"), metavar="N",
+                       help="tokenize every N-th such prompt whole as well and count any difference "
+                       "(looptrace_render_checks_total); 0: never")
 
 
 def _media_options(serve: argparse.ArgumentParser) -> None:

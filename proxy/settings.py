@@ -20,6 +20,10 @@ class Settings:
     max_model_len: int | None = None  # None: the checkpoint's own
     workers: int = 1  # server processes on the one port (a relay's backend only; proxy/workers.py)
     enforce_eager: bool = False  # no CUDA graph for the decode step
+    # Each conversation's last prompt, kept so that the next turn is tokenized from where it departs
+    # (families/incremental.py); 0: every prompt tokenized whole.
+    render_cache_mb: float = 256.0
+    render_check_every: int = 100  # every N-th incremental encoding is checked against a whole one; 0: never
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
     prefix_cache_tokens: int = 65536  # prompt tokens whose state the local backend keeps for the next turn; 0: off
     prefix_cache_mb: float = 2048.0  # and the memory those states may hold, their tensors counted

@@ -105,8 +105,16 @@ def serve(tmp_path_factory):
         return server
 
     yield start
+    differed = {}
     for server in started:
+        if server.process.poll() is None:
+            try:
+                differed[server.port] = server.render_differences()
+            except OSError:
+                pass  # a test stopped it, or it does not answer: nothing to read
         server.stop()
+    # Every server checks each incrementally encoded prompt against a whole encoding (server.py).
+    assert not any(differed.values()), f"incremental encodings differed from whole ones: {differed}"
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
+from .chains import base_rows, compacted
 from .packing import Unpackable, pack
 from .queries import storable
 from .schema import SPAN_COLUMNS
@@ -65,6 +66,7 @@ class Batch:
         self.traces: list[tuple] = []
         self.texts: list[tuple] = []
         self.sessions: list[tuple] = []
+        self.bases: list[tuple] = []  # trace_bases rows (chains.py)
         self.stored: list[dict] = []  # the step summaries of the requests this batch completes
 
     def add(self, span: ReadableSpan) -> None:
@@ -81,8 +83,9 @@ class Batch:
         # surrogate in one request's model once failed the whole batch, everyone's spans with it.
         self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None,
                            storable(span.name),
-                           span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
+                           span.kind.name.lower(), span.start_time, span.end_time, status, dumps(compacted(attrs)),
                            dumps(kept), dumps(links), tokens))
+        self.bases += base_rows(trace_id, span_id, attrs)
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
         if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
             self.tool_calls.append((_text(call_id), trace_id, span_id))
@@ -125,6 +128,7 @@ class Batch:
         """In the caller's transaction. Spans and tool calls before the results that join them."""
         insert(db, f"INSERT OR REPLACE INTO spans ({', '.join(SPAN_COLUMNS)}) VALUES", self.spans)
         insert(db, "INSERT OR REPLACE INTO tool_calls VALUES", self.tool_calls)
+        insert(db, "INSERT OR REPLACE INTO trace_bases VALUES", [tuple(map(_text, row)) for row in self.bases])
         insert(db, f"INSERT OR REPLACE INTO traces ({', '.join(TRACE_COLUMNS)}) VALUES", self.traces)
         insert(db, "INSERT INTO trace_text (trace_id, text) VALUES", self.texts)
         insert(db, "INSERT INTO sessions VALUES", self.sessions, SESSION_UPSERT)

@@ -17,7 +17,7 @@ together take turns (concurrent CREATE … IF NOT EXISTS can fail).
 
 from __future__ import annotations
 
-VERSION = 1  # store_version.version
+VERSION = 2  # store_version.version
 LOCK = 0x6C6F6F70  # pg_advisory_xact_lock key: "loop"
 TEXT_PART = 65536
 
@@ -49,8 +49,11 @@ CREATE TABLE IF NOT EXISTS trace_text (
 );
 CREATE TABLE IF NOT EXISTS lost_spans (trace_id text PRIMARY KEY, spans bigint NOT NULL, noted_ns bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS store_usage (writer bigint PRIMARY KEY, bytes bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS trace_bases (trace_id text NOT NULL, kind text NOT NULL, span_id text NOT NULL, base text,
+                                        PRIMARY KEY (trace_id, kind));
 CREATE TABLE IF NOT EXISTS state_conversations (
-    key text PRIMARY KEY, seen bytea, digests bytea, updated_ns bigint NOT NULL
+    key text PRIMARY KEY, seen bytea, digests bytea, updated_ns bigint NOT NULL, seen_trace text, encoding bigint,
+    digests_trace text
 );
 CREATE TABLE IF NOT EXISTS state_calls (
     call_id text PRIMARY KEY, conversation text, trace_id text NOT NULL, span_id text NOT NULL, name text,
@@ -66,6 +69,7 @@ CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start
 CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_fork ON traces (fork_of) WHERE fork_of IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tool_calls_by_trace ON tool_calls (trace_id);
+CREATE INDEX IF NOT EXISTS trace_bases_by_base ON trace_bases (base) WHERE base IS NOT NULL;
 CREATE INDEX IF NOT EXISTS trace_text_words ON trace_text USING gin (words);
 CREATE INDEX IF NOT EXISTS lost_spans_by_time ON lost_spans (noted_ns);
 CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
@@ -77,8 +81,13 @@ CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
 """
 
-# Version N+1's statements, run on a database at version N (none yet: version 1 is the first).
-UPGRADES: dict[int, str] = {}
+# Version N's statements, run on a database at version N - 1 (after TABLES, which makes new tables).
+UPGRADES: dict[int, str] = {
+    # The traces that left a conversation's state (state.py), and the prompts stored as what they add.
+    2: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_trace text;
+          ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS encoding bigint;
+          ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS digests_trace text;""",
+}
 
 
 def prepare(conn) -> None:

@@ -83,6 +83,10 @@ def write(cur, batch: Batch, writer: int) -> None:
     sessions = _merged_sessions(batch.sessions)
     if sessions:
         cur.execute(*unnest("sessions", SESSION_COLUMNS, SESSION_TYPES, sessions, SESSION_UPSERT, " AS s"))
+    bases = _last({row[:2]: row for row in batch.bases})
+    if bases:
+        cur.execute(*unnest("trace_bases", ("trace_id", "kind", "span_id", "base"), ("text",) * 4, bases,
+                            " ON CONFLICT (trace_id, kind)" + replace(("span_id", "base"))))
     _attach_results(cur, batch.results)
     if added:
         cur.execute("INSERT INTO store_usage VALUES (%s, %s) ON CONFLICT (writer) DO UPDATE "

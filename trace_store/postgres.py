@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import pg_write
 from .batch import Batch, hex_id
+from .chains import materialize
 from .location import redacted
 from .pg_schema import LOCK, prepare
 from .queries import TraceQueries, storable
@@ -100,6 +101,7 @@ def pool(url: str, *, name: str, size: int, statement_timeout_ms: int, checked: 
 
 
 class PostgresQueries(TraceQueries):
+    ALL_ROWS = "ALL"
     SPAN_ORDER = "seq"
     # EXISTS, not IN: the planner then picks per query between probing each session newest first
     # (words every step has: the first page at once) and hashing the few matches (rare words). At a
@@ -290,6 +292,7 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
         count = db.execute(f"INSERT INTO doomed {select} ON CONFLICT DO NOTHING", args).rowcount
         if not count:
             return 0
+        self._materialize(db)
         sessions = [r[0] for r in db.execute("SELECT DISTINCT session FROM traces WHERE trace_id IN "
                                              "(SELECT trace_id FROM doomed) AND session IS NOT NULL").fetchall()]
         for table in ("spans", "traces"):
@@ -297,11 +300,25 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
                        "RETURNING bytes) INSERT INTO store_usage SELECT %s, -coalesce(sum(bytes), 0) FROM gone "
                        "ON CONFLICT (writer) DO UPDATE SET bytes = store_usage.bytes + excluded.bytes",
                        (self._writer_id,))
-        for table in ("tool_calls", "trace_text", "lost_spans"):
+        for table in ("tool_calls", "trace_text", "lost_spans", "trace_bases"):
             db.execute(f"DELETE FROM {table} WHERE trace_id IN (SELECT trace_id FROM doomed)")
         for start in range(0, len(sessions), 500):
             rebuild_sessions(db, sessions[start:start + 500])
         return count
+
+    def _materialize(self, db: psycopg.Connection) -> None:
+        """The steps left that build on the doomed ones, whole first (chains.py), their bytes counted."""
+        grown = 0
+
+        def update(trace_id: str, span_id: str, attributes: str, old: str) -> None:
+            nonlocal grown
+            grown += len(attributes) - len(old)
+            db.execute("UPDATE spans SET attributes = %s, bytes = bytes + %s WHERE trace_id = %s AND span_id = %s",
+                       (attributes, len(attributes) - len(old), trace_id, span_id))
+
+        if materialize(_Reading(db), "doomed", update) and grown:
+            db.execute("INSERT INTO store_usage VALUES (%s, %s) ON CONFLICT (writer) DO UPDATE "
+                       "SET bytes = store_usage.bytes + excluded.bytes", (self._writer_id, grown))
 
     def interrupt(self) -> None:
         """The process is stopping: a held batch is given up rather than waited with."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
+from .chains import make_whole
 from .packing import restored
 from .schema import OUTCOMES
 from .tokens import expand_events
@@ -28,6 +29,7 @@ FORK_LIMIT = 50  # forks listed per step
 
 class TraceQueries:
     where = "?"
+    ALL_ROWS = "-1"  # SQLite's LIMIT for "no limit" (PostgreSQL's is ALL, or none)
     SPAN_ORDER = "rowid"  # spans that start together (prefill and decode) in the order they were stored
     # A session whose conversation id holds the text, or one of whose steps says it.
     TEXT_MATCH = ("(instr(lower(coalesce(conversation, key)), lower(?)) > 0 OR key IN ("
@@ -83,22 +85,10 @@ class TraceQueries:
             rows = db.execute(f"SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, {self.SPAN_ORDER}",
                               (trace_id,)).fetchall()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
+            spans = [self._span(r) for r in rows]
+            make_whole(db, trace_id, spans)  # each step's prompt and messages, whole (chains.py)
         if not rows and lost is None:
             return None
-        spans = []
-        for r in rows:
-            events = restored(loads(r["events"]), r["tokens"])
-            span = {
-                "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
-                "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
-                "end_time_unix_nano": r["end_ns"], "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6,
-                "status": r["status"], "attributes": loads(r["attributes"]), "events": events,
-                "links": loads(r["links"]),
-            }
-            tokens = expand_events(events)
-            if tokens:
-                span["tokens"] = tokens
-            spans.append(span)
         # The server span ends last: until it is written, the trace is still arriving. A trace that
         # lost spans on the way to the store is never complete.
         found = {"trace_id": trace_id, "complete": step is not None and lost is None, "spans": spans}
@@ -109,6 +99,21 @@ class TraceQueries:
             if step["step"]:
                 found["step"] = loads(step["step"])
         return found
+
+    @staticmethod
+    def _span(r) -> dict:
+        events = restored(loads(r["events"]), r["tokens"])
+        span = {
+            "trace_id": r["trace_id"], "span_id": r["span_id"], "parent_span_id": r["parent_id"],
+            "name": r["name"], "kind": r["kind"], "start_time_unix_nano": r["start_ns"],
+            "end_time_unix_nano": r["end_ns"], "duration_ms": (r["end_ns"] - r["start_ns"]) / 1e6,
+            "status": r["status"], "attributes": loads(r["attributes"]), "events": events,
+            "links": loads(r["links"]),
+        }
+        tokens = expand_events(events)
+        if tokens:
+            span["tokens"] = tokens
+        return span
 
     def tokens(self, trace_id: str) -> dict | None:
         """A trace's generated tokens, one dict each, without its other spans (which hold whole prompts)."""
@@ -188,19 +193,27 @@ class TraceQueries:
         after = rows[-1] if more else None
         return {"data": rows, "next": f"{after['last_ns']}:{after['key']}" if after else None, **facets}
 
-    def session(self, key: str) -> dict | None:
-        """A session and its steps in order, each the summary its request was stored with."""
+    def session(self, key: str, offset: int = 0, limit: int | None = None) -> dict | None:
+        """A session and its steps in order, each the summary its request was stored with: all of them,
+        or `limit` from step `offset` (a page of a session of hundreds of steps; `steps_total` says how
+        many there are)."""
+        page, args = (" LIMIT ? OFFSET ?", (limit, offset)) if limit is not None else \
+            (" LIMIT -1 OFFSET ?" if self.ALL_ROWS == "-1" else " OFFSET ?", (offset,))
         with self._reader() as db:
             head = db.execute("SELECT * FROM sessions WHERE key = ?", (key,)).fetchone()
             if head is None:
                 return None
             rows = db.execute("SELECT t.*, l.spans AS lost FROM traces t LEFT JOIN lost_spans l USING (trace_id) "
-                              "WHERE t.session = ? AND t.fork_of IS NULL ORDER BY t.start_ns", (key,)).fetchall()
+                              "WHERE t.session = ? AND t.fork_of IS NULL ORDER BY t.start_ns, t.trace_id" + page,
+                              (key, *args)).fetchall()
             forks: dict[str, list[str]] = {}
-            for fork in db.execute(
-                    "SELECT f.trace_id, f.fork_of FROM traces f JOIN traces t ON f.fork_of = t.trace_id "
-                    "WHERE t.session = ? ORDER BY f.start_ns LIMIT ?", (key, FORK_LIMIT * 20)):
-                forks.setdefault(fork["fork_of"], []).append(fork["trace_id"])
+            shown = [r["trace_id"] for r in rows]
+            for start in range(0, len(shown), 500):  # the forks of the steps shown, whatever the session's size
+                chunk = shown[start:start + 500]
+                for fork in db.execute(
+                        f"SELECT trace_id, fork_of FROM traces WHERE fork_of IN ({','.join('?' * len(chunk))}) "
+                        "ORDER BY start_ns LIMIT ?", (*chunk, FORK_LIMIT * 20)):
+                    forks.setdefault(fork["fork_of"], []).append(fork["trace_id"])
         steps = []
         for r in rows:
             step = loads(r["step"]) if r["step"] else _bare_step(r)
@@ -209,7 +222,7 @@ class TraceQueries:
             if r["trace_id"] in forks:
                 step["forks"] = forks[r["trace_id"]][:FORK_LIMIT]
             steps.append(step)
-        return {**_session(head), "steps": steps}
+        return {**_session(head), "steps": steps, "steps_total": head["steps"], "steps_offset": offset}
 
 
 # The distinct values of an indexed column, one index seek each (a skip scan written out): listing

@@ -8,6 +8,8 @@
     trace_text  what a person searches for (new messages, the model's output), full-text indexed
     tool_calls  call id → the span that made the call, so a result seen later can join it
     lost_spans  traces that lost spans before they were stored (a full queue, a failed batch)
+    trace_bases where each step's prompt and input messages are stored, and the step they build on
+                (chains.py: a long session's steps are stored as what each adds)
 
 A span's token events are kept packed in `spans.tokens` (packing.py) since version 4; a span
 stored before that keeps them in `events` as JSON, and reads back the same.
@@ -19,7 +21,7 @@ import sqlite3
 
 from looptrace.common import attributes as attr
 
-VERSION = 4  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+VERSION = 5  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
 
 
 def request_span(spans: list[dict]) -> dict | None:
@@ -67,6 +69,14 @@ CREATE TABLE IF NOT EXISTS lost_spans (trace_id TEXT PRIMARY KEY, spans INTEGER 
 # clients without reading every session.
 VERSION_4_COLUMNS = (("spans", "tokens", "BLOB"),)
 
+# Version 5: where each step's prompt and input messages are stored, and the step they build on
+# (chains.py: NULL for one stored whole).
+VERSION_5 = """
+CREATE TABLE IF NOT EXISTS trace_bases (trace_id TEXT NOT NULL, kind TEXT NOT NULL, span_id TEXT NOT NULL, base TEXT,
+                                        PRIMARY KEY (trace_id, kind));
+CREATE INDEX IF NOT EXISTS trace_bases_by_base ON trace_bases (base) WHERE base IS NOT NULL;
+"""
+
 INDEXES = """
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
@@ -102,6 +112,7 @@ def prepare(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE traces ADD COLUMN {column} {kind}")
         db.executescript(VERSION_2)
         db.executescript(VERSION_3)
+        db.executescript(VERSION_5)
         for table, column, kind in VERSION_4_COLUMNS:
             if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .batch import Batch, hex_id, insert
+from .chains import materialize
 from .queries import SQLiteQueries
 from .schema import prepare, rebuild_sessions
 from .steps import StepGatherer
@@ -163,9 +164,10 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
         db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id TEXT PRIMARY KEY)")
         db.execute("DELETE FROM doomed")
         db.execute(f"INSERT OR IGNORE INTO doomed {select}", args)
+        materialize(db, "doomed")  # the steps left that build on these, whole first (chains.py)
         sessions = [r[0] for r in db.execute(
             "SELECT DISTINCT session FROM traces WHERE trace_id IN doomed AND session IS NOT NULL")]
-        for table in ("spans", "tool_calls", "trace_text", "lost_spans", "traces"):
+        for table in ("spans", "tool_calls", "trace_text", "lost_spans", "trace_bases", "traces"):
             db.execute(f"DELETE FROM {table} WHERE trace_id IN doomed")
         for start in range(0, len(sessions), 500):  # what is left of the sessions they belonged to
             rebuild_sessions(db, sessions[start:start + 500])

@@ -24,6 +24,7 @@ import time
 import zlib
 from array import array
 from pathlib import Path
+from typing import NamedTuple
 
 from .queries import storable
 
@@ -34,7 +35,8 @@ COMPRESS_FROM = 1024  # a stored response's JSON is compressed past this size
 
 SQLITE_TABLES = """
 CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
-                                                updated_ns INTEGER NOT NULL);
+                                                updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
+                                                digests_trace TEXT);
 CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
                                         span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
@@ -45,10 +47,20 @@ CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
 """
 
+# A conversation's seen ids are saved with the trace that left them and its prompt's encoding (the
+# next turn's prompt is stored as what it adds to that trace's: proxy/observe/request_spans.py), its
+# messages' digests with the trace whose messages they are; either pair may be saved alone.
 SAVE_CONVERSATION = """
-INSERT INTO state_conversations AS c (key, seen, digests, updated_ns) VALUES (?, ?, ?, ?)
-ON CONFLICT (key) DO UPDATE SET seen = coalesce(excluded.seen, c.seen), digests = coalesce(excluded.digests, c.digests),
-                                updated_ns = excluded.updated_ns"""
+INSERT INTO state_conversations AS c (key, seen, digests, updated_ns, seen_trace, encoding, digests_trace)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET
+    seen = coalesce(excluded.seen, c.seen), digests = coalesce(excluded.digests, c.digests),
+    updated_ns = excluded.updated_ns,
+    seen_trace = CASE WHEN excluded.seen IS NULL THEN c.seen_trace ELSE excluded.seen_trace END,
+    encoding = CASE WHEN excluded.seen IS NULL THEN c.encoding ELSE excluded.encoding END,
+    digests_trace = CASE WHEN excluded.digests IS NULL THEN c.digests_trace ELSE excluded.digests_trace END"""
+# Added to state_conversations after its first version: (column, type), for a file made before.
+ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"))
 SAVE_CALL = """
 INSERT INTO state_calls AS c VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (call_id) DO UPDATE SET conversation = excluded.conversation, trace_id = excluded.trace_id,
@@ -61,6 +73,17 @@ DELETE FROM state_responses WHERE id IN (SELECT id FROM (
     SELECT id, sum(size) OVER (ORDER BY created_ns DESC, id DESC) AS total FROM state_responses) t WHERE total > ?)"""
 
 Call = tuple[str, str, str]  # (trace id, span id, tool name) of the span that made a call
+
+
+class Recalled(NamedTuple):
+    """A conversation's state as its last turns left it (None where nothing was saved)."""
+
+    seen: list[int] | None  # the ids its model saw last: prompt, then answer
+    digests: list[int] | None  # its last request's messages, a digest each
+    calls: dict[str, Call]  # its tool calls waiting for their results
+    seen_trace: str | None = None  # the trace that left `seen`
+    encoding: int = 0  # that trace's prompt's encoding (families/incremental.py), 0: unknown
+    digests_trace: str | None = None  # the trace that left `digests`
 
 
 def pack_ids(ids: list[int]) -> bytes:
@@ -112,13 +135,18 @@ class StateStore:
         path) as the store can hold them: one that could not be bound would fail the store for all."""
         return [(sql, tuple(storable(a) if type(a) is str else a for a in args)) for sql, args in statements]
 
-    def load(self, key: str) -> tuple[list[int] | None, list[int] | None, dict[str, Call]]:
-        """A conversation's seen ids and last messages' digests, and its calls waiting for results."""
+    def load(self, key: str) -> Recalled:
+        """A conversation's seen ids and last messages' digests (with the traces that left them), and
+        its calls waiting for results."""
         rows, calls = self._read([
-            ("SELECT seen, digests FROM state_conversations WHERE key = ?", (key,)),
+            ("SELECT seen, digests, seen_trace, encoding, digests_trace FROM state_conversations WHERE key = ?",
+             (key,)),
             ("SELECT call_id, trace_id, span_id, name FROM state_calls WHERE conversation = ?", (key,))])
-        seen, digests = (unpack_ids(rows[0][0]), unpack_digests(rows[0][1])) if rows else (None, None)
-        return seen, digests, {c[0]: (c[1], c[2], c[3]) for c in calls}
+        waiting = {c[0]: (c[1], c[2], c[3]) for c in calls}
+        if not rows:
+            return Recalled(None, None, waiting)
+        seen, digests, seen_trace, encoding, digests_trace = rows[0]
+        return Recalled(unpack_ids(seen), unpack_digests(digests), waiting, seen_trace, encoding or 0, digests_trace)
 
     def calls(self, call_ids: list[str]) -> dict[str, Call]:
         """Waiting calls by id, whatever their conversation (a request that names none)."""
@@ -129,14 +157,17 @@ class StateStore:
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
     def save(self, key: str | None, *, seen: list[int] | None, digests: list[int] | None,
-             expected: dict[str, Call], taken: list[str]) -> None:
-        """One request's changes, in one transaction: what its model saw, its messages' digests, the
-        calls it made (waiting now) and the calls whose results it brought (waiting no more)."""
+             expected: dict[str, Call], taken: list[str], trace_id: str | None = None, encoding: int = 0) -> None:
+        """One request's changes, in one transaction: what its model saw (and the encoding of its
+        prompt), its messages' digests, both left by its trace `trace_id`, the calls it made (waiting
+        now) and the calls whose results it brought (waiting no more)."""
         now = time.time_ns()
         statements = []
         if key is not None and (seen is not None or digests is not None):
-            statements.append((SAVE_CONVERSATION, (key, None if seen is None else pack_ids(seen),
-                                                   None if digests is None else pack_digests(digests), now)))
+            statements.append((SAVE_CONVERSATION, (
+                key, None if seen is None else pack_ids(seen), None if digests is None else pack_digests(digests),
+                now, trace_id if seen is not None else None, encoding if seen is not None else None,
+                trace_id if digests is not None else None)))
         if taken:
             statements.append((f"DELETE FROM state_calls WHERE call_id IN ({','.join('?' * len(taken))})",
                                tuple(taken)))
@@ -195,6 +226,10 @@ class SQLiteState(StateStore):
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(SQLITE_TABLES)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(state_conversations)")}
+            for column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
+                if column not in have:
+                    conn.execute(f"ALTER TABLE state_conversations ADD COLUMN {column} {kind}")
             self._conn = conn
         return self._conn
 

@@ -32,7 +32,7 @@ from looptrace.families.prompt_items import ItemCounts, TooManyItems
 
 from .errors import Refused
 from .observer import Observer
-from .request import GenerationRequest, Step, StoredPrompt
+from .request import GenerationRequest, Step
 from .runtime import Runtime
 from .stops import StopStrings
 
@@ -98,7 +98,8 @@ class Generation:
             messages = self._checked_before_rendering(tools)
             try:
                 rendered = family.render(messages, tools, request.enable_thinking, media=bool(self.media),
-                                         template_ids=bool(self.media) and runtime.backend.expands_media)
+                                         template_ids=bool(self.media) and runtime.backend.expands_media,
+                                         conversation=request.conversation)
             except RenderError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
                               code="template_error") from exc

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from looptrace.common.sequences import common_prefix
-from looptrace.trace_store.state import MAX_CALLS, MAX_CONVERSATIONS, StateStore
+from looptrace.trace_store.state import MAX_CALLS, MAX_CONVERSATIONS, Recalled, StateStore
 
 log = logging.getLogger("looptrace")
 
@@ -67,9 +67,11 @@ class Conversations:
     def digest(message: str) -> int:
         return hash(message)  # this process's own hash: the digests never leave it
 
-    def _recall(self, turn: Turn) -> tuple[list[int] | None, list[int] | None]:
+    def _recall(self, turn: Turn) -> Recalled:
         with self._lock:
-            return self._seen.get(turn.conversation), self._messages.get(turn.conversation)
+            seen, seen_trace, encoding = self._seen.get(turn.conversation) or (None, None, 0)
+            digests, digests_trace = self._messages.get(turn.conversation) or (None, None)
+        return Recalled(seen, digests, {}, seen_trace, encoding, digests_trace)
 
     def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
         with self._lock:
@@ -80,9 +82,9 @@ class Conversations:
         with self._lock:
             if turn.conversation is not None:
                 if turn.digests is not None:
-                    self._messages.remember(turn.conversation, turn.digests)
+                    self._messages.remember(turn.conversation, (turn.digests, turn.trace_id))
                 if turn.seen_now is not None:
-                    self._seen.remember(turn.conversation, turn.seen_now)
+                    self._seen.remember(turn.conversation, (turn.seen_now, turn.trace_id, turn.encoding))
             for call_id, call in turn.expected.items():
                 self._calls.remember(call_id, call)
 
@@ -94,11 +96,13 @@ class Turn:
     """One request's view of its conversation (or of none: its tool calls are still linked)."""
 
     __slots__ = ("owner", "conversation", "_ahead", "_recalled", "answered", "waiting", "digests", "seen_now",
-                 "expected", "taken", "_kept")
+                 "expected", "taken", "_kept", "trace_id", "encoding")
 
     def __init__(self, owner: Conversations, conversation: str | None, ahead: Future | None) -> None:
         self.owner, self.conversation, self._ahead = owner, conversation, ahead
-        self._recalled: tuple | None = None
+        self._recalled: Recalled | None = None
+        self.trace_id: str | None = None  # this request's trace, which the next turn's record may build on
+        self.encoding = 0  # its prompt's encoding (families/incremental.py), once finished
         self.answered = False  # whether the store answered for the conversation (else: this process's memory)
         self.waiting: dict[str, Call] = {}  # the conversation's calls waiting for results, as the store had them
         self.digests: list[int] | None = None  # this request's messages
@@ -107,20 +111,26 @@ class Turn:
         self.taken: list[str] = []  # calls whose results it brought
         self._kept = False
 
-    def _recall(self) -> tuple:
+    def _recall(self) -> Recalled:
         if self._recalled is None:
-            self._recalled = self.owner._recall(self)
+            self._recalled = self.owner._recall(self) if self.conversation else Recalled(None, None, {})
         return self._recalled
 
     def seen(self) -> list[int] | None:
         """The ids the conversation's model saw last (its prompt, then its output)."""
-        return self._recall()[0] if self.conversation else None
+        return self._recall().seen
 
-    def new_messages_from(self, messages: list[str]) -> int:
-        """Where this request's messages (as JSON) stop repeating the last request's."""
+    def seen_from(self) -> tuple[str | None, int]:
+        """The trace that left `seen`, and its prompt's encoding (0: unknown)."""
+        recalled = self._recall()
+        return recalled.seen_trace, recalled.encoding
+
+    def new_messages_from(self, messages: list[str]) -> tuple[int, str | None]:
+        """Where this request's messages (as JSON) stop repeating the last request's, and the trace
+        of that last request."""
         self.digests = [self.owner.digest(m) for m in messages]
-        previous = self._recall()[1] if self.conversation else None
-        return common_prefix(previous or [], self.digests)
+        recalled = self._recall()
+        return common_prefix(recalled.digests or [], self.digests), recalled.digests_trace
 
     def take_results(self, call_ids: list[str]) -> dict[str, Call]:
         """The calls these results answer (their span and tool name), each once."""
@@ -133,9 +143,10 @@ class Turn:
         """A tool call was made; its result will come back in a later request."""
         self.expected[call_id] = (span, name)
 
-    def finish(self, seen: list[int] | None) -> None:
-        """The answer is complete (its ids, for a conversation): kept now, before the client hears the end."""
-        self.seen_now = seen
+    def finish(self, seen: list[int] | None, encoding: int = 0) -> None:
+        """The answer is complete (its ids, for a conversation, and its prompt's encoding): kept now,
+        before the client hears the end."""
+        self.seen_now, self.encoding = seen, encoding
         self.end()
 
     def end(self) -> None:
@@ -165,15 +176,14 @@ class StoredConversations(Conversations):
         return int.from_bytes(hashlib.blake2b(message.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
                               "little", signed=True)
 
-    def _recall(self, turn: Turn) -> tuple[list[int] | None, list[int] | None]:
+    def _recall(self, turn: Turn) -> Recalled:
         if turn._ahead is not None:
             found = self._answer(turn._ahead)
             if found is not None:
-                seen, digests, calls = found
                 turn.answered = True
                 turn.waiting = {call_id: (_context(trace_id, span_id), name)
-                                for call_id, (trace_id, span_id, name) in calls.items()}
-                return seen, digests
+                                for call_id, (trace_id, span_id, name) in found.calls.items()}
+                return found
         return super()._recall(turn)
 
     def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
@@ -198,7 +208,8 @@ class StoredConversations(Conversations):
         expected = {call_id: (format(span.trace_id, "032x"), format(span.span_id, "016x"), name)
                     for call_id, (span, name) in turn.expected.items()}
         self._answer(self._pool.submit(self.state.save, turn.conversation, seen=turn.seen_now, digests=turn.digests,
-                                       expected=expected, taken=turn.taken))
+                                       expected=expected, taken=turn.taken, trace_id=turn.trace_id,
+                                       encoding=turn.encoding))
 
     def _up(self) -> bool:
         return time.monotonic() >= self._down_until

@@ -41,6 +41,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000)
 
 
@@ -79,6 +80,17 @@ class _ExemplarHistogram(Histogram):
 
 
 class Metrics:
+    def _render_metrics(self, histogram) -> None:
+        """Rendering: what a turn's prompt cost, and how much of it was taken from the turn before."""
+        r = self.registry
+        self.render_tokens = Counter(attr.METRIC_RENDER_TOKENS, "Prompt tokens rendered, by how: reused (taken from "
+                                     "the conversation's previous prompt) or encoded.", ["model", "how"], registry=r)
+        self.render_checks = Counter(attr.METRIC_RENDER_CHECKS, "Prompts encoded from the conversation's previous one "
+                                     "and checked against a whole encoding, by result (same, differed).",
+                                     ["model", "result"], registry=r)
+        self.render_duration = histogram(attr.METRIC_RENDER_DURATION, "Rendering a prompt with the chat template and "
+                                         "tokenizing it.", ["model"], buckets=RENDER_BUCKETS, registry=r)
+
     def __init__(self) -> None:
         # The same switch prometheus_client read when it was imported: values in per-process files.
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -92,6 +104,7 @@ class Metrics:
         self.prompt_tokens = Counter(attr.METRIC_PROMPT_TOKENS, "Prompt tokens read.", ["model"], registry=r)
         self.cached_tokens = Counter(attr.METRIC_PROMPT_CACHED_TOKENS,
                                      "Prompt tokens served from a prefix cache.", ["model"], registry=r)
+        self._render_metrics(histogram)
         self.generation_tokens = Counter(attr.METRIC_GENERATION_TOKENS,
                                          "Tokens generated, by channel (thought, content, tool_call).",
                                          ["model", "channel"], registry=r)

@@ -62,7 +62,15 @@ class RequestMetrics(Observer):
     # -- the generation --
 
     def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:
-        runs, model = generation.media_runs, self.model
+        runs, model, rendered = generation.media_runs, self.model, generation.rendered
+        metrics = self.metrics
+        metrics.render_duration.labels(model).observe((ended_ns - started_ns) / NS_PER_SECOND, self._exemplar)
+        if rendered is not None:
+            reused = rendered.reused_ids
+            metrics.render_tokens.labels(model, "reused").inc(reused)
+            metrics.render_tokens.labels(model, "encoded").inc(len(generation.prompt_ids) - reused)
+            if rendered.checked is not None:
+                metrics.render_checks.labels(model, "same" if rendered.checked else "differed").inc()
         for n, part in enumerate(generation.media_parts):
             self.metrics.media_items.labels(model, part.kind).inc()
             self.metrics.media_tokens.labels(model, part.kind).inc(runs[n][2] if n < len(runs) else 0)

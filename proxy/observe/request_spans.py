@@ -15,9 +15,6 @@ the decode span gets its token events in groups, built in bulk (trace_store/toke
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
 import logging
 import time
 from types import MappingProxyType
@@ -34,12 +31,14 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.schema import request_span
-from looptrace.trace_store.tokens import GROUP, columns as token_columns
+from looptrace.trace_store.tokens import GROUP
+from looptrace.trace_store.tokens import columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
 from . import genai
 from .conversations import Conversations, Turn
+from .prompt_record import media_items, stored_prompt, template_hash
 
 log = logging.getLogger("looptrace")
 
@@ -78,11 +77,13 @@ class RequestSpans(Observer):
     def turn(self) -> Turn:
         if self._turn is None:
             self._turn = self.conversations.begin(self.conversation)
+            self._turn.trace_id = self.trace_id
         return self._turn
 
     def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
         self.model, self.conversation = model, conversation
         self._turn = self.conversations.begin(conversation)  # its last turn is read while this one is prepared
+        self._turn.trace_id = self.trace_id
         self.span.update_name(f"{self.endpoint} {model}")
         self.span.set_attributes({attr.GEN_AI_REQUEST_MODEL: model, attr.GEN_AI_REQUEST_STREAM: stream})
         if conversation:
@@ -111,18 +112,25 @@ class RequestSpans(Observer):
         tokenizer = runtime.tokenizer
         results, links = self._tool_results(generation.request.messages, content)
         seen = self.turn.seen()
-        new_at = common_prefix(seen, ids) if seen else 0
+        # Where this prompt departs from what the conversation's model saw last (its prompt and answer),
+        # compared from where its encoding departed from that prompt: the ids before it are known equal.
+        _, encoding = self.turn.seen_from()
+        known = rendered.reused_ids if seen and rendered.reused_from and rendered.reused_from == encoding else 0
+        new_at = known + common_prefix(seen[known:], ids[known:]) if seen else 0
         attributes = {
             attr.FAMILY: runtime.family.name,
-            attr.TEMPLATE_SHA256: _template_hash(tokenizer),
+            attr.TEMPLATE_SHA256: template_hash(tokenizer),
             attr.PROMPT_TOKENS: len(ids),
             attr.PROMPT_NEW_OFFSET: new_at,
             attr.PROMPT_THINKING: rendered.thinking,
+            attr.PROMPT_REUSED_TOKENS: rendered.reused_ids,
         }
+        if rendered.checked is not None:
+            attributes[attr.PROMPT_CHECKED] = rendered.checked
         if rendered.merged_system:
             attributes[attr.PROMPT_MERGED_SYSTEM_MESSAGES] = rendered.merged_system
         if generation.media_parts:  # a prompt of text alone holds no media tokens: a typed one is text
-            items = _media_items(generation, content)
+            items = media_items(generation, content)
             attributes[attr.PROMPT_MEDIA] = dumps(items)
             for item in items:
                 key = attr.prompt_media_tokens(item["kind"])
@@ -133,9 +141,8 @@ class RequestSpans(Observer):
         if self.content and not content:  # read as "recorded without content" otherwise
             attributes[attr.PROMPT_NOT_KEPT] = "past_context"
         if content:
-            attributes[attr.PROMPT_TEXT] = rendered.text + generation.forced_text
-            attributes[attr.PROMPT_IDS] = ids
-            attributes[attr.PROMPT_NEW_TEXT] = tokenizer.decode(ids[new_at:]) if new_at else ""
+            new_text = tokenizer.decode(ids[new_at:]) if new_at else ""
+            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, *self.turn.seen_from()))
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -151,12 +158,15 @@ class RequestSpans(Observer):
         request = generation.request
         messages = [dumps(genai.message(m)) for m in request.messages]
         instructions, lead = genai.system_instructions(request.messages)
-        new_from = self.turn.new_messages_from(messages) if self.conversation else 0
+        new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
         attributes = {
-            attr.GEN_AI_INPUT_MESSAGES: "[" + ",".join(messages[lead:]) + "]",
             attr.INPUT_NEW_FROM: new_from,
             attr.INPUT_NEW_MESSAGES: "[" + ",".join(messages[new_from:]) + "]",
         }
+        if base and new_from > lead:  # the same system messages lead both: stored as what it adds (chains.py)
+            attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
+        else:
+            attributes[attr.GEN_AI_INPUT_MESSAGES] = "[" + ",".join(messages[lead:]) + "]"
         if instructions:
             attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = dumps(instructions)
         if request.tools:
@@ -296,7 +306,8 @@ class RequestSpans(Observer):
         if self.conversation:
             self._flush_tokens()
         # Kept before the client hears the end: its next turn, on any process, finds this one.
-        self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None)
+        self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None,
+                         generation.rendered.encoding if generation.rendered is not None else 0)
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span
@@ -356,36 +367,3 @@ def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:
         span.add_event(name, attributes, timestamp)
     else:
         add(Event(name, MappingProxyType(attributes), timestamp))
-
-
-def _template_hash(tokenizer) -> str:
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):
-        template = "".join(template.get(k, "") for k in sorted(template))
-    return _sha256(template)
-
-
-@functools.lru_cache(maxsize=8)
-def _sha256(text: str) -> str:
-    # Once per template, not per request: a str keeps its own hash, so the lookup costs nothing.
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _media_items(generation: Generation, content: bool) -> list[dict]:
-    """Each attached item as the trace keeps it: what it was, and where the media tokens it became
-    start and how many they are (a video's are spread over its frames, between timestamps)."""
-    runs = generation.media_runs
-    items = []
-    for n, part in enumerate(generation.media_parts):
-        info = dict(part.info)
-        thumbnail = info.pop("thumbnail", None)
-        offset, span, length = runs[n] if n < len(runs) else (None, 0, 0)
-        item = {"kind": part.kind, "mime": part.mime, "param": part.param, **info, "tokens": length, "offset": offset}
-        if span != length:
-            item["span"] = span
-        if part.url:
-            item["url"] = part.url
-        if content and thumbnail:
-            item["thumbnail"] = "data:image/jpeg;base64," + base64.b64encode(thumbnail).decode()
-        items.append(item)
-    return items

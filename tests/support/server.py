@@ -34,6 +34,11 @@ class Server(Service):
             command += ["--trace-db", str(self.trace_db)]
         if api_key:
             command += ["--api-key", api_key]
+        if "--render-check-every" not in args:
+            # Every prompt encoded from its conversation's previous one is checked against a whole
+            # encoding: every test with a real harness is then a test of incremental encoding too
+            # (conftest.py's `serve` fails a module whose servers counted a difference).
+            command += ["--render-check-every", "1"]
         super().__init__(command, log_dir / f"looptrace-{self.port}.log", env=env, cwd=ROOT)
 
     @property
@@ -91,6 +96,23 @@ class Server(Service):
         status, trace = self.get(f"/v1/traces/{newest}")
         assert status == 200, trace
         return trace
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One series of /metrics, summed over the labels not given (0 when absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            series, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def render_differences(self) -> float:
+        """Prompts whose incremental encoding differed from a whole one (see __init__)."""
+        return self.metric("looptrace_render_checks_total", result="differed")
 
     def get(self, path: str, **kw) -> tuple[int, dict]:
         return self.request("GET", path, **kw)

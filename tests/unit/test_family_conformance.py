@@ -26,14 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import agent_sessions
 import pytest
+from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
 
 from looptrace.common.checkpoint import Checkpoint, read_config
 from looptrace.families import FAMILIES, ChatML, Family, Gemma4, Qwen3_5, family_for_config
 
 import build_cache
 import tiny_models
-from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
 
 Q = '<|"|>'  # Gemma 4's string delimiter token
 
@@ -414,6 +415,37 @@ class TestFamily:
                 assert found == 0 or limit < found <= actual, (name, limit, found, actual)
             assert family.tokens_beyond(messages, actual // 9) > 0, name  # sliced and counted
             assert family.tokens_beyond(messages, 10) > 0, name  # by bytes alone
+
+    # -- incremental encoding (families/incremental.py) ---------------------------------------------
+
+    @pytest.mark.parametrize("thinking_on", [False, True, None])
+    def test_each_turn_encoded_from_the_last_is_its_whole_encoding(self, family, every_control_token, thinking_on):
+        """A tool-calling session turn by turn, every family's control tokens in every kind of text: the
+        prompt encoded from the turn before (and from another session's opening, for a new one) is the
+        whole encoding, ids and text, and most of it is taken from the turn before."""
+        incremental = type(family)(family.tokenizer, family.generation_config)
+        incremental.keep_encodings(1 << 28, 0)
+        hostile = [*every_control_token, "a" + "\n".join(every_control_token) + "b"]
+        reused = total = 0
+        for session in range(3):
+            for messages in agent_sessions.turns(session, 16, hostile):
+                whole = family.render(messages, [agent_sessions.READ_FILE], thinking_on)
+                part = incremental.render(messages, [agent_sessions.READ_FILE], thinking_on, conversation=f"s{session}")
+                assert (part.ids, part.text, part.thinking, part.history_length) == \
+                    (whole.ids, whole.text, whole.thinking, whole.history_length), (session, len(messages))
+                reused, total = reused + part.reused_ids, total + len(part.ids)
+        assert reused > total / 2
+
+    def test_a_conversation_new_here_is_encoded_from_another_with_its_opening(self, family):
+        incremental = type(family)(family.tokenizer, family.generation_config)
+        incremental.keep_encodings(1 << 28, 0)
+        first, second = (list(agent_sessions.turns(seed, 3, [], reasoning=False))[-1] for seed in (1, 2))
+        first[0]["content"] *= 30  # a system prompt longer than the opening keys go by (incremental.HEAD_CHARS)
+        second[0] = first[0]  # the same system prompt (and tools)
+        incremental.render(first, [agent_sessions.READ_FILE], False, conversation="a")
+        part = incremental.render(second, [agent_sessions.READ_FILE], False, conversation="b")
+        assert part.ids == family.render(second, [agent_sessions.READ_FILE], False).ids
+        assert part.reused_ids > 20
 
     # -- tokens --------------------------------------------------------------------------------------
 

@@ -17,9 +17,8 @@ from looptrace.proxy.observe import conversations as conversations_module
 from looptrace.proxy.observe.conversations import Conversations, StoredConversations
 from looptrace.trace_store import state as state_module
 
-from stores import SilentState as Silent
-
 from .test_responses_request import bounded_by_bytes, newest_conversations_only, user
+from stores import SilentState as Silent
 
 CALL = SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 FIRST = ['{"role":"system"}', '{"role":"user","n":1}']
@@ -32,15 +31,35 @@ def two_processes(stores):
 
 
 def one_turn(conversations, messages: list[str], seen: list[int], call: str | None = None,
-             results: list[str] = ()) -> tuple[list[int] | None, int, dict]:
+             results: list[str] = (), trace_id: str | None = None) -> tuple[list[int] | None, int, dict]:
     turn = conversations.begin("agent-1")
+    turn.trace_id = trace_id
     before = turn.seen()
     taken = turn.take_results(list(results))
-    new_from = turn.new_messages_from(messages)
+    new_from, _ = turn.new_messages_from(messages)
     if call:
         turn.expect_result(call, CALL, "read_file")
-    turn.finish(seen)
+    turn.finish(seen, encoding=len(seen))
     return before, new_from, taken
+
+
+def test_a_turn_finds_the_trace_and_encoding_its_conversation_continues(stores):
+    """The next turn stores its prompt and messages as what they add to the last turn's trace
+    (trace_store/chains.py): both the trace and the prompt's encoding come back, on another process;
+    a request that failed leaves its messages' trace, not its prompt's."""
+    a, b = two_processes(stores)
+    try:
+        one_turn(a, FIRST, [1, 2, 3], trace_id="a" * 32)
+        turn = b.begin("agent-1")
+        assert turn.seen_from() == ("a" * 32, 3)
+        assert turn.new_messages_from(SECOND) == (2, "a" * 32)
+        turn.trace_id = "b" * 32
+        turn.end()  # failed: its digests are kept, with its trace; what the model saw stays the first turn's
+        turn = a.begin("agent-1")
+        assert turn.seen_from() == ("a" * 32, 3) and turn.new_messages_from(SECOND) == (4, "b" * 32)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_turn_on_one_process_continues_on_another(stores):
@@ -107,7 +126,7 @@ def test_the_hot_read_is_one_query_of_packed_ids(stores):
         ids = list(range(100_000, 132_768))
         state.save("long", seen=ids, digests=list(range(-50, 50)), expected={}, taken=[])
         started = time.perf_counter()
-        seen, digests, calls = state.load("long")
+        seen, digests, calls, *_ = state.load("long")
         assert (seen, digests, calls) == (ids, list(range(-50, 50)), {})
         assert time.perf_counter() - started < 1.0  # milliseconds here (bench/tracing.py state measures it)
     finally:

@@ -11,11 +11,13 @@ import time
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
 
 from looptrace.trace_store.processor import QueueingSpanProcessor
 from looptrace.trace_store.schema import VERSION
 from looptrace.trace_store.sqlite import SQLiteTraceStore
+
+from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
+
 
 @pytest.fixture(scope="module")
 def agent_spans(qwen3_5_dir, tmp_path_factory):
@@ -78,7 +80,7 @@ def test_a_batch_is_a_few_statements_not_one_per_span(agent_spans, stores, monke
     assert store.export(many) is SpanExportResult.SUCCESS
     # (Lines starting "--" are SQLite's own statements inside one of ours: FTS5's, no GIL involved.)
     writes = [s for s in statements if not s.startswith(("BEGIN", "COMMIT", "--"))]
-    assert len(many) >= 400 and len(writes) <= 10, "\n".join(w[:50] for w in writes)
+    assert len(many) >= 400 and len(writes) <= 12, "\n".join(w[:50] for w in writes)  # a few per table
     assert len(store.list_traces(limit=1000)["data"]) == 5
 
 
