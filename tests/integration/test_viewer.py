@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import clients
-from browser import MissingChromium, Page, chromium
 from .test_clients import call, folders, outcome
+from browser import MissingChromium, Page, chromium
 
 KEY = "sk-viewer-test"
 MODEL = "qwen3.5-tiny"
@@ -336,8 +336,7 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
 
     from PIL import Image
 
-    from tiny_media import mp4
-    from tiny_media import with_images
+    from tiny_media import mp4, with_images
 
     replay = tmp_path / "steps.jsonl"
     replay.write_text(json.dumps({"text": "A red square.<|im_end|>"}) + "\n")
@@ -407,3 +406,57 @@ def test_drafted_tokens_are_marked_and_say_whether_the_draft_stood(serve, qwen3_
     p.screenshot(path=str(tmp_path / "drafts.png"))
     if os.environ.get("LOOPTRACE_SCREENSHOTS"):
         p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "drafts.png"))
+
+
+# -- a session of hundreds of steps ---------------------------------------------------------------------
+
+LONG_STEPS = 260
+
+
+@pytest.fixture(scope="module")
+def long_session(serve, qwen3_5_dir, tmp_path_factory):
+    """A session of LONG_STEPS tool-calling steps (a file read each), stored whole."""
+    tmp = tmp_path_factory.mktemp("long-viewer")
+    replay = tmp / "steps.jsonl"
+    replay.write_text("".join(json.dumps({"text": call("read_file", path=f"src/m{n}.py") + "<|im_end|>"}) + "\n"
+                              for n in range(LONG_STEPS)))
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", MODEL)
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    messages = [{"role": "user", "content": "Read every module."}]
+    for n in range(LONG_STEPS):
+        status, answer = server.post("/v1/chat/completions", {"model": MODEL, "messages": messages[:1] + messages[1:][-4:],
+                                                              "tools": [tool]}, headers={"session_id": "long"})
+        assert status == 200, answer
+        called = answer["choices"][0]["message"]
+        messages += [called, {"role": "tool", "tool_call_id": called["tool_calls"][0]["id"], "content": f"# m{n}\n"}]
+    traces = until(lambda: (s := api(server, "/v1/sessions/long", key=None)[1]) and s.get("steps_total") == LONG_STEPS
+                   and [step["trace_id"] for step in s["steps"]] or None)
+    return server, traces
+
+
+def test_a_long_session_shows_its_first_steps_at_once_and_the_rest_as_it_scrolls(long_session, page):
+    server, traces = long_session
+    p = page.page
+    p.goto(server.url + "/sessions/long")
+    p.locator("li.step").first.wait_for()
+    assert p.locator("li.step").count() == 50  # the first page, drawn at once
+    assert p.locator("li.step").first.get_attribute("data-step") == traces[0]
+    assert f"{LONG_STEPS - 50} more steps" in p.inner_text(".more-steps")
+    for _ in range(20):  # scrolling to the end draws the next pages
+        p.locator(".more-steps").scroll_into_view_if_needed()
+        if p.locator("li.step").count() == LONG_STEPS:
+            break
+        p.wait_for_timeout(200)
+    assert [p.locator("li.step").nth(i).get_attribute("data-step") for i in (0, 49, 50, LONG_STEPS - 1)] == \
+        [traces[0], traces[49], traces[50], traces[-1]]
+    assert p.inner_text(".more-steps") == "" and "Step 260" in p.locator("li.step").last.inner_text()
+
+
+def test_a_link_to_a_late_step_of_a_long_session_loads_its_page(long_session, page):
+    server, traces = long_session
+    p = page.page
+    p.goto(server.url + f"/traces/{traces[230]}")
+    focused = p.locator(f"li.step[data-step='{traces[230]}']")
+    focused.wait_for(timeout=15_000)
+    assert "Step 231" in focused.inner_text() and p.locator("li.step").count() >= 231

@@ -52,11 +52,15 @@ def search_text(value: str) -> str | None:
 
 async def get_session(request: web.Request) -> web.Response:
     """GET /v1/sessions/{key}, or /v1/sessions/?key=KEY for a key that is "." or "..", which clients
-    resolve as a step up the path however it is escaped."""
+    resolve as a step up the path however it is escaped. ?offset= &limit=: a page of its steps (all of
+    them by default; `steps_total` says how many there are)."""
     key = request.match_info.get("key") or request.query.get("key")
     if not key:
         raise invalid("Name the session: /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
-    found = await read(store_of(request).session, None, key)
+    query = request.query
+    offset = bounded_int(query.get("offset", "0"), "offset", 0, 1 << 31)
+    limit = bounded_int(query["limit"], "limit", 1, 10_000) if "limit" in query else None
+    found = await read(store_of(request).session, None, key, offset, limit)
     if found is None:
         raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",
                        param="key", code="session_not_found")

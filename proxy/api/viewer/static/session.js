@@ -10,6 +10,9 @@ import {count, h, ms, pretty, when} from "./text.js";
 import {legend, tokenStream} from "./tokens.js";
 
 const LONG = 4000; // characters of a message shown before "show all": a step stays quick to draw
+// Steps drawn at once when a session opens, then per page as the list's end scrolls into view: a session
+// of hundreds of steps shows its first ones at once (its steps' tokens and prompts load when shown).
+const FIRST_PAGE = 50, PAGE = 200;
 const OUTCOMES = {valid: "valid", invalid_args: "invalid arguments", unknown_tool: "unknown tool", unparsed: "unparsed"};
 
 function longText(text, cls = "text") {
@@ -49,14 +52,17 @@ export class SessionView {
     this.root.replaceChildren(h("p", {class: "note"}, "Loading…"));
     let session;
     try {
-      session = await get(sessionPath("/v1/sessions", key));
+      session = await get(this.page(key, 0, FIRST_PAGE));
     } catch (err) {
       this.root.replaceChildren(h("p", {class: "error"}, err.status === 404 ? "No such session in the store." : err.message));
       return;
     }
     if (this.key !== key) return; // another session was opened meanwhile
     this.observer.disconnect();
+    this.more?.disconnect();
+    this.loading = false;
     this.steps = session.steps;
+    this.total = session.steps_total ?? session.steps.length;
     this.index();
     const title = session.conversation ? session.conversation : `request ${session.key.replace(/^trace:/, "")}`;
     const tools = Object.entries(session.tool_calls).filter(([, n]) => n).map(([o, n]) => `${n} ${OUTCOMES[o]}`);
@@ -66,20 +72,71 @@ export class SessionView {
         h("h2", {}, h("span", {class: "label"}, session.conversation ? "Session " : ""), h("code", {}, title)),
         h("p", {class: "facts"},
           [session.client ? `${session.client}${session.client_version ? " " + session.client_version : ""}` : "client unknown",
-            session.model, `${session.steps.length} step${session.steps.length === 1 ? "" : "s"}`, `${count(session.input_tokens)} tokens in / ${count(session.output_tokens)} out`,
+            session.model, `${this.total} step${this.total === 1 ? "" : "s"}`, `${count(session.input_tokens)} tokens in / ${count(session.output_tokens)} out`,
             tools.length ? "tool calls: " + tools.join(", ") : "no tool calls",
             session.errors ? `${session.errors} failed` : "", `${when(session.first_ns)} – ${when(session.last_ns)}`]
             .filter(Boolean).join(" · ")),
         legend(), sessionLinks(session.key)),
       this.list);
-    const frag = document.createDocumentFragment();
-    this.steps.forEach((step, i) => frag.append(this.article(step, i)));
-    this.list.append(frag);
-    this.list.querySelectorAll("[data-step]").forEach((el) => this.observer.observe(el));
+    this.draw(0);
+    this.sentinel = h("p", {class: "note more-steps", "aria-live": "polite"});
+    this.list.after(this.sentinel);
+    this.more = new IntersectionObserver((entries) => {
+      if (entries.some((e) => e.isIntersecting)) this.loadMore();
+    }, {rootMargin: "800px"});
+    this.showRemaining();
+    while (focus && !this.list.querySelector(`[data-step="${CSS.escape(focus)}"]`) && this.steps.length < this.total) {
+      if (!await this.loadMore()) break; // a link to a later step: its page first
+    }
     const target = focus && this.list.querySelector(`[data-step="${CSS.escape(focus)}"]`);
-    (target || this.list.lastElementChild)?.scrollIntoView({block: target ? "start" : "end"});
+    // A session that fits on its first page opens at its newest step; a longer one at its first steps.
+    const end = this.steps.length >= this.total ? this.list.lastElementChild : null;
+    (target || end)?.scrollIntoView({block: target ? "start" : "end"});
     if (target) target.focus({preventScroll: true});
     performance.mark("looptrace:session"); // for bench/viewer.py: when a session's steps are drawn
+  }
+
+  page(key, offset, limit) {
+    const path = sessionPath("/v1/sessions", key);
+    return `${path}${path.includes("?") ? "&" : "?"}offset=${offset}&limit=${limit}`;
+  }
+
+  // Articles for the steps from `from` on, appended to the list.
+  draw(from) {
+    const frag = document.createDocumentFragment();
+    const drawn = this.steps.slice(from).map((step, i) => this.article(step, from + i));
+    frag.append(...drawn);
+    this.list.append(frag);
+    drawn.forEach((el) => this.observer.observe(el));
+  }
+
+  showRemaining() {
+    const left = this.total - this.steps.length;
+    this.sentinel.textContent = left > 0 ? `${count(left)} more step${left === 1 ? "" : "s"} load as you scroll…` : "";
+    if (left > 0) this.more.observe(this.sentinel);
+    else this.more.disconnect();
+  }
+
+  // The next page of steps, once at a time; false when none came.
+  async loadMore() {
+    if (this.loading || this.steps.length >= this.total) return false;
+    const key = this.key;
+    this.loading = true;
+    try {
+      const page = await get(this.page(key, this.steps.length, PAGE));
+      if (this.key !== key || !page.steps.length) return false;
+      const from = this.steps.length;
+      this.steps.push(...page.steps.filter((s) => !this.steps.some((t) => t.trace_id === s.trace_id)));
+      this.total = Math.max(page.steps_total ?? this.total, this.steps.length);
+      this.index();
+      this.draw(from);
+      this.showRemaining();
+      return true;
+    } catch (err) {
+      return false;
+    } finally {
+      this.loading = false;
+    }
   }
 
   // Where each tool call was made and where its result came back, across the steps.
@@ -108,8 +165,8 @@ export class SessionView {
   // Steps stored while the live feed was not connected: the ones not shown yet.
   async refresh() {
     const key = this.key;
-    if (!key || !this.list) return;
-    const session = await get(sessionPath("/v1/sessions", key)).catch(() => null);
+    if (!key || !this.list || this.steps.length < this.total) return; // the pages to come will hold them
+    const session = await get(this.page(key, this.steps.length, PAGE)).catch(() => null);
     if (session && this.key === key) for (const step of session.steps) this.add({...step, session: key});
   }
 
@@ -117,6 +174,12 @@ export class SessionView {
   add(step) {
     if (step.session !== this.key || !this.list || this.steps.some((s) => s.trace_id === step.trace_id)) return;
     if (step.fork_of) return;
+    if (this.steps.length < this.total) { // steps not loaded yet come first: it is shown after them
+      this.total += 1;
+      this.showRemaining();
+      return;
+    }
+    this.total += 1;
     this.steps.push(step);
     this.index();
     const el = this.article(step, this.steps.length - 1);
