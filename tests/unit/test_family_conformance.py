@@ -33,6 +33,7 @@ from looptrace.families import FAMILIES, ChatML, Family, Gemma4, Qwen3_5, family
 
 import build_cache
 import tiny_models
+from manual import README, pages
 from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
 
 Q = '<|"|>'  # Gemma 4's string delimiter token
@@ -290,10 +291,10 @@ def hostile_conversation(hostile: str, where: str) -> tuple[list[dict], list[dic
 
 
 def long_texts() -> dict[str, str]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    manual = "".join(path.read_text() for path in (README, *pages()))  # prose, tables, code, commands
     rng = random.Random(7)
     return {
-        "prose and code": (readme * 4)[:200_000],
+        "prose and code": (manual * 2)[:200_000],
         "no spaces": "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
                              for _ in range(150_000)),
         "spaces and lines": ("    \n\n  x  " * 20_000),
