@@ -32,6 +32,7 @@ from looptrace.common.checkpoint import Checkpoint, read_config
 from looptrace.families import FAMILIES, ChatML, Family, Gemma4, Qwen3_5, family_for_config
 
 import build_cache
+import load_once
 import tiny_models
 from manual import README, pages
 from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
@@ -190,10 +191,9 @@ def _load(request: pytest.FixtureRequest, case: FamilyCase) -> tuple[Checkpoint,
     """The family built from its test checkpoint as the server builds it: config first, then the
     checkpoint's tokenizer and generation_config.json (none for a GGUF file). Once per session."""
     if case.family not in _LOADED:
-        from transformers import AutoTokenizer
 
         checkpoint = read_config(str(request.getfixturevalue(case.checkpoint)))
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint.folder, **checkpoint.load_kwargs())
+        tokenizer = load_once.tokenizer(checkpoint.folder, **checkpoint.load_kwargs())
         path = checkpoint.folder / "generation_config.json"
         generation_config = json.loads(path.read_text()) if path.is_file() and not checkpoint.gguf_file else None
         _LOADED[case.family] = checkpoint, case.family(tokenizer, generation_config)
