@@ -30,6 +30,15 @@ def tokenizer(folder: str | Path, cls: Any = None, **kwargs: Any) -> Any:
     return _load(cls, str(folder), tuple(sorted(kwargs.items())))
 
 
+@functools.cache
+def checkpoint(source: str | Path) -> Any:
+    """`read_config(source)`, once per process: a GGUF file's config comes from its header, which
+    transformers reads whole (SmolLM2's vocabulary and merges too), 2-4 s a time."""
+    from looptrace.common.checkpoint import read_config
+
+    return read_config(str(source))
+
+
 _VOCABULARIES: dict[int, tuple[Any, Any]] = {}
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from looptrace.common.checkpoint import Checkpoint, read_config
+from looptrace.common.checkpoint import Checkpoint
 from looptrace.families import FAMILIES, ChatML, Family, Gemma4, Qwen3_5, family_for_config
 
 import build_cache
@@ -191,8 +191,7 @@ def _load(request: pytest.FixtureRequest, case: FamilyCase) -> tuple[Checkpoint,
     """The family built from its test checkpoint as the server builds it: config first, then the
     checkpoint's tokenizer and generation_config.json (none for a GGUF file). Once per session."""
     if case.family not in _LOADED:
-
-        checkpoint = read_config(str(request.getfixturevalue(case.checkpoint)))
+        checkpoint = load_once.checkpoint(request.getfixturevalue(case.checkpoint))
         tokenizer = load_once.tokenizer(checkpoint.folder, **checkpoint.load_kwargs())
         path = checkpoint.folder / "generation_config.json"
         generation_config = json.loads(path.read_text()) if path.is_file() and not checkpoint.gguf_file else None

@@ -10,7 +10,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from looptrace.common.checkpoint import read_config
 from looptrace.families import FAMILIES, RenderError, family_for_config
 from looptrace.families.prompt_items import ITEM_LIMITS, ItemCounts, TooManyItems
 
@@ -26,8 +25,7 @@ def family(request):
     """Each family built from its test checkpoint, once per session."""
     name = request.param
     if name not in _FAMILIES:
-
-        checkpoint = read_config(str(request.getfixturevalue(CHECKPOINTS[name])))
+        checkpoint = load_once.checkpoint(request.getfixturevalue(CHECKPOINTS[name]))
         tokenizer = load_once.tokenizer(checkpoint.folder, **checkpoint.load_kwargs())
         _FAMILIES[name] = family_for_config(checkpoint.config)(tokenizer)
     return _FAMILIES[name]
