@@ -9,9 +9,9 @@ checkpoint: the real Qwen3.5 tokenizer and template, 262,144 tokens of context).
 the answer (its status, and for a 400 how it was found), the time to answer, and the server's peak
 RSS above its RSS when idle (VmHWM, reset after loading, less VmRSS before the request).
 
-- prompt sizes: one user message of that many megabytes of this README, repeated (about 3.5 bytes
-  per token); "at least" is the check before rendering (families/prompt_length.py); also the bytes
-  its trace holds in the store.
+- prompt sizes: one user message of that many megabytes of this repository's manual (README.md and
+  docs/), repeated (about 3.5 bytes per token); "at least" is the check before rendering
+  (families/prompt_length.py); also the bytes its trace holds in the store.
 - items (issue 31): a body of N items of one kind, each as small as the API takes it (messages,
   tools, schema properties, past calls, their argument keys, content parts, Responses input items:
   tests/support/many_items.py).
@@ -51,7 +51,7 @@ def status_kb(pid: int, field: str) -> int:
 
 
 def prompt(size: int) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = "".join(path.read_text() for path in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))))
     return (text * (size // len(text) + 1))[:size]
 
 

@@ -1,5 +1,5 @@
 """`looptrace replay` on a real codex session, end to end: how long each part takes, and the
-screenshots README.md shows of the compare page.
+screenshots docs/replay.md shows of the compare page.
 
     python bench/replay.py [--out docs] [--runs 3]
 

@@ -49,8 +49,8 @@ def bench_decode(model: str, tokens: int, runs: int) -> dict:
     from server import Server
 
     logs = Path(tempfile.mkdtemp(prefix="looptrace-bench-"))
-    # The local backend, as README's figures were measured (a .gguf now gets llama.cpp by default;
-    # bench/llama_cpp_decode.py measures tracing there).
+    # The local backend, as docs/benchmarks.md's figures were measured (a .gguf now gets llama.cpp by
+    # default; bench/llama_cpp_decode.py measures tracing there).
     servers = {"on": Server(model, "--backend", "local", "--served-model-name", "m", log_dir=logs),
                "off": Server(model, "--backend", "local", "--served-model-name", "m", "--trace-db", "off",
                              log_dir=logs)}

@@ -1,5 +1,5 @@
 """The trace viewer in headless Chromium: how fast its pages render with a store of real size, and the
-screenshots README.md shows.
+screenshots docs/viewer.md shows.
 
     python bench/viewer.py speed [--sessions 10000] [--steps 200] [--tokens 4000] [--runs 5]
     python bench/viewer.py screenshots [--out docs]

@@ -32,6 +32,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tokenizers_loaded_once():
+    """The applications this process starts share the test checkpoints' tokenizers (support/load_once.py):
+    loading the real Qwen3.5 vocabulary took 85 s of the unit suite's 300."""
+    import load_once
+
+    with pytest.MonkeyPatch.context() as patch:
+        load_once.share_in_applications(patch)
+        yield
+
+
 def _built(builder):
     try:
         return builder()

@@ -1,5 +1,5 @@
 """The real Claude Code (`@anthropic-ai/claude-code` from npm) against a real `looptrace serve`, through
-/v1/messages, end to end, set up as README says.
+/v1/messages, end to end, set up as docs/clients.md says.
 
 With the replay backend the tiny Qwen3.5 checkpoint "writes" recorded Qwen3.5-format output, so
 Claude Code is driven deterministically through a tool call: `claude -p` with permission for Bash

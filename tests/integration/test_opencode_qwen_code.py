@@ -3,7 +3,7 @@
 
 With the replay backend the tiny Qwen3.5 checkpoint "writes" recorded Qwen3.5-format output: the
 client runs its shell tool, sends the result back (a recording proxy keeps what it sent) and prints
-the final answer. Under strace, every socket either opened went to looptrace (the setup README gives
+the final answer. Under strace, every socket either opened went to looptrace (the setup docs/clients.md gives
 turns off their update checks, model catalogues, plugin installs and usage statistics).
 """
 

@@ -20,8 +20,8 @@ from vllm_double import DoubleProcess
 
 KEPT_OUT = "model runtime kept out: torch not imported, transformers' model code not imported"
 # The issue's goal was 150 MiB; a relay of the 248,000-token Qwen3.5 vocabulary measures 185–215 MiB
-# here (its tokenizers' own tables are 85 MiB; README, "Relay overhead"). This bound catches torch
-# coming back (it alone takes a relay to 440–550 MiB).
+# here (its tokenizers' own tables are 85 MiB; docs/backends.md, "A relay holds no model runtime"). This
+# bound catches torch coming back (it alone takes a relay to 440–550 MiB).
 RSS_BOUND_MIB = 256
 
 
@@ -66,7 +66,7 @@ def test_a_vllm_relay_holds_no_torch(serve, double):
     assert torch_libraries(pid) == set()
     assert KEPT_OUT in server.log()
     memory = status_of(pid)
-    print(f"vLLM relay: {memory}")  # shown with -s: the figure README quotes
+    print(f"vLLM relay: {memory}")  # shown with -s: the figure docs/backends.md quotes
     assert memory["VmRSS"] <= RSS_BOUND_MIB, memory
 
 

@@ -4,7 +4,7 @@ back with a fix, show it, run them again), each a request of one conversation, a
 
 - The local backend (transformers, float32): suffix decoding and prompt lookup give plain decoding's
   tokens in every turn, with drafts accepted and rejected, and suffix decoding drafts more of them.
-- llama.cpp, where a verification batch's rows round differently from one-token steps (README,
+- llama.cpp, where a verification batch's rows round differently from one-token steps (docs/backends.md,
   "llama.cpp"): a turn whose tokens differ from plain decoding's differs first where plain decoding
   had a near-tie (the two tokens' logits within 2 of each other; the kernels' difference measured
   here is under 1), and the drafts' own accounting holds.

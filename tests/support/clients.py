@@ -154,7 +154,7 @@ def run_pi(clients: Clients, home: Path, workdir: Path, api_key: str, model: str
                           timeout=timeout)
 
 
-# Claude Code, pointed at looptrace: what README's setup says, so the tests run what users paste.
+# Claude Code, pointed at looptrace: what docs/clients.md's setup says, so the tests run what users paste.
 # CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC turns off its telemetry, error reports, auto-updates and
 # feedback surveys (without it, it looks up api.anthropic.com); CLAUDE_CODE_ATTRIBUTION_HEADER=0
 # leaves out the billing line it puts first in the system prompt.

@@ -15,7 +15,8 @@ from looptrace.backends import mtp_gemma4, mtp_qwen3_5
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.speculative_config import SpeculativeConfig
-from looptrace.common.vocabulary import Vocabulary
+
+import load_once
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -37,7 +38,7 @@ def marks(events: list[dict]) -> str:
 
 
 def plain_ids(model, tokenizer, prompt: list[int], count: int) -> list[int]:
-    backend = LocalBackend(model, Vocabulary(tokenizer))
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer))
     ids = [e["id"] for e in tokens(collect(backend, DecodeRequest(prompt, count, GREEDY, frozenset())))]
     asyncio.run(backend.close())
     return ids
@@ -46,7 +47,7 @@ def plain_ids(model, tokenizer, prompt: list[int], count: int) -> list[int]:
 def speculate(model, tokenizer, drafting, prompt: list[int], count: int, drafts: int = 3,
               sampling: SamplingParams = GREEDY) -> list[dict]:
     config = SpeculativeConfig.parse(f'{{"method": "mtp", "num_speculative_tokens": {drafts}}}')
-    backend = LocalBackend(model, Vocabulary(tokenizer), speculative=config, mtp=drafting)
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer), speculative=config, mtp=drafting)
     events = collect(backend, DecodeRequest(prompt, count, sampling, frozenset()))
     asyncio.run(backend.close())
     return events

@@ -17,7 +17,8 @@ from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.speculative import Drafting, SpeculativeConfig
-from looptrace.common.vocabulary import Vocabulary
+
+import load_once
 
 NGRAM = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 4}')
 
@@ -75,7 +76,7 @@ class VerifiedDecodingChecks:
         prompt = prompt_of(tokenizer)
         if name == "gemma4":
             assert len(prompt) + NEW_TOKENS > 3 * 32  # past Gemma 4's sliding window, several times
-        plain = LocalBackend(loaded, Vocabulary(tokenizer))
+        plain = LocalBackend(loaded, load_once.vocabulary(tokenizer))
         truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, sampling, frozenset())))]
         asyncio.run(plain.close())
         assert len(truth) == NEW_TOKENS
@@ -89,7 +90,7 @@ class VerifiedDecodingChecks:
                 oracles.append(self.lookup)
 
         monkeypatch.setattr(local_module, "Drafting", Drafted)
-        spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
+        spec = LocalBackend(loaded, load_once.vocabulary(tokenizer), speculative=NGRAM)
         events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, sampling, frozenset()))
         asyncio.run(spec.close())
         got = tokens(events)
@@ -107,7 +108,7 @@ class VerifiedDecodingChecks:
         _, tokenizer, loaded = model
         prompt = prompt_of(tokenizer)
         greedy = SamplingParams(temperature=0)
-        plain = LocalBackend(loaded, Vocabulary(tokenizer))
+        plain = LocalBackend(loaded, load_once.vocabulary(tokenizer))
         truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, 24, greedy, frozenset())))]
         asyncio.run(plain.close())
 
@@ -117,7 +118,7 @@ class VerifiedDecodingChecks:
                 self.lookup = Oracle(prompt, truth, {0: None})
 
         monkeypatch.setattr(local_module, "Drafting", Drafted)
-        spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
+        spec = LocalBackend(loaded, load_once.vocabulary(tokenizer), speculative=NGRAM)
         for limit in (1, 2, 7):
             got = tokens(collect(spec, DecodeRequest(prompt, limit, greedy, frozenset())))
             assert [e["id"] for e in got] == truth[:limit]
@@ -133,7 +134,7 @@ class VerifiedDecodingChecks:
         _, tokenizer, loaded = model
         prompt = prompt_of(tokenizer)
         sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7)
-        plain = LocalBackend(loaded, Vocabulary(tokenizer))
+        plain = LocalBackend(loaded, load_once.vocabulary(tokenizer))
         truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, 32, sampled, frozenset())))]
         asyncio.run(plain.close())
 
@@ -143,7 +144,7 @@ class VerifiedDecodingChecks:
                 self.lookup = Oracle(prompt, truth, {0: None, 1: 1})
 
         monkeypatch.setattr(local_module, "Drafting", Drafted)
-        spec = LocalBackend(loaded, Vocabulary(tokenizer), speculative=NGRAM)
+        spec = LocalBackend(loaded, load_once.vocabulary(tokenizer), speculative=NGRAM)
         events = collect(spec, DecodeRequest(prompt, 32, sampled, frozenset()))
         asyncio.run(spec.close())
         got = tokens(events)

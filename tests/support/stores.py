@@ -66,9 +66,16 @@ class Stores:
         return store
 
     def state(self, setting: str):
+        """The conversation-state store at `setting`; on PostgreSQL once its pool holds a connection. A
+        request waits 0.5 s for one (pg_state.WAIT) and is then served from the process's memory, by
+        design; a fresh pool's first connection took longer on a busy machine, and a test of what two
+        processes share then found nothing shared."""
         from looptrace.trace_store.location import open_state
 
-        return open_state(setting)
+        state = open_state(setting)
+        if self.kind == "postgresql":
+            state._pool.wait(timeout=30)
+        return state
 
     def sql(self, store, statement: str, args: tuple = ()) -> list[tuple]:
         """A statement on the store's own database (`?` placeholders), committed; its rows, if any."""

@@ -1,5 +1,6 @@
 """One catalog of names (common/attributes.py): no module types a span attribute, event or metric name
-of its own, and README's span and metric tables name exactly what the catalog holds."""
+of its own, and the manual's span and metric tables (docs/traces.md, docs/metrics.md) name exactly what
+the catalog holds."""
 
 from __future__ import annotations
 
@@ -7,20 +8,21 @@ import ast
 import re
 from pathlib import Path
 
+from manual import page
+
 from looptrace.common import attributes
 from looptrace.proxy.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("proxy", "trace_store", "backends", "families", "common")
 CATALOG = ROOT / "common" / "attributes.py"
-README = (ROOT / "README.md").read_text()
 
 # The shapes the catalog's names take: an attribute or event (OpenTelemetry's namespaces, ours), a metric.
 NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url)\.[a-z0-9_.]+$|^looptrace_[a-z_]+$")
-# README's names are the same, a template's `{kind}` written `*`; or `.name`, short for the last full
+# The manual's names are the same, a template's `{kind}` written `*`; or `.name`, short for the last full
 # name's namespace with this last part (`gen_ai.request.model`, `.temperature`).
-README_NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url)\.[a-z0-9_.*]+$")
-# Named in README but not written by looptrace: the older name Phoenix reads cached tokens under.
+DOC_NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url)\.[a-z0-9_.*]+$")
+# Named in the manual but not written by looptrace: the older name Phoenix reads cached tokens under.
 NOT_OURS = {"gen_ai.usage.cache_read_input_tokens"}
 
 
@@ -49,15 +51,11 @@ def test_no_module_types_a_name_the_catalog_holds():
     assert not typed, "import these names from looptrace.common.attributes:\n" + "\n".join(typed)
 
 
-def _section(title: str) -> str:
-    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
-
-
-def readme_span_names() -> set[str]:
-    """Every attribute and event name README's "Traces" section gives, abbreviations spelled out."""
+def documented_span_names() -> set[str]:
+    """Every attribute and event name docs/traces.md gives, abbreviations spelled out."""
     names, last = set(), None
-    for quoted in re.findall(r"`([^`\s]+)`", _section("Traces")):
-        if README_NAME.match(quoted) and not quoted.endswith(".*"):  # `looptrace.*` is a namespace
+    for quoted in re.findall(r"`([^`\s]+)`", page("traces.md")):
+        if DOC_NAME.match(quoted) and not quoted.endswith(".*"):  # `looptrace.*` is a namespace
             names.add(quoted)
             last = quoted
         elif quoted.startswith(".") and last and re.fullmatch(r"\.[a-z0-9_.*]+", quoted):
@@ -73,18 +71,18 @@ def catalog_span_names() -> set[str]:
             and key != "TOKENS_PREFIX"}
 
 
-def readme_metrics() -> set[str]:
-    """The families of README's metrics table, as prometheus_client names them (a counter less `_total`)."""
-    rows = re.findall(r"^\| `(looptrace_[a-z_]+)` \| (\w+) \|", _section("Metrics"), re.MULTILINE)
+def documented_metrics() -> set[str]:
+    """The families of docs/metrics.md's table, as prometheus_client names them (a counter less `_total`)."""
+    rows = re.findall(r"^\| `(looptrace_[a-z_]+)` \| (\w+) \|", page("metrics.md"), re.MULTILINE)
     return {name.removesuffix("_total") if kind == "counter" else name for name, kind in rows}
 
 
-def test_readme_names_the_catalogs_attributes_and_metrics():
-    in_readme, in_catalog = readme_span_names(), catalog_span_names()
-    assert len(in_catalog) > 90 and attributes.GEN_AI_REQUEST_TOP_P in in_readme
-    assert in_readme - NOT_OURS <= in_catalog, f"README names what nothing writes: {in_readme - NOT_OURS - in_catalog}"
-    assert in_catalog <= in_readme, f"README's Traces section lacks {in_catalog - in_readme}"
+def test_the_manual_names_the_catalogs_attributes_and_metrics():
+    in_docs, in_catalog = documented_span_names(), catalog_span_names()
+    assert len(in_catalog) > 90 and attributes.GEN_AI_REQUEST_TOP_P in in_docs
+    assert in_docs - NOT_OURS <= in_catalog, f"docs/traces.md names what nothing writes: {in_docs - NOT_OURS - in_catalog}"
+    assert in_catalog <= in_docs, f"docs/traces.md lacks {in_catalog - in_docs}"
 
     metrics = {value for key, value in vars(attributes).items() if key.startswith("METRIC_")}
     assert metrics == {family.name for family in Metrics().registry.collect()}  # metrics.py serves them all
-    assert readme_metrics() == metrics, (readme_metrics() - metrics, metrics - readme_metrics())
+    assert documented_metrics() == metrics, (documented_metrics() - metrics, metrics - documented_metrics())

@@ -26,6 +26,7 @@ from looptrace.families import (
 from looptrace.families.base import merge_system_messages
 
 import build_cache
+import load_once
 import tiny_gemma4
 import tiny_qwen3_5
 
@@ -33,10 +34,9 @@ QWEN_IM_END = 248046  # <|im_end|> in the real Qwen3.5 vocabulary
 
 
 def _tokenizer(folder):
-    from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(folder())
+        return load_once.tokenizer(folder())
     except (build_cache.MissingShared, build_cache.MissingPackage) as exc:
         pytest.skip(str(exc))
 

@@ -26,15 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import agent_sessions
 import pytest
-from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
 
-from looptrace.common.checkpoint import Checkpoint, read_config
+from looptrace.common.checkpoint import Checkpoint
 from looptrace.families import FAMILIES, ChatML, Family, Gemma4, Qwen3_5, family_for_config
 
+import agent_sessions
 import build_cache
+import load_once
 import tiny_models
+from manual import README, pages
+from parser_checks import TOOLS, call, check, normalize, run, text, thinking, token_pieces, unparsed
 
 Q = '<|"|>'  # Gemma 4's string delimiter token
 
@@ -190,10 +192,8 @@ def _load(request: pytest.FixtureRequest, case: FamilyCase) -> tuple[Checkpoint,
     """The family built from its test checkpoint as the server builds it: config first, then the
     checkpoint's tokenizer and generation_config.json (none for a GGUF file). Once per session."""
     if case.family not in _LOADED:
-        from transformers import AutoTokenizer
-
-        checkpoint = read_config(str(request.getfixturevalue(case.checkpoint)))
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint.folder, **checkpoint.load_kwargs())
+        checkpoint = load_once.checkpoint(request.getfixturevalue(case.checkpoint))
+        tokenizer = load_once.tokenizer(checkpoint.folder, **checkpoint.load_kwargs())
         path = checkpoint.folder / "generation_config.json"
         generation_config = json.loads(path.read_text()) if path.is_file() and not checkpoint.gguf_file else None
         _LOADED[case.family] = checkpoint, case.family(tokenizer, generation_config)
@@ -291,10 +291,10 @@ def hostile_conversation(hostile: str, where: str) -> tuple[list[dict], list[dic
 
 
 def long_texts() -> dict[str, str]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    manual = "".join(path.read_text() for path in (README, *pages()))  # prose, tables, code, commands
     rng = random.Random(7)
     return {
-        "prose and code": (readme * 4)[:200_000],
+        "prose and code": (manual * 2)[:200_000],
         "no spaces": "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
                              for _ in range(150_000)),
         "spaces and lines": ("    \n\n  x  " * 20_000),

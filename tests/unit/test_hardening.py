@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.proxy.api import streaming
 from looptrace.proxy.settings import Settings
 
 import image_headers
+import load_once
 import many_items
 from app_thread import AppThread, Wrapped
 from server import sse_events
@@ -128,9 +128,9 @@ def test_a_store_that_cannot_be_read_is_a_503_and_serving_goes_on(qwen3_5_dir, t
 
 
 def test_a_tiny_temperature_decodes_greedily(qwen3_5_dir):
-    tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
+    tokenizer = load_once.tokenizer(qwen3_5_dir)
     model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
-    backend = LocalBackend(model, Vocabulary(tokenizer))
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer))
     prompt = chat_prompt_ids(tokenizer)
 
     def ids(temperature: float) -> list[int]:
@@ -146,9 +146,9 @@ def test_a_tiny_temperature_decodes_greedily(qwen3_5_dir):
 
 
 def test_max_queue_zero_means_one_at_a_time_and_none_waiting(qwen3_5_dir):
-    tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
+    tokenizer = load_once.tokenizer(qwen3_5_dir)
     model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
-    backend = LocalBackend(model, Vocabulary(tokenizer), max_queue=0)
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer), max_queue=0)
     prompt = chat_prompt_ids(tokenizer)
     greedy = lambda: DecodeRequest(prompt, 2, SamplingParams(temperature=0), frozenset())  # noqa: E731
     held, gate = threading.Event(), threading.Event()
@@ -380,7 +380,7 @@ def test_typed_text_never_becomes_a_control_token_in_any_family(request, checkpo
     from looptrace.families import family_for_config
 
     folder = request.getfixturevalue(checkpoint)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     family = family_for_config(read_config(str(folder)).config)(tokenizer)
     added = [t for t in tokenizer.added_tokens_encoder if not t.isspace()]
     text = "a " + " ".join(added) + " b"

@@ -7,19 +7,19 @@ import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend, decode_one_token, prefill
 
+import load_once
 from tiny_models import chat_prompt_ids
 
 NEW_TOKENS = 48
 
 
 def load(folder):
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return tokenizer, model
 
@@ -35,7 +35,7 @@ def collect(backend, request):
 def loaded(request):
     folder = request.getfixturevalue(f"{request.param}_dir")
     tokenizer, model = load(folder)
-    backend = LocalBackend(model, Vocabulary(tokenizer), max_queue=2)
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer), max_queue=2)
     yield tokenizer, model, backend
     asyncio.run(backend.close())
 

@@ -19,6 +19,7 @@ from PIL import Image
 
 from looptrace.proxy.settings import Settings
 
+import load_once
 from app_thread import AppThread
 from tiny_media import mp4, with_images
 
@@ -70,13 +71,13 @@ def generated_for(folder, messages: list[dict], **processor_kwargs) -> tuple[lis
     """What transformers itself generates for a conversation (PIL images, audio samples and video
     frames in its parts), from the checkpoint's processor: the greedy tokens, their logprobs, and the
     prompt ids."""
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
+    from transformers import AutoModelForImageTextToText
 
     from looptrace.families import family_for_config
     from looptrace.families.media.processor import load_processor
 
     family = family_for_config(json.loads((folder / "config.json").read_text()))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     processor = load_processor(folder, family.processor_class, tokenizer, {})
     inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
                                            return_tensors="pt", enable_thinking=False,
@@ -101,12 +102,10 @@ def decoded_as(trace: dict, tokens: list[int], logprobs: list[float], how_many: 
 
 
 def media_tokens(folder, prompt: list[int], kind: str) -> int:
-    from transformers import AutoTokenizer
-
     from looptrace.families import family_for_config
 
     family = family_for_config(json.loads((folder / "config.json").read_text()))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     ids = {tokenizer.convert_tokens_to_ids(t) for t, k in family.media_tokens.items() if k == kind}
     return sum(1 for i in prompt if i in ids)
 

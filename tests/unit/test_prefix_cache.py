@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.prefix_cache import PrefixCache
 
+import load_once
 from tiny_models import chat_prompt_ids
 
 # -- the bookkeeping, with stand-in caches --
@@ -82,10 +82,10 @@ NEW_TOKENS = 16
 @pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
 def backends(request):
     folder = request.getfixturevalue(f"{request.param}_dir")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    caching = LocalBackend(model, Vocabulary(tokenizer), prefix_cache_tokens=4096)
-    plain = LocalBackend(model, Vocabulary(tokenizer))
+    caching = LocalBackend(model, load_once.vocabulary(tokenizer), prefix_cache_tokens=4096)
+    plain = LocalBackend(model, load_once.vocabulary(tokenizer))
     yield tokenizer, caching, plain
     asyncio.run(caching.close())
     asyncio.run(plain.close())

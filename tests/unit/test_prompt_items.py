@@ -10,10 +10,10 @@ import time
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from looptrace.common.checkpoint import read_config
 from looptrace.families import FAMILIES, RenderError, family_for_config
 from looptrace.families.prompt_items import ITEM_LIMITS, ItemCounts, TooManyItems
 
+import load_once
 import many_items
 
 CHECKPOINTS = {"gemma4": "gemma4_dir", "qwen3_5": "qwen3_5_dir", "chatml": "smollm2_gguf_path"}
@@ -25,10 +25,8 @@ def family(request):
     """Each family built from its test checkpoint, once per session."""
     name = request.param
     if name not in _FAMILIES:
-        from transformers import AutoTokenizer
-
-        checkpoint = read_config(str(request.getfixturevalue(CHECKPOINTS[name])))
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint.folder, **checkpoint.load_kwargs())
+        checkpoint = load_once.checkpoint(request.getfixturevalue(CHECKPOINTS[name]))
+        tokenizer = load_once.tokenizer(checkpoint.folder, **checkpoint.load_kwargs())
         _FAMILIES[name] = family_for_config(checkpoint.config)(tokenizer)
     return _FAMILIES[name]
 

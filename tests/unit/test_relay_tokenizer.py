@@ -9,12 +9,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from transformers import AutoTokenizer
 
 from looptrace.common import checkpoint as ckpt
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.families import family_for_config
 from looptrace.proxy.engine.runtime import _tokenizer
+
+import load_once
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}}}}]
@@ -36,13 +36,13 @@ def pair(request):
     folder = request.getfixturevalue(request.param)
     checkpoint = ckpt.read_config(str(folder), None)
     lean = _tokenizer(ckpt.fetch(checkpoint, weights=False), checkpoint, lean=True)
-    return checkpoint, AutoTokenizer.from_pretrained(folder), lean
+    return checkpoint, load_once.tokenizer(folder), lean
 
 
 def test_the_relays_tokenizer_reads_as_the_models_own(pair):
     checkpoint, own, lean = pair
     assert type(lean).__name__ == "TokenizersBackend"
-    a, b = Vocabulary(own), Vocabulary(lean)
+    a, b = load_once.vocabulary(own), load_once.vocabulary(lean)
     assert a.pieces == b.pieces and a.special == b.special
     assert own.added_tokens_encoder == lean.added_tokens_encoder
     assert (own.eos_token_id, own.bos_token_id, own.pad_token_id) == (lean.eos_token_id, lean.bos_token_id,

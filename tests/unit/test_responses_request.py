@@ -20,6 +20,7 @@ from looptrace.proxy.api.openai.responses_request import (
 )
 
 import build_cache
+import load_once
 
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
@@ -307,11 +308,10 @@ def _recorded(name):
 
 @pytest.fixture(scope="module")
 def qwen(qwen3_5_dir):
-    from transformers import AutoTokenizer
 
     from looptrace.families import Qwen3_5
 
-    return Qwen3_5(AutoTokenizer.from_pretrained(qwen3_5_dir))
+    return Qwen3_5(load_once.tokenizer(qwen3_5_dir))
 
 
 @pytest.mark.parametrize("name", ["codex-first-request.json", "codex-after-tool-call.json"])

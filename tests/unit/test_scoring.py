@@ -7,14 +7,14 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends import scoring
 from looptrace.backends.base import BackendError, DecodeRequest, SamplingParams
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.prompt_logprobs import read_scores, score_body
-from looptrace.common.vocabulary import Vocabulary
 
+import load_once
 from tiny_models import chat_prompt_ids
 
 NEW_TOKENS = 40
@@ -44,9 +44,9 @@ def test_an_answer_that_does_not_fit_is_refused():
 @pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
 def loaded(request):
     folder = request.getfixturevalue(f"{request.param}_dir")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    backend = LocalBackend(model, Vocabulary(tokenizer), max_queue=2)
+    backend = LocalBackend(model, load_once.vocabulary(tokenizer), max_queue=2)
     yield tokenizer, model, backend
     asyncio.run(backend.close())
 

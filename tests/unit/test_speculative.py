@@ -16,21 +16,21 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
 from looptrace.backends.local import LocalBackend
 from looptrace.backends.speculative import Backoff, Drafting, PromptLookup, SpeculativeConfig
-from looptrace.common.vocabulary import Vocabulary
 
+import load_once
 from speculative_checks import NEW_TOKENS, NGRAM, Oracle, VerifiedDecodingChecks, collect, prompt_of, tokens
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
 def model(request):
     folder = request.getfixturevalue(f"{request.param}_dir")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return request.param, tokenizer, loaded
 
@@ -125,14 +125,14 @@ def nudged(folder, scale: float = 0.01):
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
 def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family):
     folder = request.getfixturevalue(f"{family}_dir")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompt = prompt_of(tokenizer)
     greedy = SamplingParams(temperature=0)
-    plain = LocalBackend(target, Vocabulary(tokenizer))
+    plain = LocalBackend(target, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset())))]
     asyncio.run(plain.close())
-    spec = LocalBackend(target, Vocabulary(tokenizer), speculative=DRAFTING, drafter=nudged(folder))
+    spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=DRAFTING, drafter=nudged(folder))
     events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset()))
     got = tokens(events)
     assert [e["id"] for e in got] == truth
@@ -156,17 +156,17 @@ def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_out
     # Qwen3.5 answers the second turn with its first answer again, which suffix decoding drafts from
     # the first turn, whole drafts standing; Gemma 4's answers repeat less, drafted where they do.
     folder = request.getfixturevalue(f"{family}_dir")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     greedy = SamplingParams(temperature=0)
     first = prompt_of(tokenizer)
-    plain = LocalBackend(target, Vocabulary(tokenizer))
+    plain = LocalBackend(target, load_once.vocabulary(tokenizer))
     prompts, truths = [], []
     for more in (first, first, first[:20]):  # the user's next message
         prompts.append([*prompts[-1], *truths[-1], *more] if prompts else more)
         truths.append([e["id"] for e in tokens(collect(plain, DecodeRequest(prompts[-1], 40, greedy, frozenset())))])
     asyncio.run(plain.close())
-    spec = LocalBackend(target, Vocabulary(tokenizer), speculative=SUFFIX)
+    spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=SUFFIX)
     turns = [collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")) for prompt in prompts]
     assert spec.health_details()["drafting"]["kept"]["sequences"] == 1  # each turn extended the one before's
     asyncio.run(spec.close())
@@ -183,7 +183,7 @@ def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir
     from looptrace.backends.loading import same_tokenizer
     from looptrace.common.checkpoint import read_config
 
-    qwen_tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)  # loaded once: seconds for its real vocabulary
+    qwen_tokenizer = load_once.tokenizer(qwen3_5_dir)  # loaded once: seconds for its real vocabulary
     same_tokenizer(read_config(str(qwen3_5_dir)), qwen_tokenizer)
     with pytest.raises(ValueError, match="another tokenizer"):
         same_tokenizer(read_config(str(gemma4_dir)), qwen_tokenizer)
@@ -203,7 +203,7 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     from tiny_media import with_images
 
     folder = with_images(qwen3_5_dir, "qwen3_5")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     family_cls = family_for_config(json.loads((folder / "config.json").read_text()))
     family = family_cls(tokenizer, processor=load_processor(folder, family_cls.processor_class, tokenizer, {}))
     rendered = family.render([{"role": "user", "content": [
@@ -215,7 +215,7 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     def request():
         return DecodeRequest(rendered.ids, 40, greedy, frozenset(), media=rendered.media)
 
-    plain = LocalBackend(model, Vocabulary(tokenizer))
+    plain = LocalBackend(model, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, request()))]
     asyncio.run(plain.close())
 
@@ -225,7 +225,7 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
             self.lookup = Oracle(rendered.ids, truth, {0: 2, 1: None})
 
     monkeypatch.setattr(local_module, "Drafting", Drafted)
-    spec = LocalBackend(model, Vocabulary(tokenizer), speculative=NGRAM)
+    spec = LocalBackend(model, load_once.vocabulary(tokenizer), speculative=NGRAM)
     events = collect(spec, request())
     asyncio.run(spec.close())
     assert [e["id"] for e in tokens(events)] == truth and events[-1]["accepted"] > 10

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import load_once
 from build_cache import MissingPackage, MissingShared
 from mtp_checks import (FirstGuesses, fit_gemma, fit_qwen, gemma_reference, marks, plain_ids, qwen_reference, speculate,
                         tokens)
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from looptrace.backends import mtp_gemma4, mtp_qwen3_5, speculative
 from looptrace.backends.base import SamplingParams
@@ -37,7 +38,7 @@ def qwen():
         folder = tiny_qwen3_5.qwen3_5_mtp_checkpoint()
     except (MissingPackage, MissingShared) as exc:  # as conftest's fixtures say it
         pytest.skip(str(exc))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_once.tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return folder, tokenizer, model
 
@@ -46,7 +47,7 @@ def qwen():
 def gemma(gemma4_dir):
     import tiny_gemma4
 
-    tokenizer = AutoTokenizer.from_pretrained(gemma4_dir)
+    tokenizer = load_once.tokenizer(gemma4_dir)
     model = AutoModelForCausalLM.from_pretrained(gemma4_dir, dtype=torch.float32).eval()
     return tiny_gemma4.gemma4_assistant_checkpoint(), tokenizer, model
 

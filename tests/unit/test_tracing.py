@@ -10,11 +10,11 @@ import json
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer
 
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.tokens import expand_events
 
+import load_once
 from traced_app import App, run
 
 WEATHER = {"type": "function", "function": {
@@ -36,7 +36,7 @@ def settings_for(qwen3_5_dir, tmp_path, steps, **extra) -> Settings:
 
 
 def test_a_tool_calling_session_makes_the_documented_span_tree(qwen3_5_dir, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
+    tokenizer = load_once.tokenizer(qwen3_5_dir)
 
     async def session():
         async with App(settings_for(qwen3_5_dir, tmp_path, [CALL, ANSWER])) as app:
