@@ -158,7 +158,7 @@ def short_session(targets: list[Target], steps: int, key: str) -> None:
     for step in range(steps):
         for target in targets:
             reply, _ = post(target.url + "/v1/chat/completions",
-                            {"model": "m", "messages": messages[-6:], "tools": TOOLS, "max_tokens": 50,
+                            {"model": "m", "messages": messages[:2] + messages[2:][-4:], "tools": TOOLS, "max_tokens": 50,
                              "chat_template_kwargs": {"enable_thinking": False}}, {"session_id": key})
         calls = reply["choices"][0]["message"]["tool_calls"]
         messages += [{"role": "assistant", "content": None, "tool_calls": calls},
@@ -190,7 +190,8 @@ def wait_stored(target: Target, key: str, steps: int) -> None:
 
 
 def page_times(target: Target, key: str, steps: int, runs: int = 3) -> dict:
-    """The viewer's session page, in Chromium: to its first steps drawn, and to every step drawn."""
+    """The viewer's session page, in Chromium: to its first steps drawn, and to every step drawn (scrolled
+    to its end, where the steps are drawn a page at a time)."""
     from viewer import until
 
     from browser import Page, chromium
@@ -203,7 +204,9 @@ def page_times(target: Target, key: str, steps: int, runs: int = 3) -> dict:
             page.goto(f"{target.url}/sessions/{key}")
             until(page, "document.querySelectorAll('li.step').length >= 1", timeout=600)
             first.append((time.perf_counter() - started) * 1000)
-            until(page, f"document.querySelectorAll('li.step').length >= {steps}", timeout=600)
+            while page.evaluate("document.querySelectorAll('li.step').length") < steps:  # scrolled to the end
+                page.evaluate("document.querySelector('.more-steps')?.scrollIntoView()")
+                time.sleep(0.01)
             whole.append((time.perf_counter() - started) * 1000)
     return {"first_steps_ms": round(statistics.median(first), 1), "all_steps_ms": round(statistics.median(whole), 1)}
 

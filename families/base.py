@@ -23,7 +23,7 @@ from .media.parts import MediaPart, has_media, lift_from_tool_results, placehold
 from .media.video_processor import sampler
 from .prompt_items import ItemCosts, ItemCounts
 from .prompt_length import PromptLength
-from .sanitize import mark_keys, treat_added_tokens_as_control
+from .sanitize import mark_chat, mark_keys, treat_added_tokens_as_control
 
 THOUGHT = "thought"
 CONTENT = "content"
@@ -160,9 +160,11 @@ class Family:
         merged = 0
         if self.system_first_only:
             messages, merged = merge_system_messages(messages)
+        with_media = self.processor is not None and (has_media(messages) if media is None else media)
+        if not with_media and self.encoder.enabled:
+            return self._render_text(messages, tools, extra, merged, conversation)
         if self._control is not None:  # keys too (sanitize.py); transformers marks the values
             messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
-        with_media = self.processor is not None and (has_media(messages) if media is None else media)
         if with_media:  # the processor writes each item's tokens where the template puts it
             # Torch tensors for a model here; numpy where torch was kept out (a relay, whose server
             # expands the items itself: proxy/engine/model_runtime.py).
@@ -172,8 +174,6 @@ class Family:
             messages, videos = video_metadata(messages)
             if videos:  # frames were sampled while decoding, as the processor samples them
                 extra["processor_kwargs"] = {"video_metadata": videos, "do_sample_frames": False}
-        if not with_media and self.encoder.enabled:
-            return self._render_text(messages, tools, extra, merged, conversation)
         unexpanded = None
         try:
             # sanitize: a control token typed by a user or returned by a tool is encoded as text,
@@ -211,11 +211,9 @@ class Family:
         encodes it, in its two halves: the template's text, with the client's control tokens marked as
         transformers marks them, then that text encoded from where it departs from the conversation's
         previous prompt (incremental.py)."""
-        from transformers.utils.chat_template_utils import mark_control_tokens
-
         try:
             marked = self.tokenizer.apply_chat_template(
-                mark_control_tokens(messages, self._control), tools=mark_control_tokens(tools, self._control) or None,
+                mark_chat(messages, self._control), tools=mark_chat(tools, self._control) or None,
                 add_generation_prompt=True, tokenize=False, **extra)
             encoding, reuse = self.encoder.encode(marked, conversation)
         except TemplateError as exc:

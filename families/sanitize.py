@@ -53,6 +53,26 @@ def mark_keys(obj: Any, control: re.Pattern) -> Any:
 
 
 def _mark(text: str, control: re.Pattern) -> str:
+    """Markers already in `text` dropped (none can be forged), then each control token wrapped in them."""
     start, end, markers = _markers()
-    return control.sub(f"{start}\\g<0>{end}", markers.sub("", text))
+    if start in text or end in text:
+        text = markers.sub("", text)
+    elif control.search(text) is None:
+        return text
+    return control.sub(f"{start}\\g<0>{end}", text)
 
+
+
+def mark_chat(obj: Any, control: re.Pattern) -> Any:
+    """`obj` with the control tokens of every key and every string value wrapped, in one walk: what
+    `mark_keys` and then transformers' `mark_control_tokens` (values) do, for a chat rendered to text
+    and encoded by `encode_marked_chat` (families/incremental.py). A string without markers or control
+    tokens, nearly all of them, is kept as it is."""
+    if isinstance(obj, str):
+        return _mark(obj, control)
+    if isinstance(obj, dict):
+        return {(_mark(key, control) if isinstance(key, str) else key): mark_chat(value, control)
+                for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [mark_chat(value, control) for value in obj]
+    return obj

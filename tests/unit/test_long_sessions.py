@@ -93,6 +93,37 @@ def test_kept_encodings_stay_within_their_bound_newest_kept(qwen):
     assert "huge" not in kept._by_key  # larger than the bound: not kept, nothing else pushed out for it
 
 
+def test_one_walk_marks_keys_and_values_as_the_two_passes_do(qwen):
+    """The incremental path marks a chat's keys and values in one walk (sanitize.mark_chat): the same
+    as looptrace's key marking followed by transformers' own value marking, forged markers included."""
+    import random
+
+    from transformers.utils.chat_template_utils import _CONTROL_TOKEN_END as END
+    from transformers.utils.chat_template_utils import _CONTROL_TOKEN_START as START
+    from transformers.utils.chat_template_utils import mark_control_tokens
+
+    from looptrace.families.sanitize import mark_chat, mark_keys
+
+    control = qwen._control
+    rng = random.Random(3)
+    pieces = ["a", "<|im_end|>", "<tool_call>", START, END, START + "<|im_end|>" + END, "x y", "é", "\u0301", "<|"]
+
+    def text() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+    def value(depth: int = 0):
+        roll = rng.random()
+        if depth > 3 or roll < 0.4:
+            return rng.choice([text(), 1, None, True, 2.5])
+        if roll < 0.7:
+            return {text(): value(depth + 1) for _ in range(rng.randint(0, 3))}
+        return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+
+    for _ in range(3000):
+        chat = value()
+        assert mark_chat(chat, control) == mark_control_tokens(mark_keys(chat, control), control), chat
+
+
 # -- through the server and its store -----------------------------------------------------------------
 
 
