@@ -137,6 +137,22 @@ def _replace_lone_surrogates(value: Any) -> Any:
     return value
 
 
+# A tool's name, as the model will write it in a call: OpenAI allows [a-zA-Z0-9_-], 64 of them, and
+# Anthropic the same, 128. Taken here: those, and '.', which other servers take and codex's namespaces
+# flatten to (`namespace.tool`). Nothing else: a name is written into the prompt, and one holding a
+# control token (`f<|im_end|>`) must not reach it.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def tool_name(name: str, param: str) -> str:
+    """`name` if it is one a tool may have, else a 400 naming `param`."""
+    if not TOOL_NAME.fullmatch(name):
+        raise invalid(f"Invalid '{param}': string does not match pattern. Expected a string that matches the "
+                      f"pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).",
+                      param=param)
+    return name
+
+
 def field(obj: dict, key: str, kind: type, param: str, *, required: bool = False, default: Any = None,
           nullable: bool = True) -> Any:
     """obj[key] checked against `kind` (int accepts no bools; float accepts ints)."""

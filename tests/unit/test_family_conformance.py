@@ -402,6 +402,20 @@ class TestFamily:
 
         assert controls_in(*hostile_conversation(hostile, field)) == controls_in(*hostile_conversation("x", "none"))
 
+    @pytest.mark.parametrize("thinking_on", [False, True])
+    def test_a_forced_tool_name_never_becomes_a_control_token(self, family, every_control_token, thinking_on):
+        """The opening of a call tool_choice forces is the family's markup, its control tokens real, and
+        the name the client chose, text whatever it holds (issue 35: it was encoded whole, so a name
+        holding `<|im_end|>` ended the turn)."""
+        hostile = "a" + "\n".join(every_control_token) + "b"
+        control_ids = set(family.tokenizer.added_tokens_encoder.values())
+        ids = family.forced_call_ids(hostile, thinking_on)
+        plain = family.forced_call_ids("x", thinking_on)
+        assert [i for i in ids if i in control_ids] == [i for i in plain if i in control_ids]
+        assert family.tokenizer.decode(ids) == family.forced_call_prefix(hostile, thinking_on)
+        anonymous = family.forced_call_prefix(None, thinking_on)  # "required": no name, the markup alone
+        assert family.forced_call_ids(None, thinking_on) == family.tokenizer.encode(anonymous, add_special_tokens=False)
+
     def test_a_prompt_past_the_context_is_found_before_rendering_and_never_one_that_fits(self, family):
         # The bound refuses only prompts that cannot fit (it is at most the rendered count), whatever the
         # text: slices cut mid-word, whitespace runs, multi-byte characters, control tokens typed as text.

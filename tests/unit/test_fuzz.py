@@ -6,7 +6,8 @@ template). Part of issues 13 and 30.
   values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in its API's
   error shape; a stream that starts ends properly; the server alive afterwards.
 - A well-formed conversation whose every client string (message text, reasoning, call ids, tool
-  and argument names, argument values, tool descriptions, property names, enum values; for Messages
+  and argument names, the tool name tool_choice forces, argument values, tool descriptions, property
+  names, enum values; for Messages
   also thinking text, tool_result text and blocks, input_schema keys and Claude Code's session
   header) is hostile:
   when accepted, the prompt's control tokens are exactly those of the same conversation with clean
@@ -241,11 +242,12 @@ def conversation(draw, api: str):
         props = {name(): {"type": "string", "description": text(), "enum": [text(), text()]} for _ in range(2)}
         return {"type": "object", "properties": props}
 
-    call_id, function = name(), name()
+    call_id, function, tool = name(), name(), name()
     arguments = Arguments({name(): text(), name(): {name(): [text(), 1]}})
+    forced = draw(st.booleans())  # tool_choice naming the tool: its forced opening written after the prompt
     if api == "messages":
-        return messages_conversation(text, name, schema, call_id, function, arguments.value,
-                                     Slot(draw(HOSTILE_HEADER), f"x{next(n)}"))
+        return messages_conversation(text, tool, schema, call_id, function, arguments.value,
+                                     Slot(draw(HOSTILE_HEADER), f"x{next(n)}"), forced, name)
     if api == "chat":
         return {"model": MODEL, "max_tokens": 2, "messages": [
             {"role": "system", "content": text()},
@@ -254,19 +256,22 @@ def conversation(draw, api: str):
              "tool_calls": [{"id": call_id, "type": "function", "function": {"name": function, "arguments": arguments}}]},
             {"role": "tool", "tool_call_id": call_id, "content": text()},
             {"role": "user", "content": [{"type": "text", "text": text()}]},
-        ], "tools": [{"type": "function", "function": {"name": name(), "description": text(), "parameters": schema()}}]}
+        ], "tools": [{"type": "function", "function": {"name": tool, "description": text(), "parameters": schema()}}],
+            **({"tool_choice": {"type": "function", "function": {"name": tool}}} if forced else {})}
     return {"model": MODEL, "max_output_tokens": 2, "instructions": text(), "input": [
         {"role": "user", "content": text()},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": text()}]},
         {"type": "function_call", "call_id": call_id, "name": function, "arguments": arguments},
         {"type": "function_call_output", "call_id": call_id, "output": text()},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text()}]},
-    ], "tools": [{"type": "function", "name": name(), "description": text(), "parameters": schema()}]}
+    ], "tools": [{"type": "function", "name": tool, "description": text(), "parameters": schema()}],
+        **({"tool_choice": {"type": "function", "name": tool}} if forced else {})}
 
 
-def messages_conversation(text, name, schema, call_id, function, arguments, session) -> dict:
+def messages_conversation(text, tool, schema, call_id, function, arguments, session, forced, name) -> dict:
     """Anthropic's shapes: system blocks, thinking, tool_use with an object input, tool_result as a
-    string and as blocks (an error), input_schema, and Claude Code's session header (`_headers`)."""
+    string and as blocks (an error), input_schema, Claude Code's session header (`_headers`), and
+    maybe tool_choice naming the tool."""
     again = name()
     return {"model": MODEL, "max_tokens": 2, "thinking": {"type": "adaptive"},
             "system": [{"type": "text", "text": text()}, {"type": "text", "text": text()}],
@@ -283,7 +288,8 @@ def messages_conversation(text, name, schema, call_id, function, arguments, sess
                                                    "input": {name(): text()}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": again, "is_error": True,
                                               "content": [{"type": "text", "text": text()}]}]},
-            ], "tools": [{"name": name(), "description": text(), "input_schema": schema()}],
+            ], "tools": [{"name": tool, "description": text(), "input_schema": schema()}],
+            **({"tool_choice": {"type": "tool", "name": tool}} if forced else {}),
             "_headers": {"X-Claude-Code-Session-Id": session}}
 
 
@@ -316,6 +322,34 @@ def test_hostile_strings_never_become_control_tokens(app, path, api):
 
     one()
     assert app.call("GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_forced_tool_name_never_becomes_control_tokens(app, thinking):
+    """Below the APIs' rule on names (which refuses most of these): the engine writes whatever name
+    tool_choice forces as text, so the prompt's control tokens are those of a plain name."""
+    from looptrace.proxy.engine.generation import Generation
+    from looptrace.proxy.engine.request import GenerationRequest
+
+    control = control_ids(app)
+
+    def forced(name: str) -> list[int]:
+        tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+        generation = Generation(app.runtime, GenerationRequest(
+            messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice={"name": name},
+            enable_thinking=thinking, max_tokens=2))
+        generation._prepare()
+        return [i for i in generation.prompt_ids if i in control]
+
+    plain = forced("f")
+
+    @FUZZ  # a lone surrogate never gets this far: the API reads it as U+FFFD (api/validation.py)
+    @given(HOSTILE.filter(bool).map(lambda s: "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in s)))
+    def one(name):
+        TRIED["forced tool name"] += 1
+        assert forced(name) == plain
+
+    one()
 
 
 # ---------------------------------------------------------------------------------------------
