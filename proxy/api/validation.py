@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +43,8 @@ async def json_body(request: web.Request) -> dict:
         body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except ValueError as exc:  # the one other refusal of json.loads: an integer too long to read
+        raise invalid(_too_many_digits("The request body"), code="invalid_json") from exc
     except RecursionError:
         body = _MISSING
     if body is _MISSING or nesting(body) > MAX_DEPTH:
@@ -99,12 +102,21 @@ def embedded_json(text: str, param: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
+    except ValueError as exc:
+        raise invalid(_too_many_digits(f"'{param}'"), param=param) from exc
     except RecursionError:
         value = _MISSING
     if value is _MISSING or nesting(value) > MAX_DEPTH:
         raise invalid(f"'{param}' is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
                       param=param)
     return _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
+
+
+def _too_many_digits(where: str) -> str:
+    # Python reads integers of at most sys.get_int_max_str_digits() digits (4,300), a bound on the
+    # quadratic cost of converting one; no setting or id is that long, so the bound stays.
+    return (f"{where} holds an integer of more than {sys.get_int_max_str_digits():,} digits, longer than any "
+            "value here can be; it was not read.")
 
 
 def nesting(value: Any) -> int:

@@ -2,7 +2,8 @@
 against the real application (the replay backend serving the tiny Qwen3.5, its real tokenizer and
 template). Part of issues 13 and 30.
 
-- Any body at all: the APIs' fields with wrong types, non-finite and huge numbers, deep and huge
+- Any body at all: the APIs' fields with wrong types, non-finite and huge numbers (integers past the
+  4,300 digits Python reads among them), deep and huge
   values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in its API's
   error shape; a stream that starts ends properly; the server alive afterwards.
 - A well-formed conversation whose every client string (message text, reasoning, call ids, tool
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -55,9 +57,24 @@ HOSTILE_HEADER = st.lists(st.one_of(st.sampled_from(CONTROL), st.text(st.charact
                                                                        max_size=8)), min_size=1, max_size=6).map("".join)
 
 
+@dataclass(frozen=True)
+class LongNumber:
+    """An integer of more digits than Python reads (4,300), which json.dumps cannot write either."""
+
+    digits: int
+
+
+_MARK = f"long-{os.getpid()}-{id(LongNumber)}-"  # written as a string first, then as the digits
+
+
+def _dumps(body: object) -> str:
+    text = json.dumps(body, default=lambda o: f"{_MARK}{o.digits}")
+    return re.sub(f'"{re.escape(_MARK)}(\\d+)"', lambda m: "7" * int(m[1]), text)
+
+
 def send(app, path: str, body: object, headers: dict | None = None) -> tuple[int, str, bytes]:
     """Written by json.dumps as is: NaN, Infinity and huge integers go through as JSON parsers accept them."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    data = body if isinstance(body, bytes) else _dumps(body).encode()
     request = urllib.request.Request(app.url + path, data=data, method="POST",
                                      headers={"Content-Type": "application/json", **(headers or {})})
     try:
@@ -107,6 +124,7 @@ def app(replay_app):
 # ---------------------------------------------------------------------------------------------
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-(2**300), 2**300),
+                    st.integers(4_301, 20_000).map(LongNumber),
                     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-300, 5e-324, 1e308, -0.0]),
                     HOSTILE, st.text(max_size=30))
 JUNK = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
