@@ -5,6 +5,7 @@ backend's own).
 
 Which one a URL is, is found by asking: looptrace's /health answers JSON naming its backend, vLLM's
 answers an empty 200. Requests are plain blocking HTTP (urllib): a replay asks one thing at a time,
+of an http(s) URL only, never following a redirect (a target is asked exactly where it was named),
 and what it answers is checked for the shape read before anything reads it: a server that is not one
 of these says so in a line, never a traceback.
 """
@@ -18,7 +19,24 @@ from urllib.parse import urlsplit, urlunsplit
 
 from looptrace.backends.prompt_logprobs import read_scores, score_body
 
+from .commands import DEFAULT_TIMEOUT
 from .recorded import ReplayError
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+        return None  # the 3xx is then an HTTPError, answered in Target.call
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _checked_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        shown = url.split("://", 1)[0] + "://…" if "://" in url else repr(url[:80])
+        raise ReplayError(f"--target must be an http:// or https:// URL of a server, not {shown}")
+    return url
 
 
 def _one_line(text: str, most: int = 200) -> str:
@@ -31,7 +49,7 @@ class Target:
     kind = ""  # "looptrace" or "vllm"
 
     def __init__(self, url: str, api_key: str | None, timeout: float) -> None:
-        url = url.rstrip("/")
+        url = _checked_url(url).rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # an OpenAI base URL works too
         self.api_key, self.timeout = api_key, timeout
         self.model, self.backend, self.max_model_len = "", "", 0
@@ -52,10 +70,14 @@ class Target:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _OPENER.open(request, timeout=self.timeout) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as err:
             status, raw = err.code, err.read()
+            if 300 <= status < 400:
+                raise ReplayError(f"the target {self.shown} answered {path} with a redirect ({status}, to "
+                                  f"{_one_line(err.headers.get('Location') or '?', 120)}); a replay does not follow "
+                                  "redirects: give --target the URL of the server itself") from None
         except (urllib.error.URLError, OSError) as exc:
             raise ReplayError(f"cannot reach the target {self.shown}: {getattr(exc, 'reason', exc)}") from exc
         try:
@@ -136,7 +158,7 @@ class VLLMTarget(Target):
                 from exc
 
 
-def connect(url: str, *, api_key: str | None = None, timeout: float = 600.0) -> Target:
+def connect(url: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Target:
     """The target at `url`, its kind found and its model named."""
     probe = Target(url, api_key, timeout)
     status, health = probe.call("GET", "/health")

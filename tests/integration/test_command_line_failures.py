@@ -1,9 +1,11 @@
 """`looptrace replay` and `looptrace export` answer what they cannot do in one line on standard error
-and exit 2, never with a traceback (issue 35, finding 3). Each case ran the real command line
+and exit 2, never with a traceback (issue 35, findings 3 and 4). Each case ran the real command line
 and ended in a traceback and exit 1 before: an empty `--session` (a TypeError), a `--store` file that
 does not exist, a PostgreSQL store with a wrong password or none listening (psycopg-pool's warnings,
 then a traceback after 3-4 s), a target answering 200 with an HTML page (UnicodeDecodeError), a
-target whose /v1/score answers a well-formed wrong shape (KeyError: 'greedy_id').
+target whose /v1/score answers a well-formed wrong shape (KeyError: 'greedy_id'). And `--target`
+takes http(s) URLs only (`file:///etc/passwd` was read) and follows no redirect (a 302 to
+169.254.169.254 was followed); its per-request timeout is 60 s, said in --help, no longer 600.
 
 The targets here are small HTTP servers on loopback that answer as a broken or hostile server would:
 what no real looptrace or vLLM does on demand.
@@ -156,4 +158,40 @@ def _looptrace_like(scores: object) -> Handler:
 def test_a_target_scoring_in_a_wrong_shape_is_said_in_one_line(store, tmp_path, serve_http, scores):
     url = serve_http(_looptrace_like(scores))
     one_line_exit_2(replay(store, url, tmp_path), "replay", "answered /v1/score in a shape this replay cannot read")
+
+
+# -- finding 4: what --target takes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["file:///etc/passwd", "ftp://127.0.0.1/x", "data:,hello", "127.0.0.1:8000",
+                                    "http://"])
+def test_a_target_that_is_not_an_http_url_is_refused(store, tmp_path, target):
+    said = one_line_exit_2(replay(store, target, tmp_path), "replay", "--target must be an http:// or https:// URL")
+    assert "root:" not in said
+
+
+def test_a_redirecting_target_is_not_followed(store, tmp_path, serve_http):
+    reached = []
+    elsewhere = serve_http(lambda r: (reached.append(r.path), answer(r, 200, b'{"status": "ready"}')))
+    url = serve_http(lambda r: answer(r, 302, b"", Location=elsewhere + r.path))
+    one_line_exit_2(replay(store, url, tmp_path), "replay", "redirect (302", "does not follow redirects")
+    assert reached == []
+    metadata = serve_http(lambda r: answer(r, 302, b"", Location="http://169.254.169.254/latest/meta-data/"))
+    one_line_exit_2(replay(store, metadata, tmp_path), "replay", "169.254.169.254")
+
+
+def test_the_default_timeout_is_one_a_person_waits_for_and_help_says_it(store, tmp_path):
+    done = looptrace("replay", "--help", timeout=60)
+    assert done.returncode == 0
+    assert "default 60 s" in " ".join(done.stdout.split()), done.stdout
+    silent = free_port()
+    import socket
+
+    with socket.socket() as listener:  # accepts the connection, never answers
+        listener.bind(("127.0.0.1", silent))
+        listener.listen(8)
+        began = time.monotonic()
+        one_line_exit_2(replay(store, f"http://127.0.0.1:{silent}", tmp_path, "--timeout", "2"), "replay",
+                        "cannot reach the target", "timed out")
+        assert time.monotonic() - began < 30
 
