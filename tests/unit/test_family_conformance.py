@@ -484,6 +484,24 @@ class TestFamily:
             for pieces in ([s], list(s), [s[:9], cut]):
                 assert normalize(run(family.new_parser(TOOLS, False), pieces)) == expected, pieces
 
+    @pytest.mark.parametrize("cut_at", [0.5, 1.0])
+    def test_a_malformed_call_inside_thinking_stays_in_the_thinking(self, case, family, cut_at):
+        """Issue 35: a call the model opened inside its reasoning and never finished came back as text,
+        a text block before the reasoning that followed (and, cut at the end, with the close of the
+        reasoning and the answer inside it). It is counted, kept in the reasoning where it was written,
+        and the answer after the reasoning's close is text."""
+        opens, closes = case.thought
+        weather = case.write_call("get_weather", WEATHER_ARGS)
+        broken = weather[:int(len(weather) * cut_at) - (1 if cut_at == 1.0 else 0)]  # never closed
+        s = opens + "I need the weather." + broken + " Then answer." + closes + "Done."
+        for pieces in ([s], token_pieces(family.tokenizer, s), [s[:len(s) // 2], s[len(s) // 2:]]):
+            deltas = normalize(run(family.new_parser(TOOLS, True), pieces))
+            kinds = [d["type"] for d in deltas]
+            assert kinds == ["thinking", "tool_call_unparsed", "thinking", "text"], (pieces, deltas)
+            assert deltas[0]["text"] == "I need the weather."
+            assert deltas[2]["text"].startswith(case.shown(broken)) and deltas[2]["text"].endswith("Then answer.")
+            assert deltas[3]["text"] == "Done."
+
     def test_outcomes(self, case, family):
         unknown = case.write_call("search", {"q": "x"})
         bad = case.write_call("get_weather", {"city": "Paris", "days": "soon"})
