@@ -286,7 +286,8 @@ def conversation(draw, api: str):
         **({"tool_choice": {"type": "function", "name": tool}} if forced else {})}
 
 
-def messages_conversation(text, tool, schema, call_id, function, arguments, session, forced, name) -> dict:
+def messages_conversation(text, tool, schema, call_id, function, arguments, session, forced,
+                          name) -> dict:
     """Anthropic's shapes: system blocks, thinking, tool_use with an object input, tool_result as a
     string and as blocks (an error), input_schema, Claude Code's session header (`_headers`), and
     maybe tool_choice naming the tool."""
