@@ -79,6 +79,9 @@ class LlamaContext:
         params.n_batch = params.n_ubatch = min(BATCH, n_ctx)
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = threads
+        # flash_attn_type stays llama.cpp's default (auto: on for a CPU). llama-cpp-python's Llama turns
+        # it off unless asked, and its kernels round otherwise: greedy answers equal the binding's only
+        # with flash_attn=True (README, "llama.cpp").
         params.no_perf = True
         self.ctx = llama.llama_init_from_model(self.model, params)
         if not self.ctx:

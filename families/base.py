@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from jinja2 import TemplateError
 
@@ -243,13 +243,25 @@ class Family:
         in it, marked special or not, encoded as plain text: what the template's sanitizing does to a
         message, by transformers' own marking and encoder. (`split_special_tokens` splits special tokens
         only; Qwen's <tool_call> and <think> are added tokens that are not special.)"""
+        return self._encode_around(lambda mark: mark(text))
+
+    def forced_call_ids(self, name: str | None, thinking: bool) -> list[int]:
+        """`forced_call_prefix` as tokens: the family's markup as its control tokens, and the name a
+        client chose (tool_choice) as plain text whatever it holds, so that `f<|im_end|>` cannot end the
+        turn. (The APIs refuse such names too: proxy/api/validation.py.)"""
+        return self._encode_around(lambda mark: self.forced_call_prefix(mark(name) if name else None, thinking))
+
+    def _encode_around(self, write: Callable[[Callable[[str], str]], str]) -> list[int]:
+        """The tokens of text looptrace writes around a client's strings: `write(mark)` returns it, each
+        client string passed through `mark`; control tokens in those are encoded as text, by
+        transformers' own marking and encoder (what the template's sanitizing does to a message)."""
         from transformers.utils.chat_template_utils import encode_marked_chat, mark_control_tokens
 
         tok = getattr(self.tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
         tok = tok if hasattr(tok, "convert_tokens_to_ids") else self.tokenizer
         if self._control is None:
-            return tok.encode(text, add_special_tokens=False)
-        return encode_marked_chat(tok, mark_control_tokens(text, self._control))
+            return tok.encode(write(lambda text: text), add_special_tokens=False)
+        return encode_marked_chat(tok, write(lambda text: mark_control_tokens(text, self._control)))
 
     def runs_of(self, part: MediaPart) -> int:
         """How many runs of placeholder tokens an item becomes: a video one per frame, or per

@@ -135,6 +135,7 @@ class ChatML(Family):
 
     def forced_call_prefix(self, name: str | None, thinking: bool) -> str:
         # No `</think>`: whether the prompt opened one depends on the template (Qwen3 lets the
-        # model write it), and a call inside thinking is parsed all the same.
+        # model write it), and a call inside thinking is parsed all the same. ensure_ascii off: the
+        # markers that keep a name's control tokens text (base.forced_call_ids) must stay as they are.
         prefix = '<tool_call>\n{"name": "'
-        return prefix + (json.dumps(name)[1:-1] + '", "arguments": ' if name else "")
+        return prefix + (json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments": ' if name else "")

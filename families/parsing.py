@@ -142,10 +142,15 @@ class StreamParser(Parser):
                 self._run(out)  # what followed the call, markers and all
                 continue
             raw = self._call.raw + self._buf
-            self._buf = ""
             self._call = None
             self.channel = self._resume
+            # A call opened in the reasoning and never finished: where the model closed its reasoning,
+            # the call had ended; what follows (the answer) is read again, markers and all.
+            cut = raw.find(self.think_close) if self.channel == THOUGHT and self.think_close else -1
+            cut -= cut > 0 and raw[cut - 1] == "\n"  # the newline before the close is the template's
+            raw, self._buf = (raw[:cut], raw[cut:]) if cut > 0 else (raw, "")
             self._unparsed(raw, out)
+            self._run(out)
         if self._skip_name:
             self._drop_channel_name(self._buf, self.markers[self.channel], final=True)
         if self._buf:
@@ -254,9 +259,11 @@ class StreamParser(Parser):
         return delta
 
     def _unparsed(self, raw: str, out: list[Delta]) -> None:
-        # Never dropped: counted, then returned to the client as the text the model wrote.
+        # Never dropped: counted, then returned to the client as the text the model wrote, in the
+        # channel it wrote it in (inside its reasoning, reasoning: the blocks keep the model's order).
         out.append(unparsed_call_delta(raw))
-        out.append(text_delta(self._fallback_text(raw)))
+        shown = self._fallback_text(raw)
+        out.append(text_delta(shown) if self.channel == CONTENT else thinking_delta(shown))
         if self.channel == CONTENT:
             self._fresh = False
 

@@ -39,6 +39,13 @@ class _ShowDefaults(argparse.HelpFormatter):
         return text
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +84,9 @@ def _server_options(serve: argparse.ArgumentParser) -> None:
                        help="server processes on the one port, for a relay (--backend vllm or replay): each has an "
                        "event loop of its own; this process supervises them and holds no model")
     serve.add_argument("--worker-slot", type=int, help=argparse.SUPPRESS)  # set by the supervisor for its workers
+    serve.add_argument("--stream-write-timeout", type=_seconds, default=_default("stream_write_timeout"),
+                       metavar="S", help="how long a stream waits for a client that stopped reading before it is "
+                       "treated as gone: its generation stops and the model is free for the next request")
 
 
 def _prompt_options(serve: argparse.ArgumentParser) -> None:

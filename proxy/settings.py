@@ -25,6 +25,9 @@ class Settings:
     render_cache_mb: float = 256.0
     render_check_every: int = 100  # every N-th incremental encoding is checked against a whole one; 0: never
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
+    # Seconds a stream waits for its client to take what was written; past that the client is gone and
+    # its generation stops (one that never reads would otherwise hold the model: api/streaming.py).
+    stream_write_timeout: float = 30.0
     prefix_cache_tokens: int = 65536  # prompt tokens whose state the local backend keeps for the next turn; 0: off
     prefix_cache_mb: float = 2048.0  # and the memory those states may hold, their tensors counted
     # Local backend: speculative decoding (backends/speculative.py), as --speculative-config's

@@ -8,6 +8,7 @@ password in it. Where a store is shown (logs, errors, /health) its URL has no pa
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,37 @@ def open_queries(setting: str | None):
     from .queries import SQLiteQueries
 
     return SQLiteQueries(location.target)
+
+
+def unreadable(setting: str | None) -> str | None:
+    """Why the store `setting` names cannot be read now, in one line, or None when it can. For a
+    command that reads a store once (`looptrace replay`, `looptrace export`) and must say so at once:
+    the server's pool waits and retries in the background, logging each failed attempt."""
+    location = parse(setting)
+    if location is None:
+        return None
+    if location.kind == "sqlite":
+        path = Path(location.target)
+        if not path.is_file():
+            return f"no such file: {path} (a SQLite store is the file `looptrace serve --trace-db` writes)"
+        import sqlite3
+
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            return f"{path} cannot be read as a SQLite store: {exc}"
+        return None
+    import psycopg  # one attempt, as libpq makes it: a wrong password or a server that is down, said once
+
+    from .postgres import CONNECT_SECONDS
+
+    try:
+        psycopg.connect(location.target, connect_timeout=CONNECT_SECONDS).close()
+    except psycopg.Error as exc:
+        said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        return f"cannot connect to {location.shown}: {said or type(exc).__name__}"
+    return None
 
 
 def open_state(setting: str | None):

@@ -21,6 +21,11 @@ from ..engine.errors import Refused, Unavailable
 log = logging.getLogger("looptrace")
 
 
+class ClientStoppedReading(ConnectionResetError):
+    """A stream's client took nothing of what was written to it for --stream-write-timeout seconds: it
+    is treated as gone (its generation stops, its connection is closed), as one that disconnected is."""
+
+
 class APIError(Exception):
     def __init__(
         self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
@@ -86,6 +91,8 @@ def failure_of(exc: BaseException) -> tuple[int, str]:
         return exc.status, exc.code or exc.type
     if isinstance(exc, web.HTTPException):
         return exc.status, type(exc).__name__
+    if isinstance(exc, ClientStoppedReading):
+        return 499, "client_stopped_reading"
     if isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):
         return 499, "client_disconnected"  # nginx's code for a client that left
     return 500, type(exc).__name__

@@ -5,16 +5,23 @@ A stream's headers wait for the first step, so a refusal that comes quickly (a f
 the upstream refuses) keeps its HTTP status. A long wait (a queue, a long prompt's prefill on a CPU)
 opens the stream instead, and the adapter sends keepalives while it lasts, so that clients and
 proxies with idle timeouts keep waiting.
+
+A client that stops reading is waited for at most --stream-write-timeout seconds (settings.py), then
+treated as gone: its connection is closed and its generation stopped, so that it cannot hold the
+model (the local and llama.cpp backends decode one request at a time) by never reading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager, suppress
 from typing import NamedTuple
 
 from aiohttp import web
+
+from .errors import ClientStoppedReading
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE_SECONDS = 15.0  # the longest a stream waits silent: for its headers, then between keepalives
@@ -31,22 +38,51 @@ class FrameWriter:
     A failed write (the client left) is raised by the next `write` or by `flush`.
     """
 
-    def __init__(self, response) -> None:
+    def __init__(self, response, write_timeout: float | None = None,
+                 transport: asyncio.Transport | None = None) -> None:
         self._response = response
         self._frames: list[bytes] = []
         self._held = 0
         self._sending: asyncio.Task | None = None
+        # A client that takes nothing of a write for `write_timeout` seconds (None: no bound) is gone.
+        # A write blocks only once the socket's and the transport's buffers are full; when it began is
+        # kept, and looked at as the handler writes the next frames (a clock read: no timer per token).
+        self._write_timeout = write_timeout
+        self._transport = transport
+        self._since = 0.0  # when the write under way began
+
+    def _stalled(self) -> bool:
+        return self._write_timeout is not None and time.monotonic() - self._since > self._write_timeout
+
+    async def _taken(self, sending: asyncio.Future) -> None:
+        """Until the client has taken `sending`, or has taken nothing of it for the write timeout."""
+        left = None if self._write_timeout is None else self._write_timeout - (time.monotonic() - self._since)
+        try:
+            await asyncio.wait_for(asyncio.shield(sending), left if left is None or left > 0 else 0)
+        except TimeoutError:
+            raise self._dropped(sending) from None
+
+    def _dropped(self, sending: asyncio.Future | None) -> ClientStoppedReading:
+        if self._transport is not None:
+            self._transport.abort()  # what is queued for it is dropped; the pending write fails
+        if sending is not None:
+            sending.add_done_callback(_seen)
+        return ClientStoppedReading(f"the client read nothing for {self._write_timeout:g} s")
 
     async def write(self, frame: bytes) -> None:
         sending = self._sending
-        if sending is not None and sending.done():
-            sending.result()  # a write failed: the client is gone
+        if sending is not None:
+            if sending.done():
+                sending.result()  # a write failed: the client is gone
+            elif self._stalled():
+                raise self._dropped(sending)
         self._frames.append(frame)
         self._held += len(frame)
         if sending is None:
+            self._since = time.monotonic()
             self._sending = asyncio.get_running_loop().create_task(self._send())
         elif self._held > HELD_BYTES:
-            await asyncio.shield(sending)  # the client reads slower than tokens come: wait for it
+            await self._taken(sending)  # the client reads slower than tokens come: wait for it
 
     async def opening(self, frame: bytes, first: asyncio.Future) -> None:
         """The stream's first frame: with the first token when that is here already (one write), else
@@ -67,20 +103,25 @@ class FrameWriter:
         data = b"".join(self._frames)
         self._frames.clear()
         self._held = 0
-        await self._response.write(data)
+        try:
+            async with asyncio.timeout(self._write_timeout):  # in place: a task would wait a turn
+                await self._response.write(data)
+        except TimeoutError:
+            raise self._dropped(None) from None
 
     async def _send(self) -> None:
         while self._frames:
             data = b"".join(self._frames)
             self._frames.clear()
             self._held = 0
+            self._since = time.monotonic()
             await self._response.write(data)
         self._sending = None
 
     async def flush(self) -> None:
         """Until everything queued is written."""
         if self._sending is not None:
-            await asyncio.shield(self._sending)
+            await self._taken(self._sending)
 
     def close(self) -> None:
         """The handler is done (or cancelled): nothing more goes out."""
@@ -91,6 +132,11 @@ class FrameWriter:
                     sending.exception()  # seen: the handler has its own error to report
             else:
                 sending.cancel()
+
+
+def _seen(write: asyncio.Future) -> None:
+    if not write.cancelled():
+        write.exception()  # the write failed as the connection closed: nothing to report
 
 
 @asynccontextmanager
@@ -124,15 +170,17 @@ class Opened(NamedTuple):
 
 
 @asynccontextmanager
-async def opened_stream(request: web.Request, steps: AsyncIterator) -> AsyncIterator[Opened]:
+async def opened_stream(request: web.Request, steps: AsyncIterator,
+                        write_timeout: float | None) -> AsyncIterator[Opened]:
     """What every streaming adapter does before its first frame: wait up to one keepalive interval for
     the first step (a refusal by then still gets its status code), then send the SSE headers. On the
-    way out the steps are closed (which stops the generation) and nothing more is written."""
+    way out the steps are closed (which stops the generation) and nothing more is written.
+    `write_timeout`: --stream-write-timeout, past which a client that reads nothing is dropped."""
     async with aclosing(steps), first_step(steps) as first:
         await wait_before_opening(first)
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
-        out = FrameWriter(response)
+        out = FrameWriter(response, write_timeout, request.transport)
         try:
             yield Opened(response, steps, first, out)
         finally:

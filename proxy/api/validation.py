@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +43,8 @@ async def json_body(request: web.Request) -> dict:
         body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except ValueError as exc:  # the one other refusal of json.loads: an integer too long to read
+        raise invalid(_too_many_digits("The request body"), code="invalid_json") from exc
     except RecursionError:
         body = _MISSING
     if body is _MISSING or nesting(body) > MAX_DEPTH:
@@ -99,12 +102,21 @@ def embedded_json(text: str, param: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
+    except ValueError as exc:
+        raise invalid(_too_many_digits(f"'{param}'"), param=param) from exc
     except RecursionError:
         value = _MISSING
     if value is _MISSING or nesting(value) > MAX_DEPTH:
         raise invalid(f"'{param}' is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
                       param=param)
     return _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
+
+
+def _too_many_digits(where: str) -> str:
+    # Python reads integers of at most sys.get_int_max_str_digits() digits (4,300), a bound on the
+    # quadratic cost of converting one; no setting or id is that long, so the bound stays.
+    return (f"{where} holds an integer of more than {sys.get_int_max_str_digits():,} digits, longer than any "
+            "value here can be; it was not read.")
 
 
 def nesting(value: Any) -> int:
@@ -135,6 +147,22 @@ def _replace_lone_surrogates(value: Any) -> Any:
     if isinstance(value, dict):
         return {_replace_lone_surrogates(k): _replace_lone_surrogates(v) for k, v in value.items()}
     return value
+
+
+# A tool's name, as the model will write it in a call: OpenAI allows [a-zA-Z0-9_-], 64 of them, and
+# Anthropic the same, 128. Taken here: those, and '.', which other servers take and codex's namespaces
+# flatten to (`namespace.tool`). Nothing else: a name is written into the prompt, and one holding a
+# control token (`f<|im_end|>`) must not reach it.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def tool_name(name: str, param: str) -> str:
+    """`name` if it is one a tool may have, else a 400 naming `param`."""
+    if not TOOL_NAME.fullmatch(name):
+        raise invalid(f"Invalid '{param}': string does not match pattern. Expected a string that matches the "
+                      f"pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).",
+                      param=param)
+    return name
 
 
 def field(obj: dict, key: str, kind: type, param: str, *, required: bool = False, default: Any = None,

@@ -107,7 +107,7 @@ class Generation:
             if request.tools and (request.tool_choice == "required" or forced_name):
                 thinking_on = bool(request.enable_thinking) or rendered.thinking
                 self.forced_text = family.forced_call_prefix(forced_name, thinking_on)
-                self.forced_ids = runtime.encode(self.forced_text)
+                self.forced_ids = family.forced_call_ids(forced_name, thinking_on)
         ids = rendered.ids + self.forced_ids
         self.rendered, self.prompt_ids = rendered, ids
         if self.media_parts:  # found once, here: the prefix cache's key and the trace both read them

@@ -136,9 +136,6 @@ class Runtime:
         if self.status != "ready":
             raise Unavailable(f"the model {self.settings.model} failed to load: {self.reason}", code="model_load_failed")
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def health(self) -> dict:
         body = {"status": self.status, "model": self.model_name}
         backend = self.backend

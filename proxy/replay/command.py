@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_agreement is not None and not 0 <= args.min_agreement <= 1:
         print("looptrace replay: --min-agreement must be between 0 and 1", file=sys.stderr)
         return 2
+    if not 0 < args.timeout < float("inf"):
+        print("looptrace replay: --timeout must be a number of seconds above 0", file=sys.stderr)
+        return 2
     try:
         report = replay(args)
     except ReplayError as exc:

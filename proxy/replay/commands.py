@@ -7,6 +7,7 @@ import argparse
 import os
 
 EXTRA_TOKENS = 256  # step mode: how far past the recorded answer's length the target may write, by default
+DEFAULT_TIMEOUT = 60.0  # seconds one request to the target may take: what a person would wait for
 
 
 def add_commands(commands) -> None:
@@ -32,7 +33,8 @@ def replay_arguments(parser: argparse.ArgumentParser) -> None:
                         "PostgreSQL URL); the replay is stored there too")
     parser.add_argument("--session", required=True, metavar="KEY", help="the session's key, as the viewer shows it")
     parser.add_argument("--target", required=True, metavar="URL",
-                        help="a looptrace server (any backend) or a vLLM server (forced mode only)")
+                        help="a looptrace server (any backend) or a vLLM server (forced mode only): an http:// or "
+                        "https:// URL, asked where it points (a redirect is refused, not followed)")
     parser.add_argument("--mode", choices=["forced", "step"], default="forced",
                         help="forced: the target reads each recorded answer (teacher forced) and its greedy choice is "
                         "compared token by token; step: the target decodes each recorded prompt afresh and its tool "
@@ -48,8 +50,9 @@ def replay_arguments(parser: argparse.ArgumentParser) -> None:
                         f"answer's length + {EXTRA_TOKENS}, within what the step allowed)")
     parser.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                         help="the target's API key (default: $LOOPTRACE_API_KEY)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="how long one request to the target may take")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"how long one request to the target may take (default {DEFAULT_TIMEOUT:g} s; a step "
+                        "that decodes a long answer on a slow target may need more)")
 
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:

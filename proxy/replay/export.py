@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 def exported(args: argparse.Namespace) -> Iterator[dict]:
     store = open_reader(args.store)
-    for key in [args.session] if args.session else _sessions_since(store, args.since):
+    for key in [args.session] if args.session is not None else _sessions_since(store, args.since):
         yield from session_records(key, session_steps(store, key))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
-from looptrace.trace_store.location import open_queries, open_store
+from looptrace.trace_store.location import open_queries, open_store, unreadable
 from looptrace.trace_store.schema import request_span
 
 # A replay adds to a store and never retires what is there: retiring old traces is the server's
@@ -25,13 +25,17 @@ class ReplayError(Exception):
 
 
 def open_reader(spec: str):
-    """The store's read side, from a path or a URL as --trace-db takes it."""
+    """The store's read side, from a path or a URL as --trace-db takes it, once it was found readable
+    (a missing file, a wrong password or a PostgreSQL that is down: said at once, in a line)."""
     try:
         store = open_queries(spec)
+        why = unreadable(spec) if store is not None else None
     except ValueError as exc:
         raise ReplayError(str(exc).replace("--trace-db", "--store")) from exc
     if store is None:
         raise ReplayError("--store off: there is no store to read")
+    if why:
+        raise ReplayError(f"--store: {why}")
     return store
 
 
@@ -63,6 +67,8 @@ class Recorded:
 
 def session_steps(store, key: str) -> list[Recorded]:
     """Every step of a session, oldest first; a step that cannot be replayed says why in `skipped`."""
+    if not key:
+        raise ReplayError("--session is empty: give the session's key, as the viewer shows it")
     session = store.session(key)
     if session is None:
         raise ReplayError(f"no session {key!r} in the store (the key is the conversation id the viewer shows, or "

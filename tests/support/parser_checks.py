@@ -107,8 +107,8 @@ def normalize(deltas: list[dict]) -> list[dict]:
             assert _ID.fullmatch(d["id"]), d["id"]
             json.loads(d["arguments"])
             d["id"] = "ID"
-        if d["type"] == "tool_call_unparsed":  # the raw markup follows as text, never dropped
-            assert deltas[i + 1]["type"] == "text"
+        if d["type"] == "tool_call_unparsed":  # the raw markup follows, in its channel's words: never dropped
+            assert deltas[i + 1]["type"] in ("text", "thinking")
         if merged and d["type"] in ("text", "thinking") and merged[-1]["type"] == d["type"]:
             merged[-1] = {**merged[-1], "text": merged[-1]["text"] + d["text"]}
         else:

@@ -236,6 +236,36 @@ def test_an_answer_not_streamed(replay_app):
     assert (call["type"], call["name"], call["input"]) == ("tool_use", "Bash", {"command": "ls"})
 
 
+@pytest.mark.parametrize(("recorded", "thought", "answer"), [
+    # An unfinished call in the reasoning, the reasoning going on after it (issue 35: a text block came
+    # between the two halves of the reasoning) ...
+    ("I will look.<tool_call>\n<function=Bash>\nbroken</think>\n\nDone.<|im_end|>",
+     "I will look.<tool_call>\n<function=Bash>\nbroken", "Done."),
+    # ... and one never closed before the reasoning ended (the close and the answer were text inside it).
+    ("I will look.\n<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</tool_call>\n"
+     "then answer.\n</think>\n\nDone.<|im_end|>",
+     "I will look.\n<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</tool_call>\nthen answer.",
+     "Done."),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_malformed_call_inside_the_reasoning_keeps_the_blocks_in_the_models_order(replay_app, recorded, thought,
+                                                                                      answer, stream):
+    replay_app.replay(recorded)
+    status, data = post_messages(replay_app, messages(messages=[{"role": "user", "content": "ls"}], tools=[BASH],
+                                                      thinking={"type": "adaptive"}, stream=stream))
+    assert status == 200, data
+    if stream:
+        events = frames(data)
+        blocks = [dict(e["content_block"]) for kind, e in events if kind == "content_block_start"]
+        for kind, event in events:
+            if kind == "content_block_delta" and event["delta"]["type"] in ("text_delta", "thinking_delta"):
+                block = blocks[event["index"]]
+                block[block["type"]] += event["delta"][block["type"]]
+    else:
+        blocks = json.loads(data)["content"]
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in blocks] == [("thinking", thought), ("text", answer)]
+
+
 # -- refusals, in Anthropic's shape --------------------------------------------------------------------
 
 def error_of(status_and_data) -> tuple[int, str, str]:

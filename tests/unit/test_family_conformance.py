@@ -403,6 +403,20 @@ class TestFamily:
 
         assert controls_in(*hostile_conversation(hostile, field)) == controls_in(*hostile_conversation("x", "none"))
 
+    @pytest.mark.parametrize("thinking_on", [False, True])
+    def test_a_forced_tool_name_never_becomes_a_control_token(self, family, every_control_token, thinking_on):
+        """The opening of a call tool_choice forces is the family's markup, its control tokens real, and
+        the name the client chose, text whatever it holds (issue 35: it was encoded whole, so a name
+        holding `<|im_end|>` ended the turn)."""
+        hostile = "a" + "\n".join(every_control_token) + "b"
+        control_ids = set(family.tokenizer.added_tokens_encoder.values())
+        ids = family.forced_call_ids(hostile, thinking_on)
+        plain = family.forced_call_ids("x", thinking_on)
+        assert [i for i in ids if i in control_ids] == [i for i in plain if i in control_ids]
+        assert family.tokenizer.decode(ids) == family.forced_call_prefix(hostile, thinking_on)
+        anonymous = family.forced_call_prefix(None, thinking_on)  # "required": no name, the markup alone
+        assert family.forced_call_ids(None, thinking_on) == family.tokenizer.encode(anonymous, add_special_tokens=False)
+
     def test_a_prompt_past_the_context_is_found_before_rendering_and_never_one_that_fits(self, family):
         # The bound refuses only prompts that cannot fit (it is at most the rendered count), whatever the
         # text: slices cut mid-word, whitespace runs, multi-byte characters, control tokens typed as text.
@@ -501,6 +515,24 @@ class TestFamily:
             s = "Checking." + cut
             for pieces in ([s], list(s), [s[:9], cut]):
                 assert normalize(run(family.new_parser(TOOLS, False), pieces)) == expected, pieces
+
+    @pytest.mark.parametrize("cut_at", [0.5, 1.0])
+    def test_a_malformed_call_inside_thinking_stays_in_the_thinking(self, case, family, cut_at):
+        """Issue 35: a call the model opened inside its reasoning and never finished came back as text,
+        a text block before the reasoning that followed (and, cut at the end, with the close of the
+        reasoning and the answer inside it). It is counted, kept in the reasoning where it was written,
+        and the answer after the reasoning's close is text."""
+        opens, closes = case.thought
+        weather = case.write_call("get_weather", WEATHER_ARGS)
+        broken = weather[:int(len(weather) * cut_at) - (1 if cut_at == 1.0 else 0)]  # never closed
+        s = opens + "I need the weather." + broken + " Then answer." + closes + "Done."
+        for pieces in ([s], token_pieces(family.tokenizer, s), [s[:len(s) // 2], s[len(s) // 2:]]):
+            deltas = normalize(run(family.new_parser(TOOLS, True), pieces))
+            kinds = [d["type"] for d in deltas]
+            assert kinds == ["thinking", "tool_call_unparsed", "thinking", "text"], (pieces, deltas)
+            assert deltas[0]["text"] == "I need the weather."
+            assert deltas[2]["text"].startswith(case.shown(broken)) and deltas[2]["text"].endswith("Then answer.")
+            assert deltas[3]["text"] == "Done."
 
     def test_outcomes(self, case, family):
         unknown = case.write_call("search", {"q": "x"})

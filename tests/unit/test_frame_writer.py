@@ -1,5 +1,6 @@
 """proxy/api/streaming.FrameWriter: frames made in one run of the handler leave in one write, in
-order, none late, none lost; a client that left is heard of; the client's pace holds the handler."""
+order, none late, none lost; a client that left is heard of; the client's pace holds the handler, for at
+most the write timeout."""
 
 from __future__ import annotations
 
@@ -135,3 +136,55 @@ def test_the_opening_and_the_first_token_leave_together_without_waiting_a_turn()
     # Still waiting for the model: the opening goes at once, so the client sees the stream begin.
     before, writes = asyncio.run(run(False))
     assert b"".join(writes) == b"start\ntoken 0\ntoken 1\n" and writes[0].startswith(b"start\n")
+
+
+class Transport:
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.mark.parametrize("waiting_in", ["write", "flush", "write_now"])
+def test_a_write_the_client_takes_nothing_of_past_the_write_timeout_drops_it(monkeypatch, waiting_in):
+    # Issue 35: aiohttp has no write timeout, so a client that stopped reading held the handler (and
+    # the model) for as long as the answer ran. Whether the handler is writing the next tokens, flushing
+    # at the end, or writing the first token in place, the client is dropped after the bound.
+    monkeypatch.setattr(streaming, "HELD_BYTES", 10**9)  # never held back by size: the bound alone acts
+
+    async def run():
+        transport = Transport()
+        out = FrameWriter(Response(delay=10), write_timeout=0.2, transport=transport)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(streaming.ClientStoppedReading):
+            if waiting_in == "write_now":
+                await out.write_now(b"first token")
+            else:
+                await out.write(b"first")
+                await asyncio.sleep(0)  # under way, and never taken
+                if waiting_in == "flush":
+                    await out.flush()
+                else:
+                    while True:  # tokens keep coming; each write looks at how long the one under way took
+                        await asyncio.sleep(0.02)
+                        await out.write(b"more")
+        out.close()
+        return loop.time() - started, transport.aborted
+
+    waited, aborted = asyncio.run(run())
+    assert 0.2 <= waited < 1.0 and aborted
+
+
+def test_a_slow_client_within_the_write_timeout_is_waited_for():
+    async def run():
+        response = Response(delay=0.05)  # each write taken in 50 ms: slow, never stopped
+        out = FrameWriter(response, write_timeout=0.2, transport=Transport())
+        for i in range(20):
+            await out.write(b"%d," % i)
+            await asyncio.sleep(0.02)
+        await out.flush()
+        out.close()
+        return b"".join(response.writes)
+
+    assert asyncio.run(run()) == b"".join(b"%d," % i for i in range(20))

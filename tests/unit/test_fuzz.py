@@ -2,11 +2,13 @@
 against the real application (the replay backend serving the tiny Qwen3.5, its real tokenizer and
 template). Part of issues 13 and 30.
 
-- Any body at all: the APIs' fields with wrong types, non-finite and huge numbers, deep and huge
+- Any body at all: the APIs' fields with wrong types, non-finite and huge numbers (integers past the
+  4,300 digits Python reads among them), deep and huge
   values, control tokens and odd Unicode in every string. Never a 5xx; every refusal in its API's
   error shape; a stream that starts ends properly; the server alive afterwards.
 - A well-formed conversation whose every client string (message text, reasoning, call ids, tool
-  and argument names, argument values, tool descriptions, property names, enum values; for Messages
+  and argument names, the tool name tool_choice forces, argument values, tool descriptions, property
+  names, enum values; for Messages
   also thinking text, tool_result text and blocks, input_schema keys and Claude Code's session
   header) is hostile:
   when accepted, the prompt's control tokens are exactly those of the same conversation with clean
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -54,9 +57,24 @@ HOSTILE_HEADER = st.lists(st.one_of(st.sampled_from(CONTROL), st.text(st.charact
                                                                        max_size=8)), min_size=1, max_size=6).map("".join)
 
 
+@dataclass(frozen=True)
+class LongNumber:
+    """An integer of more digits than Python reads (4,300), which json.dumps cannot write either."""
+
+    digits: int
+
+
+_MARK = f"long-{os.getpid()}-{id(LongNumber)}-"  # written as a string first, then as the digits
+
+
+def _dumps(body: object) -> str:
+    text = json.dumps(body, default=lambda o: f"{_MARK}{o.digits}")
+    return re.sub(f'"{re.escape(_MARK)}(\\d+)"', lambda m: "7" * int(m[1]), text)
+
+
 def send(app, path: str, body: object, headers: dict | None = None) -> tuple[int, str, bytes]:
     """Written by json.dumps as is: NaN, Infinity and huge integers go through as JSON parsers accept them."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    data = body if isinstance(body, bytes) else _dumps(body).encode()
     request = urllib.request.Request(app.url + path, data=data, method="POST",
                                      headers={"Content-Type": "application/json", **(headers or {})})
     try:
@@ -106,6 +124,7 @@ def app(replay_app):
 # ---------------------------------------------------------------------------------------------
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-(2**300), 2**300),
+                    st.integers(4_301, 20_000).map(LongNumber),
                     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-300, 5e-324, 1e308, -0.0]),
                     HOSTILE, st.text(max_size=30))
 JUNK = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -241,11 +260,12 @@ def conversation(draw, api: str):
         props = {name(): {"type": "string", "description": text(), "enum": [text(), text()]} for _ in range(2)}
         return {"type": "object", "properties": props}
 
-    call_id, function = name(), name()
+    call_id, function, tool = name(), name(), name()
     arguments = Arguments({name(): text(), name(): {name(): [text(), 1]}})
+    forced = draw(st.booleans())  # tool_choice naming the tool: its forced opening written after the prompt
     if api == "messages":
-        return messages_conversation(text, name, schema, call_id, function, arguments.value,
-                                     Slot(draw(HOSTILE_HEADER), f"x{next(n)}"))
+        return messages_conversation(text, tool, schema, call_id, function, arguments.value,
+                                     Slot(draw(HOSTILE_HEADER), f"x{next(n)}"), forced, name)
     if api == "chat":
         return {"model": MODEL, "max_tokens": 2, "messages": [
             {"role": "system", "content": text()},
@@ -254,19 +274,23 @@ def conversation(draw, api: str):
              "tool_calls": [{"id": call_id, "type": "function", "function": {"name": function, "arguments": arguments}}]},
             {"role": "tool", "tool_call_id": call_id, "content": text()},
             {"role": "user", "content": [{"type": "text", "text": text()}]},
-        ], "tools": [{"type": "function", "function": {"name": name(), "description": text(), "parameters": schema()}}]}
+        ], "tools": [{"type": "function", "function": {"name": tool, "description": text(), "parameters": schema()}}],
+            **({"tool_choice": {"type": "function", "function": {"name": tool}}} if forced else {})}
     return {"model": MODEL, "max_output_tokens": 2, "instructions": text(), "input": [
         {"role": "user", "content": text()},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": text()}]},
         {"type": "function_call", "call_id": call_id, "name": function, "arguments": arguments},
         {"type": "function_call_output", "call_id": call_id, "output": text()},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text()}]},
-    ], "tools": [{"type": "function", "name": name(), "description": text(), "parameters": schema()}]}
+    ], "tools": [{"type": "function", "name": tool, "description": text(), "parameters": schema()}],
+        **({"tool_choice": {"type": "function", "name": tool}} if forced else {})}
 
 
-def messages_conversation(text, name, schema, call_id, function, arguments, session) -> dict:
+def messages_conversation(text, tool, schema, call_id, function, arguments, session, forced,
+                          name) -> dict:
     """Anthropic's shapes: system blocks, thinking, tool_use with an object input, tool_result as a
-    string and as blocks (an error), input_schema, and Claude Code's session header (`_headers`)."""
+    string and as blocks (an error), input_schema, Claude Code's session header (`_headers`), and
+    maybe tool_choice naming the tool."""
     again = name()
     return {"model": MODEL, "max_tokens": 2, "thinking": {"type": "adaptive"},
             "system": [{"type": "text", "text": text()}, {"type": "text", "text": text()}],
@@ -283,7 +307,8 @@ def messages_conversation(text, name, schema, call_id, function, arguments, sess
                                                    "input": {name(): text()}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": again, "is_error": True,
                                               "content": [{"type": "text", "text": text()}]}]},
-            ], "tools": [{"name": name(), "description": text(), "input_schema": schema()}],
+            ], "tools": [{"name": tool, "description": text(), "input_schema": schema()}],
+            **({"tool_choice": {"type": "tool", "name": tool}} if forced else {}),
             "_headers": {"X-Claude-Code-Session-Id": session}}
 
 
@@ -316,6 +341,34 @@ def test_hostile_strings_never_become_control_tokens(app, path, api):
 
     one()
     assert app.call("GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_forced_tool_name_never_becomes_control_tokens(app, thinking):
+    """Below the APIs' rule on names (which refuses most of these): the engine writes whatever name
+    tool_choice forces as text, so the prompt's control tokens are those of a plain name."""
+    from looptrace.proxy.engine.generation import Generation
+    from looptrace.proxy.engine.request import GenerationRequest
+
+    control = control_ids(app)
+
+    def forced(name: str) -> list[int]:
+        tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+        generation = Generation(app.runtime, GenerationRequest(
+            messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice={"name": name},
+            enable_thinking=thinking, max_tokens=2))
+        generation._prepare()
+        return [i for i in generation.prompt_ids if i in control]
+
+    plain = forced("f")
+
+    @FUZZ  # a lone surrogate never gets this far: the API reads it as U+FFFD (api/validation.py)
+    @given(HOSTILE.filter(bool).map(lambda s: "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in s)))
+    def one(name):
+        TRIED["forced tool name"] += 1
+        assert forced(name) == plain
+
+    one()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,7 +69,8 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 async def _stream(request: web.Request, generation: Generation, stream: MessageStream,
                   trace: RequestTelemetry) -> web.StreamResponse:
-    async with opened_stream(request, generation.run()) as (response, steps, first, out):
+    bound = generation.runtime.settings.stream_write_timeout  # for a client that stops reading
+    async with opened_stream(request, generation.run(), bound) as (response, steps, first, out):
         await out.opening(stream.start(generation), first)
         pacer = asyncio.create_task(_keep_alive(out, stream))  # a ping after every silent interval
         try:

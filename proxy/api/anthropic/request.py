@@ -13,7 +13,7 @@ from ...engine.request import GenerationRequest
 from ..errors import invalid
 from ..openai.chat_request import MAX_STOP_LENGTH, MAX_STOPS
 from ..openai.request_parts import at_most, warn_once
-from ..validation import field, in_range, is_a
+from ..validation import field, in_range, is_a, tool_name
 from .content import conversation
 
 TOOL_CHOICES = ("auto", "any", "tool", "none")
@@ -78,6 +78,7 @@ def _tools(tools: list | None, referenced: set[str]) -> list[dict] | None:
         name = field(tool, "name", str, f"{where}.name", required=True)
         if not name:
             raise invalid(f"'{where}.name' must not be empty.", param=f"{where}.name")
+        tool_name(name, f"{where}.name")
         schema = field(tool, "input_schema", dict, f"{where}.input_schema", required=True)
         if field(tool, "defer_loading", bool, f"{where}.defer_loading", default=False) and name not in referenced:
             continue
@@ -104,7 +105,7 @@ def _tool_choice(choice: dict | None, tools: list[dict] | None) -> tuple[str | d
     if kind in ("any", "tool") and not tools:
         raise invalid(f"'tool_choice' is {kind!r} but no tools were given.", param="tool_choice")
     if kind == "tool":
-        name = field(choice, "name", str, "tool_choice.name", required=True)
+        name = tool_name(field(choice, "name", str, "tool_choice.name", required=True), "tool_choice.name")
         if name not in {t["function"]["name"] for t in tools or ()}:
             raise invalid(f"'tool_choice.name' names the tool {name!r}, which is not among the tools.",
                           param="tool_choice.name")

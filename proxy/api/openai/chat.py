@@ -52,7 +52,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, generation: Generation, stream: ChatStream,
                   trace: RequestTelemetry) -> web.StreamResponse:
-    async with opened_stream(request, generation.run()) as (response, steps, first, out):
+    bound = generation.runtime.settings.stream_write_timeout  # for a client that stops reading
+    async with opened_stream(request, generation.run(), bound) as (response, steps, first, out):
         await out.opening(stream.start(), first)
         try:
             # Until the first token: a comment every interval (after it, tokens keep the stream busy).

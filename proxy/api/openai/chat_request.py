@@ -19,7 +19,7 @@ from .request_parts import (
     seed,
     temperature_and_top_p,
 )
-from ..validation import field, in_range, is_a
+from ..validation import field, in_range, is_a, tool_name
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -170,7 +170,7 @@ def parse_tools(tools: list | None) -> list[dict] | None:
         name = field(function, "name", str, f"{where}.function.name", required=True)
         if not name:
             raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
-        spec = {"name": name}
+        spec = {"name": tool_name(name, f"{where}.function.name")}
         description = field(function, "description", str, f"{where}.function.description")
         if description is not None:
             spec["description"] = description

@@ -9,7 +9,7 @@ from looptrace.families.media.parts import NOTE, MediaPart
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from ..errors import invalid
-from ..validation import embedded_json, field, in_range
+from ..validation import embedded_json, field, in_range, tool_name
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
@@ -152,6 +152,7 @@ def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
         name = function.get("name")
         if not isinstance(name, str):
             raise invalid("'tool_choice' names no function.", param="tool_choice")
+        tool_name(name, "tool_choice.name" if function is choice else "tool_choice.function.name")
         if name not in {t["function"]["name"] for t in tools or []}:
             raise invalid(f"'tool_choice' names the function {name!r}, which is not among the tools.",
                           param="tool_choice")

@@ -69,7 +69,8 @@ async def delete_response(request: web.Request) -> web.Response:
 
 async def _stream(request: web.Request, generation: Generation, builder: ResponseBuilder,
                   trace: RequestTelemetry, keep) -> web.StreamResponse:
-    async with opened_stream(request, generation.run()) as (response, steps, first, out):
+    bound = generation.runtime.settings.stream_write_timeout  # for a client that stops reading
+    async with opened_stream(request, generation.run(), bound) as (response, steps, first, out):
         await _relay(steps, first, out, builder, generation, trace, keep)
         return response
 

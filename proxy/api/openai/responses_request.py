@@ -28,7 +28,7 @@ from .request_parts import (
     temperature_and_top_p,
     warn_once,
 )
-from ..validation import describe, field, in_range
+from ..validation import describe, field, in_range, tool_name
 
 log = logging.getLogger("looptrace")
 
@@ -174,7 +174,7 @@ def _name(tool: dict, where: str) -> str:
     name = field(tool, "name", str, f"{where}.name", required=True)
     if not name:
         raise invalid(f"'{where}.name' must not be empty.", param=f"{where}.name")
-    return name
+    return tool_name(name, f"{where}.name")
 
 
 def _offer(tool: dict, where: str, out: list, names: ToolNames, namespace: str | None) -> None:

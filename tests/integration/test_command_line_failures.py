@@ -1,0 +1,197 @@
+"""`looptrace replay` and `looptrace export` answer what they cannot do in one line on standard error
+and exit 2, never with a traceback (issue 35, findings 3 and 4). Each case ran the real command line
+and ended in a traceback and exit 1 before: an empty `--session` (a TypeError), a `--store` file that
+does not exist, a PostgreSQL store with a wrong password or none listening (psycopg-pool's warnings,
+then a traceback after 3-4 s), a target answering 200 with an HTML page (UnicodeDecodeError), a
+target whose /v1/score answers a well-formed wrong shape (KeyError: 'greedy_id'). And `--target`
+takes http(s) URLs only (`file:///etc/passwd` was read) and follows no redirect (a 302 to
+169.254.169.254 was followed); its per-request timeout is 60 s, said in --help, no longer 600.
+
+The targets here are small HTTP servers on loopback that answer as a broken or hostile server would:
+what no real looptrace or vLLM does on demand.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from processes import free_port
+from replays import looptrace
+
+SESSION = "command-line-failures"
+Handler = Callable[[http.server.BaseHTTPRequestHandler], None]
+
+
+@pytest.fixture(scope="module")
+def store(replay_app) -> str:
+    """A SQLite store holding one recorded session of one step (the tiny Qwen3.5, replay backend)."""
+    replay_app.replay("Hello there.<|im_end|>")
+    status, answer = replay_app.call("POST", "/v1/chat/completions", {
+        "model": "tiny-qwen", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
+        {"session_id": SESSION})
+    assert status == 200, answer
+    replay_app.stored(f"/v1/sessions/{SESSION}")
+    return replay_app.settings.trace_db
+
+
+def one_line_exit_2(done, command: str, *found: str) -> str:
+    """The command failed as a person should see it: exit 2, one line on stderr, saying `found`."""
+    said = done.stderr.strip()
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and len(said.splitlines()) == 1, done.stderr
+    assert said.startswith(f"looptrace {command}: "), said
+    for part in found:
+        assert part in said, said
+    return said
+
+
+def replay(store: str, target: str, tmp_path, *extra: str, session: str = SESSION):
+    return looptrace("replay", "--store", store, "--session", session, "--target", target,
+                     "--report", str(tmp_path / "report.json"), *extra, timeout=120)
+
+
+def export(store: str, *extra: str):
+    return looptrace("export", "--store", store, *extra, timeout=120)
+
+
+@pytest.fixture
+def serve_http() -> Iterator[Callable[[Handler], str]]:
+    """Starts an HTTP server on loopback answering every GET and POST with `handler`; its URL."""
+    servers = []
+
+    def start(handler: Handler) -> str:
+        class One(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's names
+                handler(self)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), One)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def answer(request: http.server.BaseHTTPRequestHandler, status: int, body: bytes, kind: str = "application/json",
+           **headers: str) -> None:
+    length = int(request.headers.get("Content-Length") or 0)
+    request.rfile.read(length)
+    request.send_response(status)
+    request.send_header("Content-Type", kind)
+    request.send_header("Content-Length", str(len(body)))
+    for name, value in headers.items():
+        request.send_header(name, value)
+    request.end_headers()
+    request.wfile.write(body)
+
+
+# -- finding 3: the six cases --------------------------------------------------------------------------
+
+
+def test_export_of_an_empty_session_key_says_so(store):
+    one_line_exit_2(export(store, "--session", ""), "export", "--session is empty")
+
+
+def test_a_store_file_that_does_not_exist_is_named_by_both_commands(store, tmp_path):
+    missing = str(tmp_path / "no-such-traces.sqlite3")
+    one_line_exit_2(export(missing, "--session", SESSION), "export", "no such file", missing)
+    one_line_exit_2(replay(missing, "http://127.0.0.1:9", tmp_path), "replay", "no such file", missing)
+    assert not (tmp_path / "no-such-traces.sqlite3").exists()  # nothing was created in its place
+
+
+def _wrong_password(url: str) -> str:
+    head, rest = url.split("://", 1)
+    user, host = rest.split("@", 1)
+    return f"{head}://{user.split(':', 1)[0]}:not-the-password@{host}"
+
+
+@pytest.mark.parametrize("which", ["wrong password", "nothing listening"])
+def test_a_postgresql_store_that_refuses_or_is_down_fails_fast_in_one_line(postgres_url, tmp_path, which):
+    url = _wrong_password(postgres_url) if which == "wrong password" else \
+        f"postgresql://looptrace_test:secret@127.0.0.1:{free_port()}/looptrace_test"
+    for command, done in (("export", lambda: export(url, "--session", SESSION)),
+                          ("replay", lambda: replay(url, "http://127.0.0.1:9", tmp_path))):
+        began = time.monotonic()
+        said = one_line_exit_2(done(), command, "cannot connect to postgresql://looptrace_test@127.0.0.1")
+        assert time.monotonic() - began < 15, said  # one attempt, not a pool's retries
+        assert ("password authentication failed" if which == "wrong password" else "refused") in said
+        assert "not-the-password" not in said and "secret" not in said
+
+
+def test_a_target_answering_an_html_page_is_said_in_one_line(store, tmp_path, serve_http):
+    page = "<!doctype html><html><body>Caf\u00e9 portal: sign in</body></html>".encode("latin-1")
+    url = serve_http(lambda r: answer(r, 200, page, "text/html; charset=latin-1"))
+    one_line_exit_2(replay(store, url, tmp_path), "replay", "does not list a model at /v1/models")
+
+
+def _looptrace_like(scores: object) -> Handler:
+    """Answers /health and /v1/models as looptrace does, and /v1/score with `scores`."""
+    def handle(request):
+        if request.path == "/health":
+            body = {"status": "ready", "model": "tiny-qwen", "backend": "local"}
+        elif request.path == "/v1/models":
+            body = {"object": "list", "data": [{"id": "tiny-qwen", "object": "model", "max_model_len": 4096}]}
+        else:
+            body = scores
+        answer(request, 200, json.dumps(body).encode())
+    return handle
+
+
+@pytest.mark.parametrize("scores", [
+    {"tokens": [{"id": 1, "logprob": -0.1, "rank": 1}] * 4},  # no greedy_id
+    {"tokens": "none"}, {"scores": []}, [1, 2], {"tokens": [{"greedy_id": "x", "rank": 1, "logprob": 0,
+                                                             "greedy_logprob": 0}] * 4},
+], ids=["no greedy_id", "tokens a string", "no tokens", "a list", "greedy_id a string"])
+def test_a_target_scoring_in_a_wrong_shape_is_said_in_one_line(store, tmp_path, serve_http, scores):
+    url = serve_http(_looptrace_like(scores))
+    one_line_exit_2(replay(store, url, tmp_path), "replay", "answered /v1/score in a shape this replay cannot read")
+
+
+# -- finding 4: what --target takes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["file:///etc/passwd", "ftp://127.0.0.1/x", "data:,hello", "127.0.0.1:8000",
+                                    "http://"])
+def test_a_target_that_is_not_an_http_url_is_refused(store, tmp_path, target):
+    said = one_line_exit_2(replay(store, target, tmp_path), "replay", "--target must be an http:// or https:// URL")
+    assert "root:" not in said
+
+
+def test_a_redirecting_target_is_not_followed(store, tmp_path, serve_http):
+    reached = []
+    elsewhere = serve_http(lambda r: (reached.append(r.path), answer(r, 200, b'{"status": "ready"}')))
+    url = serve_http(lambda r: answer(r, 302, b"", Location=elsewhere + r.path))
+    one_line_exit_2(replay(store, url, tmp_path), "replay", "redirect (302", "does not follow redirects")
+    assert reached == []
+    metadata = serve_http(lambda r: answer(r, 302, b"", Location="http://169.254.169.254/latest/meta-data/"))
+    one_line_exit_2(replay(store, metadata, tmp_path), "replay", "169.254.169.254")
+
+
+def test_the_default_timeout_is_one_a_person_waits_for_and_help_says_it(store, tmp_path):
+    done = looptrace("replay", "--help", timeout=60)
+    assert done.returncode == 0
+    assert "default 60 s" in " ".join(done.stdout.split()), done.stdout
+    silent = free_port()
+    import socket
+
+    with socket.socket() as listener:  # accepts the connection, never answers
+        listener.bind(("127.0.0.1", silent))
+        listener.listen(8)
+        began = time.monotonic()
+        one_line_exit_2(replay(store, f"http://127.0.0.1:{silent}", tmp_path, "--timeout", "2"), "replay",
+                        "cannot reach the target", "timed out")
+        assert time.monotonic() - began < 30
+
