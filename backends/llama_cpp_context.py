@@ -13,6 +13,8 @@ import ctypes
 import functools
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import llama_cpp.llama_cpp as llama  # llama.h, function for function
@@ -53,6 +55,41 @@ def _to_logging(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         log.debug("llama.cpp: %s", text.decode(errors="replace").rstrip())
 
 
+def _advertises_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo)
+    except OSError:
+        return False
+
+
+PROBE = """
+import sys
+from looptrace.backends.llama_cpp_context import LlamaContext
+context = LlamaContext(sys.argv[1], n_ctx=64, threads=int(sys.argv[2]), extra_buffers=True)
+context.eval([1, 2, 3, 4])
+"""
+
+
+@functools.cache
+def extra_buffers_work(path: str, threads: int) -> bool:
+    """Whether llama.cpp's extra buffer types decode here. A CPU that advertises AMX, under a kernel or
+    sandbox that faults on its tile instructions, kills the process at the first decode (seen on this
+    project's CI machines): where the CPU advertises AMX, a child process decodes a few tokens first,
+    and if it dies the weights are loaded without them (llama.cpp's plain CPU kernels), said once."""
+    if not _advertises_amx():
+        return True
+    try:
+        probe = subprocess.run([sys.executable, "-c", PROBE, path, str(threads)], capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return True  # slow, not dead: nothing to say against them
+    if probe.returncode == 0:
+        return True
+    log.warning("llama.cpp: this CPU advertises AMX, but a probe decode with llama.cpp's extra buffer types died "
+                "(exit %s): loading the weights without them", probe.returncode)
+    return False
+
+
 @functools.cache
 def _init_once() -> None:
     llama.llama_log_set(_to_logging, ctypes.c_void_p(0))
@@ -67,10 +104,15 @@ class LlamaContext:
     llama.cpp's buffer, valid until the next eval.
     """
 
-    def __init__(self, path: str, *, n_ctx: int, threads: int, n_gpu_layers: int = 0) -> None:
+    def __init__(self, path: str, *, n_ctx: int, threads: int, n_gpu_layers: int = 0,
+                 extra_buffers: bool | None = None) -> None:
+        """`extra_buffers`: llama.cpp's extra buffer types for the weights (AMX, repacked layouts);
+        None: used where a probe finds they work (`extra_buffers_work`)."""
         _init_once()
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
+        if not (extra_buffers if extra_buffers is not None else extra_buffers_work(str(path), threads)):
+            model_params.use_extra_bufts = False
         self.model = llama.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
             raise ValueError(f"llama.cpp could not load {path} (its log above says why)")

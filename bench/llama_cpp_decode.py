@@ -52,9 +52,9 @@ SERVERS = {"looptrace": ("--backend", "llama.cpp"), "looptrace-off": ("--backend
 # -- llama-cpp-python driven directly: a worker process answering one JSON line per request --
 
 def worker(model: str, context: int, threads: int) -> None:
-    from llama_cpp import Llama
+    from llama_binding import binding_llama  # the weights loaded as looptrace loads them (tests/support)
 
-    llm = Llama(model, n_ctx=context, n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False)
+    llm = binding_llama(model, n_ctx=context, threads=threads, flash_attn=True, verbose=False)
     for line in sys.stdin:
         request = json.loads(line)
         started = time.perf_counter()

@@ -28,6 +28,7 @@ from looptrace.backends.sampling import generator_for, next_token
 from server import looptrace_command, sse_events
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs pip install 'looptrace[llama-cpp]'")
+from llama_binding import binding_llama  # noqa: E402 - after the binding is known to be there
 
 from looptrace.backends.llama_cpp_context import physical_cores
 
@@ -49,7 +50,7 @@ def direct(smollm2_gguf_path):
     """llama-cpp-python driving the same file itself, with the server's context: its size, batch (the
     binding's default, 512), threads, and flash attention (llama.cpp's default, on for a CPU)."""
     threads = physical_cores()
-    llm = llama_cpp.Llama(str(smollm2_gguf_path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+    llm = binding_llama(smollm2_gguf_path, n_ctx=CONTEXT, threads=threads,
                           flash_attn=True, verbose=False)
     yield llm
     llm.close()
@@ -61,7 +62,7 @@ def binding_defaults(smollm2_gguf_path):
     context and threads, so flash attention off (the binding's default; llama.cpp's own is auto, on
     for a CPU, which looptrace keeps)."""
     threads = physical_cores()
-    llm = llama_cpp.Llama(str(smollm2_gguf_path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+    llm = binding_llama(smollm2_gguf_path, n_ctx=CONTEXT, threads=threads,
                           verbose=False)
     yield llm
     llm.close()
@@ -320,7 +321,9 @@ def test_prompt_lookup_changes_no_greedy_token(speculating, direct, api):
     ids, tokens = prompt_and_tokens(trace)
     assert [t["id"] for t in tokens] == own_greedy(direct, ids, NEW_TOKENS)
     drafted, accepted = sum(t["drafted"] for t in tokens), sum(t["accepted"] for t in tokens)
-    assert accepted > 10 and drafted > accepted  # it copied, and some drafts were wrong
+    # It copied. Whether a draft was wrong depends on the machine: a pass carries only drafts likely
+    # enough to pay for their rows here (backends/pass_cost.py), so all may stand.
+    assert accepted > 10 and drafted >= accepted
     attributes = span(trace, "decode")["attributes"]
     assert attributes["looptrace.spec.accepted_tokens"] == accepted
     assert speculating.get("/health")[1]["speculative"] == json.loads(SPECULATIVE)

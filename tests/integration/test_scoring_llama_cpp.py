@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs pip install 'looptrace[llama-cpp]'")
+from llama_binding import binding_llama  # noqa: E402 - after the binding is known to be there
 
 from looptrace.backends.llama_cpp_context import physical_cores  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_an_answer_past_one_batch_is_what_llama_cpp_python_computes(server, samp
     answer = [t["id"] for t in tokens] * 12  # 576 tokens: the answer's rows come in two batches
     got = scores(server, prompt, answer)
     threads = physical_cores()
-    llm = llama_cpp.Llama(str(smollm2_gguf_path), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+    llm = binding_llama(smollm2_gguf_path, n_ctx=CONTEXT, threads=threads,
                           flash_attn=True, logits_all=True, verbose=False)
     try:
         llm.eval(prompt)  # one batch, as the server reads it with no prefix cache
