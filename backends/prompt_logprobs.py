@@ -16,7 +16,7 @@ the answer's are read.
 from __future__ import annotations
 
 from .base import TokenScore
-from .vllm_protocol import NEUTRAL
+from .vllm.protocol import NEUTRAL
 
 
 def score_body(model: str, prompt_ids: list[int], answer_ids: list[int]) -> dict:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .speculative_config import SpeculativeConfig
+from .speculative.config import SpeculativeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +132,7 @@ def _is_gguf_with_binding(model: str) -> bool:
 
 ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
-        "local", "decode here with transformers", "looptrace.backends.loading:LocalLoader",
+        "local", "decode here with transformers", "looptrace.backends.local.loading:LocalLoader",
         Needs(weights=True, model_runtime=True), Capabilities(fork=True, score=True, media=True, speculation=True),
         options=(
             Option("dtype", ("--dtype",), {"choices": ["auto", "float32", "bfloat16", "float16"],
@@ -146,7 +146,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
     ),
     BackendEntry(
         "llama.cpp", "decode a .gguf here with llama.cpp (the default for a .gguf when looptrace[llama-cpp] is "
-        "installed)", "looptrace.backends.llama_cpp:LlamaCppLoader",
+        "installed)", "looptrace.backends.llama_cpp.backend:LlamaCppLoader",
         Needs(model_runtime=True), Capabilities(fork=True, score=True, speculation=True),
         options=(
             Option("threads", ("--threads",), {
@@ -160,7 +160,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
         check=_check_llama_cpp, claims=_is_gguf_with_binding,
     ),
     BackendEntry(
-        "vllm", "forward token ids to vLLM servers (--vllm-url), or to one it starts (--vllm-command)", "looptrace.backends.vllm:VLLMLoader",
+        "vllm", "forward token ids to vLLM servers (--vllm-url), or to one it starts (--vllm-command)", "looptrace.backends.vllm.backend:VLLMLoader",
         Needs(), Capabilities(fork=True, score=True, media=True, upstreams=True, workers=True),
         options=(
             Option("vllm_urls", ("--vllm-url",), {

@@ -33,11 +33,11 @@ class BenchStore:
     def store(self, **kwargs):
         """The store's writer and reader, its tables made."""
         if self.kind == "sqlite":
-            from looptrace.trace_store.sqlite import SQLiteTraceStore
+            from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
             made = SQLiteTraceStore(self.setting, **kwargs)
         else:
-            from looptrace.trace_store.postgres import PostgresTraceStore
+            from looptrace.trace_store.postgres.store import PostgresTraceStore
 
             made = PostgresTraceStore(self.setting, **kwargs)
         made.open()

@@ -124,8 +124,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from looptrace.backends.base import SamplingParams
-    from looptrace.backends.local import LocalBackend
-    from looptrace.backends.speculative_config import SpeculativeConfig
+    from looptrace.backends.local.backend import LocalBackend
+    from looptrace.backends.speculative.config import SpeculativeConfig
     from looptrace.common.vocabulary import Vocabulary
 
     result: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -183,7 +183,7 @@ def main() -> None:
         asyncio.run(backend.close())
 
     def speculative() -> None:
-        from looptrace.backends.speculative import Rollback
+        from looptrace.backends.speculative.drafting import Rollback
 
         # What a pass of n tokens costs, after the prompt, against one token (each pass undone after).
         costs = {}
@@ -229,7 +229,7 @@ def main() -> None:
         asyncio.run(backend.close())
 
     def mtp() -> None:
-        from looptrace.backends.mtp_qwen3_5 import Qwen35MTP, Qwen3_5Drafting
+        from looptrace.backends.speculative.mtp_qwen3_5 import Qwen3_5Drafting, Qwen35MTP
 
         torch.manual_seed(2)
         layer = Qwen35MTP(model.config).to(device=DEVICE, dtype=next(model.parameters()).dtype).eval()

@@ -167,7 +167,7 @@ def agent_turns(server, direct: Direct, tokenizer, runs: int) -> dict:
 def bench(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
-    from looptrace.backends.llama_cpp_context import physical_cores
+    from looptrace.backends.llama_cpp.context import physical_cores
 
     from server import Server
 

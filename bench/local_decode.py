@@ -24,8 +24,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
+from looptrace.backends.local.backend import LocalBackend  # noqa: E402
 from looptrace.common.vocabulary import Vocabulary  # noqa: E402
-from looptrace.backends.local import LocalBackend  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 

@@ -28,9 +28,9 @@ import torch  # noqa: E402
 from local_decode import default_model, load_model, load_tokenizer  # noqa: E402
 
 from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
+from looptrace.backends.local.backend import LocalBackend  # noqa: E402
+from looptrace.backends.local.prefix_cache import PrefixCache  # noqa: E402
 from looptrace.common.vocabulary import Vocabulary  # noqa: E402
-from looptrace.backends.local import LocalBackend  # noqa: E402
-from looptrace.backends.prefix_cache import PrefixCache  # noqa: E402
 
 RULES = [
     "Read the files you change before changing them.",

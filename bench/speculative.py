@@ -51,8 +51,8 @@ from _session import COPY, PROSE, STEPS  # noqa: E402
 from local_decode import default_model, load_model, load_tokenizer  # noqa: E402
 
 from looptrace.backends.base import DecodeRequest, SamplingParams  # noqa: E402
-from looptrace.backends.speculative_config import SUFFIX_MAX_TOKENS, SpeculativeConfig  # noqa: E402
-from looptrace.backends.suffix import SuffixCache  # noqa: E402
+from looptrace.backends.speculative.config import SUFFIX_MAX_TOKENS, SpeculativeConfig  # noqa: E402
+from looptrace.backends.speculative.suffix import SuffixCache  # noqa: E402
 from looptrace.common.vocabulary import Vocabulary  # noqa: E402
 
 SESSION = ROOT / "bench" / "speculative_session.json"
@@ -112,11 +112,11 @@ def make_backend(kind: str, model_path: str, tokenizer, threads: int | None):
     """One backend for every method: its speculative config is switched between sessions."""
     vocab = Vocabulary(tokenizer)
     if kind == "local":
-        from looptrace.backends.local import LocalBackend
+        from looptrace.backends.local.backend import LocalBackend
 
         return LocalBackend(lambda: load_model(model_path, torch.float32), vocab, prefix_cache_tokens=65536)
-    from looptrace.backends.llama_cpp import LlamaCppBackend
-    from looptrace.backends.llama_cpp_context import LlamaContext, physical_cores
+    from looptrace.backends.llama_cpp.backend import LlamaCppBackend
+    from looptrace.backends.llama_cpp.context import LlamaContext, physical_cores
 
     if not model_path.endswith(".gguf"):
         raise SystemExit("--backend llama.cpp reads a .gguf (--model FILE.gguf)")
@@ -205,7 +205,7 @@ def passes(kind: str, model_path: str, threads: int | None) -> dict:
 
     prompt = [(i * 37) % 40000 + 100 for i in range(1000)]
     if kind == "llama.cpp":
-        from looptrace.backends.llama_cpp_context import LlamaContext, physical_cores
+        from looptrace.backends.llama_cpp.context import LlamaContext, physical_cores
 
         context = LlamaContext(model_path, n_ctx=4096, threads=threads or physical_cores())
         context.eval(prompt)

@@ -30,7 +30,7 @@ class Settings:
     stream_write_timeout: float = 30.0
     prefix_cache_tokens: int = 65536  # prompt tokens whose state the local backend keeps for the next turn; 0: off
     prefix_cache_mb: float = 2048.0  # and the memory those states may hold, their tensors counted
-    # Local backend: speculative decoding (backends/speculative.py), as --speculative-config's
+    # Local backend: speculative decoding (backends/speculative/drafting.py), as --speculative-config's
     # JSON; None: plain decoding.
     speculative_config: str | None = None
     # Attached media: the largest item as sent, an image's pixels, items per request (400s beyond).

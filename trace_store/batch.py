@@ -1,17 +1,11 @@
-"""One export batch as rows, written with a handful of statements.
-
-The writer shares the serving process's GIL. Each statement the sqlite3 module runs releases the
-GIL while SQLite works and must win it back afterwards; with the event loop busy, winning it back
-can take a switch interval (5 ms). A statement per span made the writer wait on the GIL thousands
-of times a second under load and fall behind (measured: 31,000 spans/s alone, 107 spans/s beside a
-busy thread). So a batch is first turned into rows in Python, then written as a few multi-row
-INSERTs per table: the GIL changes hands a few times per batch, not per span.
+"""One export batch as rows for each table, gathered in Python from the spans in the order they ended,
+whichever store writes them (sqlite/write.py, postgres/write.py): a batch is turned into rows first
+and then written as a few multi-row statements, so the writer gives up and wins back the GIL (or, on
+PostgreSQL, makes a round trip) a few times per batch, not per span (measured before: 31,000 spans/s
+alone, 107 spans/s beside a busy thread, written a statement per span).
 """
 
 from __future__ import annotations
-
-import sqlite3
-from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -20,8 +14,7 @@ from looptrace.common.jsonio import dumps
 
 from .chains import base_rows, compacted
 from .packing import Unpackable, pack
-from .queries import storable
-from .schema import SPAN_COLUMNS
+from .records import storable
 from .steps import StepGatherer, searchable_text
 
 OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
@@ -31,23 +24,7 @@ TRACE_COLUMNS = ("trace_id", "start_ns", "end_ns", "endpoint", "model", "convers
                  "input_tokens", "output_tokens", "session", "client", "client_version", "error", "finish_reason",
                  "fork_of", "step")
 
-SESSION_UPSERT = f"""
-ON CONFLICT (key) DO UPDATE SET
-    model = coalesce(excluded.model, model), client = coalesce(excluded.client, client),
-    client_version = coalesce(excluded.client_version, client_version),
-    first_ns = min(first_ns, excluded.first_ns), last_ns = max(last_ns, excluded.last_ns),
-    last_trace_id = CASE WHEN excluded.last_ns >= last_ns THEN excluded.last_trace_id ELSE last_trace_id END,
-    steps = steps + 1, input_tokens = input_tokens + excluded.input_tokens,
-    output_tokens = output_tokens + excluded.output_tokens, errors = errors + excluded.errors,
-    {", ".join(f"{c} = {c} + excluded.{c}" for c in OUTCOME_COLUMNS.values())}"""
 
-# A tool's result, seen in a later request, joins the execute_tool span that asked for it.
-ATTACH_RESULTS = """
-WITH result (call_id, extra) AS (VALUES {rows}),
-     target AS (SELECT s.rowid AS id, r.extra FROM result r JOIN tool_calls t USING (call_id)
-                JOIN spans s ON s.trace_id = t.trace_id AND s.span_id = t.span_id)
-UPDATE spans SET attributes = json_patch(attributes, (SELECT extra FROM target WHERE id = spans.rowid))
-WHERE rowid IN (SELECT id FROM target) AND json_valid(attributes)"""
 
 
 def hex_id(value: int, width: int) -> str:
@@ -85,7 +62,7 @@ class Batch:
                            storable(span.name),
                            span.kind.name.lower(), span.start_time, span.end_time, status, dumps(compacted(attrs)),
                            dumps(kept), dumps(links), tokens))
-        self.bases += base_rows(trace_id, span_id, attrs)
+        self.bases += [tuple(map(_text, row)) for row in base_rows(trace_id, span_id, attrs)]
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
         if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
             self.tool_calls.append((_text(call_id), trace_id, span_id))
@@ -124,17 +101,6 @@ class Batch:
                               *(tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS),
                               int(step["status"] == "error"), trace_id))
 
-    def write(self, db: sqlite3.Connection) -> None:
-        """In the caller's transaction. Spans and tool calls before the results that join them."""
-        insert(db, f"INSERT OR REPLACE INTO spans ({', '.join(SPAN_COLUMNS)}) VALUES", self.spans)
-        insert(db, "INSERT OR REPLACE INTO tool_calls VALUES", self.tool_calls)
-        insert(db, "INSERT OR REPLACE INTO trace_bases VALUES", [tuple(map(_text, row)) for row in self.bases])
-        insert(db, f"INSERT OR REPLACE INTO traces ({', '.join(TRACE_COLUMNS)}) VALUES", self.traces)
-        insert(db, "INSERT INTO trace_text (trace_id, text) VALUES", self.texts)
-        insert(db, "INSERT INTO sessions VALUES", self.sessions, SESSION_UPSERT)
-        for rows in _chunks(self.results, 2, db):
-            db.execute(ATTACH_RESULTS.format(rows=_placeholders(2, len(rows))), [v for row in rows for v in row])
-
 
 def _text(value):
     return storable(value) if type(value) is str else value
@@ -153,23 +119,3 @@ def packed_events(events: list[dict]) -> tuple[list[dict], bytes | None]:
     return [{**e, "attributes": {}} if e["name"] == attr.EVENT_TOKENS else e for e in events], blob
 
 
-def insert(db: sqlite3.Connection, head: str, rows: Sequence[tuple], tail: str = "") -> None:
-    """`head` (… VALUES) with as many rows per statement as SQLite's variable limit allows."""
-    if not rows:
-        return
-    for chunk in _chunks(rows, len(rows[0]), db):
-        db.execute(f"{head} {_placeholders(len(rows[0]), len(chunk))}{tail}", [v for row in chunk for v in row])
-
-
-CHUNK_ROWS = 256  # rows per statement at most: few distinct statements to prepare, few GIL hand-offs
-
-
-def _chunks(rows: Sequence[tuple], width: int, db: sqlite3.Connection):
-    size = max(1, min(CHUNK_ROWS, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
-    for start in range(0, len(rows), size):
-        yield rows[start:start + size]
-
-
-def _placeholders(width: int, count: int) -> str:
-    row = "(" + ",".join("?" * width) + ")"
-    return ",".join([row] * count)

@@ -8,16 +8,21 @@ password in it. Where a store is shown (logs, errors, /health) its URL has no pa
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
-from urllib.parse import urlsplit, urlunsplit
 
 from platformdirs import user_data_dir
 
+from .urls import redacted
+
 POSTGRES_SCHEMES = ("postgresql", "postgres")  # what libpq takes
+# Each kind of store is a package that opens its parts: open_store, open_queries, open_state (each from
+# the setting's target: a file path or a URL) and unreadable (why it cannot be read now, or None).
+KINDS = {"sqlite": ".sqlite", "postgresql": ".postgres"}  # packages beside this module
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -56,19 +61,6 @@ def refusal(setting: str | None) -> str | None:
     return None
 
 
-def redacted(url: str) -> str:
-    """A URL as it may be shown: no password, no query (libpq takes one there too)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        netloc = (f"{parts.username}@" if parts.username else "") + (f"[{host}]" if ":" in host else host)
-        if parts.port:
-            netloc += f":{parts.port}"
-    except ValueError:
-        return url.split("://", 1)[0] + "://…"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 def open_store(setting: str | None, *, retention_seconds: float, max_bytes: int,
                on_written: Callable[[list[dict]], None] | None = None):
     """The store `--trace-db` names, ready for spans (its tables created or upgraded; a store that
@@ -76,16 +68,8 @@ def open_store(setting: str | None, *, retention_seconds: float, max_bytes: int,
     location = parse(setting)
     if location is None:
         return None
-    if location.kind == "postgresql":
-        from .postgres import PostgresTraceStore  # psycopg only where it is used
-
-        store = PostgresTraceStore(location.target, retention_seconds=retention_seconds, max_bytes=max_bytes,
-                                   on_written=on_written)
-    else:
-        from .sqlite import SQLiteTraceStore
-
-        store = SQLiteTraceStore(location.target, retention_seconds=retention_seconds, max_bytes=max_bytes,
-                                 on_written=on_written)
+    store = _kind(location).open_store(location.target, retention_seconds=retention_seconds, max_bytes=max_bytes,
+                                       on_written=on_written)
     store.open()
     return store
 
@@ -93,15 +77,7 @@ def open_store(setting: str | None, *, retention_seconds: float, max_bytes: int,
 def open_queries(setting: str | None):
     """The store's read side alone (for `--replay` from traces), or None for `off`."""
     location = parse(setting)
-    if location is None:
-        return None
-    if location.kind == "postgresql":
-        from .postgres import PostgresQueries
-
-        return PostgresQueries(location.target)
-    from .queries import SQLiteQueries
-
-    return SQLiteQueries(location.target)
+    return _kind(location).open_queries(location.target) if location is not None else None
 
 
 def unreadable(setting: str | None) -> str | None:
@@ -109,42 +85,16 @@ def unreadable(setting: str | None) -> str | None:
     command that reads a store once (`looptrace replay`, `looptrace export`) and must say so at once:
     the server's pool waits and retries in the background, logging each failed attempt."""
     location = parse(setting)
-    if location is None:
-        return None
-    if location.kind == "sqlite":
-        path = Path(location.target)
-        if not path.is_file():
-            return f"no such file: {path} (a SQLite store is the file `looptrace serve --trace-db` writes)"
-        import sqlite3
-
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.Error as exc:
-            return f"{path} cannot be read as a SQLite store: {exc}"
-        return None
-    import psycopg  # one attempt, as libpq makes it: a wrong password or a server that is down, said once
-
-    from .postgres import CONNECT_SECONDS
-
-    try:
-        psycopg.connect(location.target, connect_timeout=CONNECT_SECONDS).close()
-    except psycopg.Error as exc:
-        said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        return f"cannot connect to {location.shown}: {said or type(exc).__name__}"
-    return None
+    return _kind(location).unreadable(location.target) if location is not None else None
 
 
 def open_state(setting: str | None):
     """Where conversations' state and stored responses live beside the store (state.py), or None for
     `off` (then each process keeps its own, in memory)."""
     location = parse(setting)
-    if location is None:
-        return None
-    if location.kind == "postgresql":
-        from .pg_state import PostgresState
+    return _kind(location).open_state(location.target) if location is not None else None
 
-        return PostgresState(location.target)
-    from .state import SQLiteState, sqlite_state_path
 
-    return SQLiteState(sqlite_state_path(location.target))
+def _kind(location: Location) -> ModuleType:
+    # Imported when named: psycopg only where PostgreSQL is used.
+    return importlib.import_module(KINDS[location.kind], __package__)

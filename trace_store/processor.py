@@ -148,7 +148,7 @@ class QueueingSpanProcessor(SpanProcessor):
         return False
 
     def shutdown(self) -> None:
-        # A sink that holds a batch while its server is away (postgres.py) lets it go now: what is
+        # A sink that holds a batch while its server is away (postgres/store.py) lets it go now: what is
         # left is tried once, and what fails is counted, rather than holding the process open.
         interrupt = getattr(self.exporter, "interrupt", None)
         if interrupt is not None:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
 from .chains import make_whole
 from .packing import restored
-from .schema import OUTCOMES
+from .records import OUTCOMES
 from .tokens import expand_events
 
 FORK_LIMIT = 50  # forks listed per step
@@ -232,48 +231,6 @@ WITH RECURSIVE v (v) AS (SELECT min({column}) FROM sessions
                          UNION ALL SELECT (SELECT min({column}) FROM sessions WHERE {column} > v.v) FROM v
                          WHERE v.v IS NOT NULL)
 SELECT v FROM v WHERE v IS NOT NULL LIMIT 100"""
-
-
-class SQLiteQueries(TraceQueries):
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.where = str(self.path)
-
-    def _reader(self) -> _Reads:
-        if not self.path.exists():
-            raise FileNotFoundError(f"no trace store at {self.path} yet")
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-        db.row_factory = sqlite3.Row
-        return _Reads(db)
-
-
-class _Reads:
-    """A read-only connection, closed after the query; text a client sent is made storable first."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> _Reads:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._db.close()
-
-    def execute(self, sql: str, args=()):
-        return self._db.execute(sql, [storable(a) if type(a) is str else a for a in args])
-
-
-def storable(value: str) -> str:
-    """Text as a store can hold and look for it: NUL (PostgreSQL's text has none; FTS5 ends a phrase
-    at one) and lone surrogates (UTF-8 has none) become U+FFFD. A client may send either."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return value
 
 
 def _session(row: sqlite3.Row) -> dict:

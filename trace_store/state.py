@@ -13,39 +13,23 @@ query (ids packed: 4 bytes a token) and written in one transaction.
 
 SQLite keeps these in a file of their own beside the traces (`traces.state.sqlite3`): the trace
 writer holds the traces file's one write lock for whole batches (and retention for longer), and a
-request must not wait behind it. PostgreSQL keeps them in the store's database (pg_schema.py).
+request must not wait behind it. PostgreSQL keeps them in the store's database (postgres/schema.py).
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 import time
 import zlib
 from array import array
-from pathlib import Path
 from typing import NamedTuple
 
-from .queries import storable
+from .records import storable
 
 MAX_CONVERSATIONS = 1024
 MAX_CALLS = 8192
 PRUNE_EVERY = 64  # conversations and calls are trimmed to their bound every this many writes
 COMPRESS_FROM = 1024  # a stored response's JSON is compressed past this size
 
-SQLITE_TABLES = """
-CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
-                                                updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
-                                                digests_trace TEXT);
-CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
-                                        span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
-                                            size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
-CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
-CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
-CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
-"""
 
 # A conversation's seen ids are saved with the trace that left them and its prompt's encoding (the
 # next turn's prompt is stored as what it adds to that trace's: proxy/observe/request_spans.py), its
@@ -59,8 +43,6 @@ ON CONFLICT (key) DO UPDATE SET
     seen_trace = CASE WHEN excluded.seen IS NULL THEN c.seen_trace ELSE excluded.seen_trace END,
     encoding = CASE WHEN excluded.seen IS NULL THEN c.encoding ELSE excluded.encoding END,
     digests_trace = CASE WHEN excluded.digests IS NULL THEN c.digests_trace ELSE excluded.digests_trace END"""
-# Added to state_conversations after its first version: (column, type), for a file made before.
-ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"))
 SAVE_CALL = """
 INSERT INTO state_calls AS c VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (call_id) DO UPDATE SET conversation = excluded.conversation, trace_id = excluded.trace_id,
@@ -210,58 +192,3 @@ class StateStore:
         pass
 
 
-class SQLiteState(StateStore):
-    def __init__(self, path: str | Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-        self.where = str(self.path)
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Another process's write holds the file for a moment at most: a second is a fault.
-            conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(SQLITE_TABLES)
-            have = {row[1] for row in conn.execute("PRAGMA table_info(state_conversations)")}
-            for column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
-                if column not in have:
-                    conn.execute(f"ALTER TABLE state_conversations ADD COLUMN {column} {kind}")
-            self._conn = conn
-        return self._conn
-
-    def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN")
-            try:
-                return [conn.execute(sql, args).fetchall() for sql, args in self._storable(statements)]
-            finally:
-                conn.execute("COMMIT")
-
-    def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
-            try:
-                counts = [conn.execute(sql, args).rowcount for sql, args in self._storable(statements)]
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return counts
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-
-def sqlite_state_path(trace_path: str | Path) -> Path:
-    """The state file beside a traces file: traces.sqlite3 → traces.state.sqlite3."""
-    path = Path(trace_path)
-    return path.with_name(f"{path.stem}.state{path.suffix or '.sqlite3'}")

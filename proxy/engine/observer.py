@@ -13,13 +13,16 @@ The base class ignores everything, so an observer defines only the hooks it need
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from looptrace.backends.base import DecodeRequest
     from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
 
-    from .generation import Generation
+# The generation each hook is shown is generation.py's Generation, which calls these hooks: typed here
+# as `Generation = Any`, not imported, so that the engine's modules import one way (generation.py →
+# observer.py) and no circle forms, even one a type checker alone would follow.
+Generation = Any
 
 
 class Observer:

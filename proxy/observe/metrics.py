@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from looptrace.backends.speculative_config import METHODS
+from looptrace.backends.speculative.config import METHODS
 from looptrace.common import attributes as attr
 
 log = logging.getLogger("looptrace")
@@ -118,7 +118,7 @@ class Metrics:
         self.decode_rate = histogram(attr.METRIC_DECODE_TOKENS_PER_SECOND,
                                      "Decode speed of each request (tokens after the first ÷ their time).",
                                      ["model"], buckets=RATE_BUCKETS, registry=r)
-        # Speculative decoding by `method` (ngram, suffix, draft_model, mtp: backends/speculative_config.py).
+        # Speculative decoding by `method` (ngram, suffix, draft_model, mtp: backends/speculative/config.py).
         self.spec_draft_tokens = Counter(attr.METRIC_SPEC_DECODE_DRAFT_TOKENS, "Tokens proposed by drafting, by "
                                          "method.", ["model", "method"], registry=r)
         self.spec_accepted_tokens = Counter(attr.METRIC_SPEC_DECODE_ACCEPTED_TOKENS,

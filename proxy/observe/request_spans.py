@@ -30,7 +30,7 @@ from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
-from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.records import request_span
 from looptrace.trace_store.tokens import GROUP
 from looptrace.trace_store.tokens import columns as token_columns
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.trace_store.location import open_queries, open_store, unreadable
-from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.records import request_span
 
 # A replay adds to a store and never retires what is there: retiring old traces is the server's
 # business, with its own --trace-retention-days and --trace-max-mb.

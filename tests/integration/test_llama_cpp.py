@@ -30,7 +30,7 @@ from server import looptrace_command, sse_events
 llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs pip install 'looptrace[llama-cpp]'")
 from llama_binding import binding_llama  # noqa: E402 - after the binding is known to be there
 
-from looptrace.backends.llama_cpp_context import physical_cores
+from looptrace.backends.llama_cpp.context import physical_cores
 
 MODEL = "smollm2-llama"
 CONTEXT = 2048
@@ -322,7 +322,7 @@ def test_prompt_lookup_changes_no_greedy_token(speculating, direct, api):
     assert [t["id"] for t in tokens] == own_greedy(direct, ids, NEW_TOKENS)
     drafted, accepted = sum(t["drafted"] for t in tokens), sum(t["accepted"] for t in tokens)
     # It copied. Whether a draft was wrong depends on the machine: a pass carries only drafts likely
-    # enough to pay for their rows here (backends/pass_cost.py), so all may stand.
+    # enough to pay for their rows here (backends/speculative/pass_cost.py), so all may stand.
     assert accepted > 10 and drafted >= accepted
     attributes = span(trace, "decode")["attributes"]
     assert attributes["looptrace.spec.accepted_tokens"] == accepted

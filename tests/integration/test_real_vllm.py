@@ -25,11 +25,11 @@ import threading
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 import real_vllm
-import tiny_gemma4
+from prometheus_client.parser import text_string_to_metric_families
 from real_vllm import VLLMServer
+
+import tiny_gemma4
 from server import Server, sse_events
 
 MODEL = "smollm2"

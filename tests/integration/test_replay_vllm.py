@@ -9,7 +9,6 @@ logprobs differed by 4.4e-5 at most here (48 tokens in two steps), and are held 
 from __future__ import annotations
 
 import pytest
-
 import replays
 
 pytestmark = pytest.mark.timeout(1800)

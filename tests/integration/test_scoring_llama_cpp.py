@@ -17,7 +17,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs pip install 'looptrace[llama-cpp]'")
 from llama_binding import binding_llama  # noqa: E402 - after the binding is known to be there
 
-from looptrace.backends.llama_cpp_context import physical_cores  # noqa: E402
+from looptrace.backends.llama_cpp.context import physical_cores  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1200)
 

@@ -92,8 +92,8 @@ def test_health_says_how_it_speculates(speculating):
 
 
 def test_counters_and_the_dashboards_acceptance_panels(speculating, tmp_path):
-    from prometheus import Prometheus
     from grafana_dashboards import DASHBOARDS, promql_targets
+    from prometheus import Prometheus
 
     server = speculating
     prometheus = Prometheus([f"127.0.0.1:{server.port}"], tmp_path)

@@ -20,8 +20,8 @@ import torch
 from session_replay import answer, first_difference, turn_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from looptrace.backends.pass_cost import PassCost
-from looptrace.backends.speculative_config import SpeculativeConfig
+from looptrace.backends.speculative.config import SpeculativeConfig
+from looptrace.backends.speculative.pass_cost import PassCost
 from looptrace.common.vocabulary import Vocabulary
 
 TURNS, TOKENS = 6, 64
@@ -49,7 +49,7 @@ def replay(backend, prompts, stop, conversation: str) -> list[tuple[list[dict], 
 
 
 def test_local_suffix_and_ngram_give_plain_decodings_tokens(smollm2, smollm2_gguf_path):
-    from looptrace.backends.local import LocalBackend
+    from looptrace.backends.local.backend import LocalBackend
 
     tokenizer, stop, prompts = smollm2
     model = AutoModelForCausalLM.from_pretrained(smollm2_gguf_path.parent, gguf_file=smollm2_gguf_path.name,
@@ -72,8 +72,8 @@ def test_local_suffix_and_ngram_give_plain_decodings_tokens(smollm2, smollm2_ggu
 
 def test_llama_cpp_differs_from_plain_decoding_only_from_a_near_tie(smollm2, smollm2_gguf_path):
     pytest.importorskip("llama_cpp")
-    from looptrace.backends.llama_cpp import LlamaCppBackend
-    from looptrace.backends.llama_cpp_context import LlamaContext
+    from looptrace.backends.llama_cpp.backend import LlamaCppBackend
+    from looptrace.backends.llama_cpp.context import LlamaContext
 
     tokenizer, stop, prompts = smollm2
 

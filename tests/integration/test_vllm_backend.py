@@ -19,11 +19,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.local.backend import LocalBackend
+from looptrace.backends.vllm import protocol as protocol
+from looptrace.backends.vllm.backend import Pool, Upstream, VLLMBackend
 from looptrace.common.vocabulary import Vocabulary
-from looptrace.backends.local import LocalBackend
-from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 from looptrace.families import family_for_config
 
 from server import Server, free_port, sse_events

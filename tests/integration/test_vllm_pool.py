@@ -1,4 +1,4 @@
-"""Several vLLM servers behind one looptrace (backends/vllm_pool.py), for real: three vLLM test doubles
+"""Several vLLM servers behind one looptrace (backends/vllm/pool.py), for real: three vLLM test doubles
 (tests/support/vllm_double.py, --fast) behind one `looptrace serve`. Where each request went is read from
 the doubles' own request logs and from the stored traces (the decode span's server.port), and the counts
 from a real Prometheus scraping the real /metrics, with the dashboard's own queries: each conversation

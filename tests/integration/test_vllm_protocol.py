@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from looptrace.backends import vllm_protocol as protocol
 from looptrace.backends.base import DecodeRequest, SamplingParams
+from looptrace.backends.vllm import protocol as protocol
+from looptrace.backends.vllm.backend import Pool, Upstream, VLLMBackend
 from looptrace.common.vocabulary import Vocabulary
-from looptrace.backends.vllm import Pool, Upstream, VLLMBackend
 
 import build_cache
 import packaged

@@ -1,6 +1,6 @@
 """llama-cpp-python's own `Llama`, loading a GGUF's weights as looptrace's llama.cpp backend does: with
 llama.cpp's extra buffer types where they work on this machine, without them where a CPU that
-advertises AMX faults on it (backends/llama_cpp_context.py, `extra_buffers_work`). The binding's
+advertises AMX faults on it (backends/llama_cpp/context.py, `extra_buffers_work`). The binding's
 `Llama` takes no such argument: its model parameters are made with them switched off instead."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from unittest import mock
 import llama_cpp
 import llama_cpp.llama_cpp as llama_h
 
-from looptrace.backends.llama_cpp_context import extra_buffers_work
+from looptrace.backends.llama_cpp.context import extra_buffers_work
 
 
 def binding_llama(path, *, threads: int, **kwargs) -> llama_cpp.Llama:

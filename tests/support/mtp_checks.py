@@ -11,10 +11,10 @@ import asyncio
 
 import torch
 
-from looptrace.backends import mtp_gemma4, mtp_qwen3_5
+from looptrace.backends.speculative import mtp_gemma4, mtp_qwen3_5
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
-from looptrace.backends.speculative_config import SpeculativeConfig
+from looptrace.backends.local.backend import LocalBackend
+from looptrace.backends.speculative.config import SpeculativeConfig
 
 import load_once
 
@@ -115,7 +115,7 @@ def gemma_reference(model, drafting: mtp_gemma4.AssistantDrafting, ids: list[int
     """The assistant's first guess after `ids`: the model run over ids[:-1] (fresh), its last hidden
     state and its shared keys and values (a sliding-window layer's: its window), the embedding of
     ids[-1], at ids[-1]'s position."""
-    from looptrace.backends.taps import HiddenTap, SharedKVTap
+    from looptrace.backends.speculative.taps import HiddenTap, SharedKVTap
 
     hidden_tap, kv_tap = HiddenTap(model), SharedKVTap(model)
     try:
@@ -142,7 +142,7 @@ def fit_gemma(model, drafting: mtp_gemma4.AssistantDrafting, ids: list[int], sta
     logits), `pre_projection` solved by least squares so that its state points along the guessed
     token's embedding, and each guessed token's cluster given that direction too, so that the
     clustered output scores it in full."""
-    from looptrace.backends.taps import HiddenTap
+    from looptrace.backends.speculative.taps import HiddenTap
 
     assistant = drafting.assistant
     tap = HiddenTap(model)

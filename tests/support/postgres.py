@@ -146,6 +146,6 @@ def drop_schema(base: str, schema_url: str) -> None:
 
 
 if __name__ == "__main__":
-    from looptrace.trace_store.location import redacted
+    from looptrace.trace_store.urls import redacted
 
     print("PostgreSQL for the tests:", redacted(url()))

@@ -13,10 +13,10 @@ import asyncio
 
 import pytest
 
-from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
-from looptrace.backends.speculative import Drafting, SpeculativeConfig
+from looptrace.backends.local import backend as local_module
+from looptrace.backends.local.backend import LocalBackend
+from looptrace.backends.speculative.drafting import Drafting, SpeculativeConfig
 
 import load_once
 

@@ -53,11 +53,11 @@ class Stores:
         """A store (opened: its tables made), new unless `setting` names one."""
         setting = setting or self.setting()
         if self.kind == "sqlite":
-            from looptrace.trace_store.sqlite import SQLiteTraceStore
+            from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
             store = SQLiteTraceStore(setting, **kwargs)
         else:
-            from looptrace.trace_store.postgres import PostgresTraceStore
+            from looptrace.trace_store.postgres.store import PostgresTraceStore
 
             store = PostgresTraceStore(setting, **kwargs)
         store.open()

@@ -14,19 +14,19 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import image_headers
+import many_items
 import pytest
 import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
+from looptrace.backends.local.backend import LocalBackend
 from looptrace.proxy.api import streaming
 from looptrace.proxy.settings import Settings
 
-import image_headers
 import load_once
-import many_items
 from app_thread import AppThread, Wrapped
 from server import sse_events
 from tiny_models import chat_prompt_ids

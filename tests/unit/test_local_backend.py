@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import Busy, DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend, decode_one_token, prefill
+from looptrace.backends.local.backend import LocalBackend, decode_one_token, prefill
 
 import load_once
 from tiny_models import chat_prompt_ids

@@ -19,7 +19,7 @@ from looptrace.common import attributes as attr
 from looptrace.families import Qwen3_5
 from looptrace.families.incremental import IncrementalEncoder, KeptEncodings
 from looptrace.proxy.settings import Settings
-from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.records import request_span
 
 import stores as store_kinds
 from app_thread import AppThread

@@ -1,4 +1,4 @@
-"""How many drafts a llama.cpp verification pass carries (backends/pass_cost.py): as many as their
+"""How many drafts a llama.cpp verification pass carries (backends/speculative/pass_cost.py): as many as their
 chances of standing pay for, by what a step and each extra row are measured to cost; none when plain
 decoding is expected to be faster; and an estimate that stopped drafting is tried again later."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from looptrace.backends.pass_cost import IDLE, MARGIN, PRIOR_EXTRA, Acceptance, PassCost
+from looptrace.backends.speculative.pass_cost import IDLE, MARGIN, PRIOR_EXTRA, Acceptance, PassCost
 
 
 def measured(extra: float, step: float = 0.01, at_load: float = PRIOR_EXTRA) -> PassCost:
@@ -67,7 +67,7 @@ def test_prompt_lookups_record_of_what_stood_drifts_back_when_unused():
 
 
 def test_suffix_decodings_frequencies_count_for_less_when_seen_few_times():
-    from looptrace.backends.pass_cost import chances_of
+    from looptrace.backends.speculative.pass_cost import chances_of
 
     class Seen:
         likelihood = [1.0, 1.0, 0.5]

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
-from looptrace.backends.prefix_cache import PrefixCache
+from looptrace.backends.local.backend import LocalBackend
+from looptrace.backends.local.prefix_cache import PrefixCache
 
 import load_once
 from tiny_models import chat_prompt_ids

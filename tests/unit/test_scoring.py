@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from looptrace.backends import scoring
 from looptrace.backends.base import BackendError, DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
+from looptrace.backends.local.backend import LocalBackend
 from looptrace.backends.prompt_logprobs import read_scores, score_body
 
 import load_once

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from looptrace.proxy.settings import Settings
-from looptrace.trace_store.sqlite import SQLiteTraceStore
+from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 import stores as store_kinds
 from app_thread import AppThread

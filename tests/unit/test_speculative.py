@@ -18,10 +18,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from looptrace.backends import local as local_module
 from looptrace.backends.base import DecodeRequest, SamplingParams
-from looptrace.backends.local import LocalBackend
-from looptrace.backends.speculative import Backoff, Drafting, PromptLookup, SpeculativeConfig
+from looptrace.backends.local import backend as local_module
+from looptrace.backends.local.backend import LocalBackend
+from looptrace.backends.speculative.drafting import Backoff, Drafting, PromptLookup, SpeculativeConfig
 
 import load_once
 from speculative_checks import NEW_TOKENS, NGRAM, Oracle, VerifiedDecodingChecks, collect, prompt_of, tokens
@@ -96,7 +96,7 @@ def test_vllms_defaults():
 
 
 def test_mtp_is_refused_for_a_model_without_a_drafter_of_its_own():
-    from looptrace.backends.loading import mtp_loader
+    from looptrace.backends.speculative.drafters import mtp_loader
     from looptrace.common.checkpoint import Checkpoint
 
     config = SpeculativeConfig.parse('{"method": "mtp"}')
@@ -104,6 +104,23 @@ def test_mtp_is_refused_for_a_model_without_a_drafter_of_its_own():
         mtp_loader(Checkpoint("x", None, {"model_type": "llama"}), config)
     with pytest.raises(ValueError, match="google/gemma-4-E2B-it-assistant"):  # Gemma 4's drafter is a checkpoint
         mtp_loader(Checkpoint("x", None, {"model_type": "gemma4"}), config)
+    with pytest.raises(ValueError, match="leave out model"):  # Qwen3.5's is in its own
+        mtp_loader(Checkpoint("x", None, {"model_type": "qwen3_5_moe"}),
+                   SpeculativeConfig.parse('{"method": "mtp", "model": "other"}'))
+
+
+def test_every_drafter_in_the_table_loads_from_where_it_says():
+    """As the backend registry's entries: each row's loader is a function its module defines, and no
+    model type has two drafters."""
+    import importlib
+
+    from looptrace.backends.speculative.drafters import DRAFTERS
+
+    kinds = [kind for drafter in DRAFTERS for kind in drafter.model_types]
+    assert len(kinds) == len(set(kinds))
+    for drafter in DRAFTERS:
+        module, _, function = drafter.loader.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), drafter.loader
 
 
 # -- draft_model: a smaller model drafts; here the tiny model with its weights slightly moved --
@@ -180,7 +197,7 @@ def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_out
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(qwen3_5_dir, gemma4_dir):
-    from looptrace.backends.loading import same_tokenizer
+    from looptrace.backends.local.loading import same_tokenizer
     from looptrace.common.checkpoint import read_config
 
     qwen_tokenizer = load_once.tokenizer(qwen3_5_dir)  # loaded once: seconds for its real vocabulary

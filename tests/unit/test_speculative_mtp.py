@@ -18,14 +18,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-import load_once
-from build_cache import MissingPackage, MissingShared
-from mtp_checks import (FirstGuesses, fit_gemma, fit_qwen, gemma_reference, marks, plain_ids, qwen_reference, speculate,
-                        tokens)
+from mtp_checks import (
+    FirstGuesses,
+    fit_gemma,
+    fit_qwen,
+    gemma_reference,
+    marks,
+    plain_ids,
+    qwen_reference,
+    speculate,
+    tokens,
+)
 from transformers import AutoModelForCausalLM
 
-from looptrace.backends import mtp_gemma4, mtp_qwen3_5, speculative
+from looptrace.backends.speculative import drafting as speculative, mtp_gemma4, mtp_qwen3_5
 from looptrace.backends.base import SamplingParams
+
+import load_once
+from build_cache import MissingPackage, MissingShared
 
 NEW_TOKENS = 48
 

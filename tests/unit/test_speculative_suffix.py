@@ -1,4 +1,4 @@
-"""Suffix decoding (issue 29): what backends/suffix.py proposes and what it keeps.
+"""Suffix decoding (issue 29): what backends/speculative/suffix.py proposes and what it keeps.
 
 The drafts are the continuation most occurrences of the longest matching suffix took, as long as
 its frequency stays at min_prob or above and no longer than factor × the match; a conversation's
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from looptrace.backends.suffix import ANCHORS, SuffixCache
+from looptrace.backends.speculative.suffix import ANCHORS, SuffixCache
 
 
 def cache(**kwargs) -> SuffixCache:
@@ -151,7 +151,7 @@ def test_the_index_is_rebuilt_once_dropped_entries_outnumber_the_live_and_propos
 
 def test_n_grams_of_the_same_hash_are_told_apart(monkeypatch):
     # The index is keyed by hash: with every n-gram colliding, the drafts are still the right ones.
-    from looptrace.backends import suffix
+    from looptrace.backends.speculative import suffix
 
     monkeypatch.setattr(suffix, "hash", lambda ngram: 7, raising=False)
     prompt = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 0, 7, 1, 2, 3]

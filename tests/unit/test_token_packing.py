@@ -166,8 +166,8 @@ def _refuse(groups):
 def test_a_version_3_sqlite_store_is_upgraded_and_its_rows_read(tmp_path):
     import sqlite3
 
-    from looptrace.trace_store.schema import VERSION
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store.sqlite.schema import VERSION
+    from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
     path = tmp_path / "v3.sqlite3"
     store = SQLiteTraceStore(path)

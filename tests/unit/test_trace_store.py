@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 from looptrace.trace_store.processor import QueueingSpanProcessor
-from looptrace.trace_store.schema import VERSION
-from looptrace.trace_store.sqlite import SQLiteTraceStore
+from looptrace.trace_store.sqlite.schema import VERSION
+from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
 
@@ -270,7 +270,8 @@ def test_a_version_2_store_opens_and_gains_its_lost_spans_table(tmp_path):
 def test_retention_between_batches_deletes_a_little_at_a_time(stores, monkeypatch):
     # A big deletion in one go would hold the writer while spans queue up (a tenth of a 1 GB store
     # took seconds): after a batch, retention deletes at most RETIRE_PER_BATCH traces.
-    from looptrace.trace_store import postgres, sqlite
+    from looptrace.trace_store.postgres import store as postgres
+    from looptrace.trace_store.sqlite import store as sqlite
 
     monkeypatch.setattr(sqlite if stores.kind == "sqlite" else postgres, "RETIRE_PER_BATCH", 2)
     store = stores.make(retention_seconds=3600)

@@ -243,7 +243,7 @@ def test_retention_drops_old_traces_then_the_oldest_past_the_size(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
     store = SQLiteTraceStore(tmp_path / "t.sqlite3", retention_seconds=3600, max_bytes=1 << 40)
     provider = TracerProvider()
@@ -272,7 +272,7 @@ def test_the_store_writes_what_orjson_refuses(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from looptrace.trace_store.sqlite import SQLiteTraceStore
+    from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
     store = SQLiteTraceStore(tmp_path / "t.sqlite3")
     provider = TracerProvider()

@@ -1,4 +1,4 @@
-"""Several vLLM servers behind one looptrace (backends/vllm_pool.py), the pool's choice driven directly:
+"""Several vLLM servers behind one looptrace (backends/vllm/pool.py), the pool's choice driven directly:
 each conversation on one server, a server that stops loses only its own conversations, which come back
 when it returns; a failed server not chosen again for the same request. Three vLLM test doubles behind
 a real `looptrace serve` are in tests/integration/test_vllm_pool.py.
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from looptrace.backends.base import BackendError
-from looptrace.backends.vllm import Pool, Upstream
+from looptrace.backends.vllm.backend import Pool, Upstream
 
 # ---------------------------------------------------------------------------------------------
 # The choice, without servers

@@ -1,4 +1,4 @@
-"""What a real vLLM does that the double did not, handled where looptrace talks to it (backends/vllm_upstream.py,
+"""What a real vLLM does that the double did not, handled where looptrace talks to it (backends/vllm/upstream.py,
 vllm_stream.py); against the real server in tests/integration/test_real_vllm.py.
 
 - vLLM's HTTP server closes a connection idle for 5 s; a request looptrace sends on a pooled connection
@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from looptrace.backends.base import BackendError
-from looptrace.backends.vllm_stream import _upstream_error
-from looptrace.backends.vllm_upstream import Upstream
+from looptrace.backends.vllm.stream import _upstream_error
+from looptrace.backends.vllm.upstream import Upstream
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

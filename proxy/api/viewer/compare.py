@@ -20,7 +20,7 @@ from aiohttp import web
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
-from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.records import request_span
 
 from ..errors import APIError, invalid
 from .traces import read, store_of

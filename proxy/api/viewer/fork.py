@@ -17,7 +17,7 @@ from aiohttp import web
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
-from looptrace.trace_store.schema import request_span
+from looptrace.trace_store.records import request_span
 
 from ...engine.request import StoredPrompt
 from ...engine.runtime import Runtime

@@ -14,8 +14,8 @@ from aiohttp import web
 from looptrace.common import attributes as attr
 from looptrace.common.vocabulary import Vocabulary
 from looptrace.common.jsonio import dumps
-from looptrace.trace_store.schema import request_span
-from looptrace.trace_store.sqlite import SQLiteTraceStore
+from looptrace.trace_store.records import request_span
+from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 from ..errors import APIError, invalid
 from ..keys import RUNTIME, TELEMETRY

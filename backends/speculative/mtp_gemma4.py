@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import draft_choice
+from ..sampling import draft_choice
 from .taps import HiddenTap, SharedKVTap
 
 

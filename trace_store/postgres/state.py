@@ -16,10 +16,10 @@ import threading
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from .location import redacted
-from .pg_schema import prepare
-from .postgres import StoreUnavailable, pool
-from .state import StateStore
+from ..state import StateStore
+from ..urls import redacted
+from .connections import StoreUnavailable, pool
+from .schema import prepare
 
 WAIT = 0.5  # seconds to wait for a pooled connection
 

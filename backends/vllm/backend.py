@@ -26,13 +26,13 @@ import aiohttp
 
 from looptrace.common.vocabulary import Vocabulary
 
-from .base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
-from .events import Event, upstream_event
-from .vllm_pool import Pool
-from .vllm_scoring import score_on
-from .vllm_spawn import DEFAULT_COMMAND, SpawnedVLLM
-from .vllm_stream import SSEReader, TokenEmitter, cut, post
-from .vllm_upstream import Upstream, describe
+from ..base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
+from ..events import Event, upstream_event
+from .pool import Pool
+from .scoring import score_on
+from .spawn import DEFAULT_COMMAND, SpawnedVLLM
+from .stream import SSEReader, TokenEmitter, cut, post
+from .upstream import Upstream, describe
 
 __all__ = ["Pool", "Upstream", "VLLMBackend", "VLLMLoader"]
 

@@ -17,7 +17,8 @@ import ctypes
 from collections import OrderedDict
 
 from looptrace.common.sequences import common_prefix
-from .llama_cpp_context import LlamaContext
+
+from .context import LlamaContext
 
 
 class PrefixReuse:

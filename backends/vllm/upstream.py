@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from . import vllm_protocol as protocol
+from . import protocol
 
 log = logging.getLogger("looptrace")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import operator
 
-from .base import DecodeRequest
-from .events import TOP_N
+from ..base import DecodeRequest
+from ..events import TOP_N
 
 COMPLETIONS = "/v1/completions"
 GENERATE = "/inference/v1/generate"  # vLLM started with --enable-scale-out

@@ -16,132 +16,26 @@ import logging
 import random
 import threading
 import time
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import psycopg
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import pg_write
-from .batch import Batch, hex_id
-from .chains import materialize
-from .location import redacted
-from .pg_schema import LOCK, prepare
-from .queries import TraceQueries, storable
-from .steps import StepGatherer
+from ..batch import Batch, hex_id
+from ..chains import materialize
+from ..steps import StepGatherer
+from . import write as pg_write
+from .connections import _Reading, connect, row_factory
+from .queries import PostgresQueries
+from .schema import LOCK, prepare
 
 log = logging.getLogger("looptrace.trace")
 
 MAX_PENDING_LOST = 100_000  # traces waiting to be marked incomplete while the store cannot write
 RETENTION_INTERVAL = 5.0  # seconds between looks at age and size
 RETIRE_PER_BATCH = 2000  # traces retention deletes after a batch, at most
-CONNECT_SECONDS = 5  # libpq's connect_timeout
-READ_WAIT = 3.0  # seconds a read waits for a pooled connection before it is a 503
 RETRY_PAUSES = (0.2, 0.5, 1.0, 2.0)  # between attempts at a held batch, then the last again
-
-
-class StoreUnavailable(OSError):
-    """The store cannot be reached or read now (the trace API answers 503, saying why)."""
-
-
-class Row:
-    """A result row read by position or by column name, as sqlite3.Row is (queries.py reads both)."""
-
-    __slots__ = ("_values", "_names")
-
-    def __init__(self, values: Sequence, names: dict[str, int]) -> None:
-        self._values, self._names = values, names
-
-    def __getitem__(self, key):
-        return self._values[self._names[key] if type(key) is str else key]
-
-
-def row_factory(cursor):
-    names = {column.name: i for i, column in enumerate(cursor.description or ())}
-    return lambda values: Row(values, names)
-
-
-class _Reading:
-    """A pooled connection as queries.py uses one: execute(sql with `?` placeholders, args). Text a
-    client sent (a search, a filter, a key in a path) is made storable first: PostgreSQL's text holds
-    no NUL, so such a search finds what it would find stored, instead of failing."""
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, args: Sequence = ()):
-        args = [storable(a) if type(a) is str else a for a in args]
-        return self._conn.execute(sql.replace("%", "%%").replace("?", "%s"), args)
-
-
-def connect(url: str, **kwargs) -> psycopg.Connection:
-    return psycopg.connect(url, connect_timeout=CONNECT_SECONDS, **kwargs)
-
-
-def pool(url: str, *, name: str, size: int, statement_timeout_ms: int, checked: bool = True,
-         synchronous: bool = True) -> ConnectionPool:
-    """A small pool that opens in the background: a server that is down delays nothing at start, and
-    is connected to again once it is back. `checked`: each connection is tried before it is handed
-    out (a round trip; without it, the caller tries again on a connection the server dropped).
-    `synchronous=False`: a commit does not wait for the disk (for what may lose its last moments)."""
-
-    def configure(conn: psycopg.Connection) -> None:
-        conn.execute(f"SET statement_timeout = {int(statement_timeout_ms)}")
-        if not synchronous:
-            conn.execute("SET synchronous_commit = off")
-
-    opened = ConnectionPool(url, min_size=1, max_size=size, open=False, timeout=READ_WAIT, name=name,
-                            kwargs={"autocommit": True, "row_factory": row_factory, "connect_timeout": CONNECT_SECONDS},
-                            configure=configure, check=ConnectionPool.check_connection if checked else None,
-                            reconnect_timeout=0)
-    opened.open(wait=False)
-    return opened
-
-
-class PostgresQueries(TraceQueries):
-    ALL_ROWS = "ALL"
-    SPAN_ORDER = "seq"
-    # EXISTS, not IN: the planner then picks per query between probing each session newest first
-    # (words every step has: the first page at once) and hashing the few matches (rare words). At a
-    # million traces, IN for words every step had ran past the 10 s statement timeout; this, 6 ms.
-    TEXT_MATCH = ("(strpos(lower(coalesce(conversation, key)), lower(?)) > 0 OR EXISTS ("
-                  "SELECT 1 FROM traces t JOIN trace_text x ON x.trace_id = t.trace_id "
-                  "WHERE t.session = sessions.key AND x.words @@ phraseto_tsquery('simple', ?)))")
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.path = self.where = redacted(url)  # shown in messages: never the password
-        self._pool: ConnectionPool | None = None
-        self._pool_lock = threading.Lock()
-
-    @staticmethod
-    def _text_args(text: str) -> list:
-        # The words as a phrase: phraseto_tsquery reads no operators, so nothing typed is query syntax.
-        return [text, text]
-
-    def _readers(self) -> ConnectionPool:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = pool(self.url, name="looptrace-read", size=4, statement_timeout_ms=10_000)
-            return self._pool
-
-    @contextmanager
-    def _reader(self) -> Iterator[_Reading]:
-        try:
-            with self._readers().connection() as conn:
-                yield _Reading(conn)
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"no connection to {self.where} within {READ_WAIT:g} s (is it running?)") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(str(exc).strip() or type(exc).__name__) from exc
-
-    def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.close(timeout=1)
-                self._pool = None
 
 
 class PostgresTraceStore(PostgresQueries, SpanExporter):

@@ -19,9 +19,9 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from . import vllm_protocol as protocol
-from .base import BackendError
-from .vllm_upstream import Unreachable, Upstream
+from ..base import BackendError
+from . import protocol
+from .upstream import Unreachable, Upstream
 
 log = logging.getLogger("looptrace")
 

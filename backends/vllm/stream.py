@@ -16,10 +16,10 @@ import aiohttp
 from looptrace.common import jsonio
 from looptrace.common.vocabulary import Vocabulary
 
-from . import vllm_protocol as protocol
-from .base import BackendError, DecodeRequest
-from .events import Event, done_event, prefill_event, token_event
-from .vllm_upstream import Upstream, describe
+from ..base import BackendError, DecodeRequest
+from ..events import Event, done_event, prefill_event, token_event
+from . import protocol
+from .upstream import Upstream, describe
 
 
 async def post(up: Upstream, request: DecodeRequest, max_tokens: int) -> aiohttp.ClientResponse:

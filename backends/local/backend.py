@@ -15,17 +15,18 @@ from functools import partial
 
 import torch
 
-from .base import DecodeRequest, TokenScore
-from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
-from .events import Event, prefill_event
+
+from ..base import DecodeRequest, TokenScore
+from ..decode_thread import DecodeThread, Emit, OnDecodeThread
+from ..events import Event, prefill_event
+from ..sampling import Choice, Penalties, generator_for, next_token
+from ..scoring import score_transformers
+from ..speculative.config import SUFFIX_MAX_TOKENS, SpeculativeConfig
+from ..speculative.drafting import Drafting
+from ..speculative.suffix import SuffixCache
+from ..token_loop import run_tokens
 from .prefix_cache import MAX_BYTES, PrefixCache
-from .sampling import Choice, Penalties, generator_for, next_token
-from .scoring import score_transformers
-from .speculative import Drafting
-from .speculative_config import SUFFIX_MAX_TOKENS, SpeculativeConfig
-from .suffix import SuffixCache
-from .token_loop import run_tokens
 
 log = logging.getLogger("looptrace")
 

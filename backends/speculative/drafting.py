@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import draft_choice, next_token, verified_token
-from .speculative_config import SpeculativeConfig
+from ..sampling import draft_choice, next_token, verified_token
+from .config import SpeculativeConfig
 
 __all__ = ["Backoff", "Drafting", "PromptLookup", "Rollback", "SpeculativeConfig", "judge"]
 

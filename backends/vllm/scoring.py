@@ -7,10 +7,10 @@ import json
 
 import aiohttp
 
-from . import vllm_protocol as protocol
-from .base import BackendError, TokenScore
-from .prompt_logprobs import read_scores, score_body
-from .vllm_upstream import Upstream, describe
+from ..base import BackendError, TokenScore
+from ..prompt_logprobs import read_scores, score_body
+from . import protocol
+from .upstream import Upstream, describe
 
 
 async def score_on(up: Upstream, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:

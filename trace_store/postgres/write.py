@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from looptrace.common.jsonio import dumps, loads
 
-from .batch import OUTCOME_COLUMNS, TRACE_COLUMNS, Batch
-from .pg_schema import TEXT_PART
-from .schema import SPAN_COLUMNS
+from ..batch import OUTCOME_COLUMNS, TRACE_COLUMNS, Batch
+from ..records import SPAN_COLUMNS
+from .schema import TEXT_PART
 
 SPAN_TYPES = ("text", "text", "text", "text", "text", "bigint", "bigint", "text", "text", "text", "text", "bytea",
               "bigint")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .sampling import draft_choice
+from ..sampling import draft_choice
 from .taps import HiddenTap
 
 PREFIX = "mtp."

@@ -28,19 +28,20 @@ from pathlib import Path
 
 import torch
 
-from .base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
-from .decode_thread import DecodeThread, Emit, OnDecodeThread
 from looptrace.common.vocabulary import Vocabulary
-from .events import Event, done_event, prefill_event
-from .llama_cpp_context import BATCH, LlamaContext, physical_cores
-from .llama_cpp_reuse import PrefixReuse
-from .pass_cost import Acceptance, PassCost, chances_of
-from .sampling import Choice, Penalties, generator_for, greedy_choice, next_token
-from .scoring import score_llama_cpp
-from .speculative import Backoff, PromptLookup, judge
-from .speculative_config import SUFFIX_MAX_TOKENS, SpeculativeConfig
-from .suffix import SuffixCache
-from .token_loop import run_tokens
+
+from ..base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
+from ..decode_thread import DecodeThread, Emit, OnDecodeThread
+from ..events import Event, done_event, prefill_event
+from ..sampling import Choice, Penalties, generator_for, greedy_choice, next_token
+from ..scoring import score_llama_cpp
+from ..speculative.config import SUFFIX_MAX_TOKENS, SpeculativeConfig
+from ..speculative.drafting import Backoff, PromptLookup, judge
+from ..speculative.pass_cost import Acceptance, PassCost, chances_of
+from ..speculative.suffix import SuffixCache
+from ..token_loop import run_tokens
+from .context import BATCH, LlamaContext, physical_cores
+from .reuse import PrefixReuse
 
 log = logging.getLogger("looptrace")
 

@@ -65,7 +65,7 @@ def _advertises_amx() -> bool:
 
 PROBE = """
 import sys
-from looptrace.backends.llama_cpp_context import LlamaContext
+from looptrace.backends.llama_cpp.context import LlamaContext
 context = LlamaContext(sys.argv[1], n_ctx=64, threads=int(sys.argv[2]), extra_buffers=True)
 context.eval([1, 2, 3, 4])
 """

@@ -22,11 +22,12 @@ from typing import Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .batch import Batch, hex_id, insert
-from .chains import materialize
+from ..batch import Batch, hex_id
+from ..chains import materialize
+from ..steps import StepGatherer
 from .queries import SQLiteQueries
 from .schema import prepare, rebuild_sessions
-from .steps import StepGatherer
+from .write import insert, write
 
 log = logging.getLogger("looptrace.trace")
 
@@ -78,7 +79,7 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             for span in spans:
                 batch.add(span)
             with db:
-                batch.write(db)
+                write(db, batch)
                 self._write_lost(db)
             if self._retiring or time.monotonic() - self._last_retention > RETENTION_INTERVAL:
                 self._retiring = not self._retire(RETIRE_PER_BATCH)

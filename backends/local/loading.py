@@ -9,9 +9,11 @@ import torch
 
 from looptrace.common.checkpoint import Checkpoint, fetch, read_config
 from looptrace.common.vocabulary import Vocabulary
-from .base import Loader, TextModel
-from .local import LocalBackend
-from .speculative_config import SpeculativeConfig
+
+from ..base import Loader, TextModel
+from ..speculative.config import SpeculativeConfig
+from ..speculative.drafters import mtp_loader
+from .backend import LocalBackend
 
 log = logging.getLogger("looptrace")
 
@@ -65,28 +67,6 @@ def load_local(checkpoint: Checkpoint, vocab: Vocabulary, settings, max_model_le
                         prefix_cache_tokens=settings.prefix_cache_tokens,
                         prefix_cache_bytes=int(settings.prefix_cache_mb * 1024**2),
                         speculative=speculative, drafter=drafter, mtp=mtp)
-
-
-def mtp_loader(checkpoint: Checkpoint, speculative: SpeculativeConfig):
-    """method mtp: a function of the loaded model that loads the checkpoint's own drafter, Qwen3.5's MTP
-    layer (its mtp.* weights) or the Gemma 4 assistant `model` names; a ValueError says why there is none."""
-    kind = checkpoint.config.get("model_type", "")
-    if kind.startswith("qwen3_5"):
-        if speculative.model:
-            raise ValueError("--speculative-config: Qwen3.5's MTP layer is in its own checkpoint; leave out model")
-        from .mtp_qwen3_5 import load_qwen3_5_mtp
-
-        return lambda model: load_qwen3_5_mtp(fetch(checkpoint), model)
-    if kind == "gemma4":
-        if not speculative.model:
-            raise ValueError("--speculative-config: method mtp on Gemma 4 drafts with its assistant checkpoint: give "
-                             "it as model (google/gemma-4-E2B-it-assistant for gemma-4-E2B-it)")
-        assistant = read_config(speculative.model, None)  # its vocabulary is checked against the model's at load
-        from .mtp_gemma4 import load_gemma4_assistant
-
-        return lambda model: load_gemma4_assistant(fetch(assistant), model)
-    raise ValueError(f"--speculative-config: method mtp drafts with Qwen3.5's MTP layer or a Gemma 4 assistant; this "
-                     f"model ({kind or 'unknown'}) has neither: use suffix, ngram or draft_model")
 
 
 def same_tokenizer(draft: Checkpoint, tokenizer) -> None:

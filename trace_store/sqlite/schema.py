@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from looptrace.common import attributes as attr
+from ..records import OUTCOMES
 
 VERSION = 5  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
-
-
-def request_span(spans: list[dict]) -> dict | None:
-    """A stored trace's request (server) span: the one marked with its endpoint. It has a parent when
-    the client sent a traceparent, so "the span without a parent" is not it."""
-    return next((s for s in spans if attr.ENDPOINT in s["attributes"]), None)
 
 
 TABLES = """
@@ -87,10 +81,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_model ON sessions (model);
 CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client);
 """
 
-SPAN_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status", "attributes",
-                "events", "links", "tokens")
 
-OUTCOMES = ("valid", "invalid_args", "unknown_tool", "unparsed")
 
 
 def prepare(db: sqlite3.Connection) -> None:

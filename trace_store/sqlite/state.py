@@ -1,0 +1,86 @@
+"""Conversation state and stored responses (state.py) in SQLite: a file of their own beside the
+traces (`traces.state.sqlite3`). The trace writer holds the traces file's one write lock for whole
+batches (and retention for longer), and a request must not wait behind it."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from ..state import StateStore
+
+SQLITE_TABLES = """
+CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
+                                                updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
+                                                digests_trace TEXT);
+CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
+                                        span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
+                                            size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
+CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
+CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+"""
+
+
+# Added to state_conversations after its first version: (column, type), for a file made before.
+ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"))
+
+
+class SQLiteState(StateStore):
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.where = str(self.path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Another process's write holds the file for a moment at most: a second is a fault.
+            conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.executescript(SQLITE_TABLES)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(state_conversations)")}
+            for column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
+                if column not in have:
+                    conn.execute(f"ALTER TABLE state_conversations ADD COLUMN {column} {kind}")
+            self._conn = conn
+        return self._conn
+
+    def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN")
+            try:
+                return [conn.execute(sql, args).fetchall() for sql, args in self._storable(statements)]
+            finally:
+                conn.execute("COMMIT")
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
+            try:
+                counts = [conn.execute(sql, args).rowcount for sql, args in self._storable(statements)]
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return counts
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def sqlite_state_path(trace_path: str | Path) -> Path:
+    """The state file beside a traces file: traces.sqlite3 → traces.state.sqlite3."""
+    path = Path(trace_path)
+    return path.with_name(f"{path.stem}.state{path.suffix or '.sqlite3'}")
