@@ -5,8 +5,8 @@ yields are in events.py.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
 from looptrace.common.checkpoint import Checkpoint

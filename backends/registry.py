@@ -181,7 +181,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
         check=_check_vllm, default_model=False,
     ),
     BackendEntry(
-        "replay", "serve recorded output (--replay)", "looptrace.backends.replay:ReplayLoader",
+        "replay", "serve recorded output (--replay)", "looptrace.backends.recorded:ReplayLoader",
         Needs(), Capabilities(workers=True),
         options=(Option("replay", ("--replay",), {
             "metavar": "SPEC",

@@ -13,8 +13,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from .base import DecodeRequest
 from looptrace.common.vocabulary import Vocabulary
+
+from .base import DecodeRequest
 from .events import done_event, token_event
 from .sampling import Choice
 

@@ -19,7 +19,8 @@ from looptrace.trace_store.location import refusal as store_refusal
 
 from . import workers
 from .engine import model_runtime
-from .replay.commands import add_commands
+from .export.arguments import add_command as add_export
+from .replay.arguments import add_command as add_replay
 from .settings import DEFAULT_MODEL, Settings
 
 DEFAULTS = Settings()
@@ -49,7 +50,8 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_commands(commands)  # replay and export (proxy/replay/)
+    add_replay(commands)  # proxy/replay/
+    add_export(commands)  # proxy/export/
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API", formatter_class=_ShowDefaults)
     serve.add_argument("model", nargs="?", default=None,
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
@@ -152,7 +154,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "serve":  # replay, export: their module runs them (proxy/replay/commands.py)
+    if args.command != "serve":  # replay, export: the module each names runs it
         module, _, function = args.run.partition(":")
         sys.exit(getattr(importlib.import_module(module), function)(args))
     settings = settings_from(args)

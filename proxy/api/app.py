@@ -10,21 +10,13 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from .viewer import pages
-from .anthropic.messages import count_tokens, create_message
-from .openai.chat import chat_completions
+from . import anthropic, native, openai, viewer
 from .errors import APIError, error_middleware
-from .viewer.compare import compare_sessions
-from .viewer.fork import fork_trace
-from .targets import generate, score
-from .monitoring import health, metrics
-from .openai.models import models
 from .keys import RUNTIME, SETTINGS, TELEMETRY
+from .monitoring import health, metrics
 from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
-from .openai.responses import create_response, delete_response, get_response
 from .unreadable import answer_unreadable_requests
-from .viewer.sessions import get_session, list_sessions, live
-from .viewer.traces import get_prompt, get_tokens, get_trace, list_traces
+from .viewer import pages
 
 _WATCH: web.AppKey[asyncio.Task] = web.AppKey("watch", asyncio.Task)
 
@@ -46,26 +38,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[RESPONSE_STORE] = SharedResponseStore(state) if state is not None else ResponseStore()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/responses", create_response)
-    app.router.add_post("/v1/messages", create_message)  # Anthropic's Messages API (Claude Code)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
-    app.router.add_get("/v1/responses/{response_id}", get_response)
-    app.router.add_delete("/v1/responses/{response_id}", delete_response)
-    app.router.add_get("/v1/traces", list_traces)
-    app.router.add_get("/v1/traces/{trace_id}", get_trace)
-    app.router.add_get("/v1/traces/{trace_id}/prompt", get_prompt)
-    app.router.add_get("/v1/traces/{trace_id}/tokens", get_tokens)
-    app.router.add_post("/v1/traces/{trace_id}/fork", fork_trace)
-    app.router.add_get("/v1/compare", compare_sessions)  # ?a=KEY&b=KEY: the viewer's compare page
-    app.router.add_post("/v1/score", score)  # a replay's target (targets.py): teacher-forced scoring
-    app.router.add_post("/v1/generate", generate)  # and a prompt of token ids decoded afresh
-    app.router.add_get("/v1/sessions", list_sessions)
-    app.router.add_get("/v1/sessions/", get_session)  # ?key=: a key of "." or ".." (viewer/sessions.py)
-    app.router.add_get("/v1/sessions/{key:.+}", get_session)
-    app.router.add_get("/v1/live", live)
-    pages.add_routes(app.router)  # the trace viewer
+    # The API surfaces, siblings: each adds its routes (and an error shape of its own, if its clients
+    # expect one); looptrace's own routes that run token ids; the trace viewer, which only reads.
+    for surface in (openai, anthropic, native, viewer):
+        surface.add_routes(app)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app

@@ -1,5 +1,6 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status;
-under /v1/messages in Anthropic's, `{"type": "error", "error": {"type", "message"}}`.
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the right status;
+an API surface whose clients expect another shape registers it for its routes (`error_shape`:
+anthropic/routes.py), and every error under them, the middleware's own included, leaves in it.
 
 The engine and the backends refuse in their own terms (engine errors, BackendError); `api_error`
 is the one place that turns those into HTTP answers.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -41,26 +43,25 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def anthropic_body(self) -> dict:
-        return {"type": "error", "error": {"type": anthropic_type(self.status), "message": self.message}}
-
-    def response(self, anthropic: bool = False) -> web.Response:
-        return web.json_response(self.anthropic_body() if anthropic else self.body(), status=self.status, dumps=dumps)
+    def response(self, shape: Callable[[APIError], dict] | None = None) -> web.Response:
+        return web.json_response(shape(self) if shape else self.body(), status=self.status, dumps=dumps)
 
 
-ANTHROPIC_PATH = "/v1/messages"  # its routes answer errors in Anthropic's shape
-# The error types of Anthropic's API by status (its SDK's ErrorObject); a 413 is its invalid request.
-_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+ErrorShape = Callable[[APIError], dict]
+ERROR_SHAPES: web.AppKey[list] = web.AppKey("error_shapes", list)  # (path prefix, ErrorShape), as registered
 
 
-def anthropic_type(status: int) -> str:
-    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+def error_shape(app: web.Application, prefix: str, shape: ErrorShape) -> None:
+    """Errors on `prefix` and the paths under it leave in `shape` (an API surface's own)."""
+    app.setdefault(ERROR_SHAPES, []).append((prefix, shape))
 
 
-def _anthropic(request: web.Request) -> bool:
+def _shape_for(request: web.Request) -> ErrorShape | None:
     path = request.path
-    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+    for prefix, shape in request.app.get(ERROR_SHAPES, ()):
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape
+    return None
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -104,15 +105,15 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as err:
-        return err.response(_anthropic(request))
+        return err.response(_shape_for(request))
     except (Refused, Unavailable, BackendError) as err:
-        return api_error(err).response(_anthropic(request))
+        return api_error(err).response(_shape_for(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else None
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else f"{exc.reason}: {request.method} {request.path}"
-        return APIError(exc.status, message, code=kind).response(_anthropic(request))
+        return APIError(exc.status, message, code=kind).response(_shape_for(request))
     except ConnectionResetError:
         # The client left mid-answer (traced as 499): nothing to log. This response is never sent;
         # aiohttp finds the connection gone and lets it be, where a raise would log a traceback.
@@ -120,7 +121,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
         log.exception("unhandled error on %s %s", request.method, request.path)
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
-                        code="internal_error").response(_anthropic(request))
+                        code="internal_error").response(_shape_for(request))
 
 
 class ProtocolErrorsInOneLine(logging.Filter):

@@ -1,6 +1,6 @@
-"""What both generating endpoints (/v1/chat/completions, /v1/responses) do around their own formats:
-trace the request from arrival to end, check the model, and prepare the generation, so that every
-refusal leaves before a byte of the answer."""
+"""What every generating endpoint (/v1/chat/completions, /v1/responses, /v1/messages) does around its own
+format: trace the request from arrival to end, check the model, and prepare the generation, so that
+every refusal leaves before a byte of the answer; /v1/messages/count_tokens prepares one untraced."""
 
 from __future__ import annotations
 
@@ -33,19 +33,22 @@ async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelem
         trace.end()
 
 
-async def prepared(http: web.Request, trace: RequestTelemetry, body: dict, request: GenerationRequest, *, model: str,
-                   stream: bool) -> Generation:
-    """The generation, rendered and checked against the context: ready to run."""
-    request.conversation = conversation_id(http.headers, body)
-    trace.requested(model, stream=stream, conversation=request.conversation)
+async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict, request: GenerationRequest, *,
+                   model: str, stream: bool) -> Generation:
+    """The generation, rendered and checked against the context: ready to run. `trace` None: a prompt
+    prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn."""
+    if trace is not None:
+        request.conversation = conversation_id(http.headers, body)
+        trace.requested(model, stream=stream, conversation=request.conversation)
     runtime = http.app[RUNTIME]
     await runtime.ready()
     if model != runtime.model_name:
         raise model_not_found(model, runtime.model_name)
-    trace.checked()
+    if trace is not None:
+        trace.checked()
     settings = runtime.settings
     await fetch_media(request.media, frozenset(h.lower() for h in settings.allowed_media_domains),
                       runtime.media_limits, settings.media_fetch_timeout)
-    generation = Generation(runtime, request, trace.observers)
+    generation = Generation(runtime, request, trace.observers if trace is not None else ())
     await generation.prepare()
     return generation

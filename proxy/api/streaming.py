@@ -1,5 +1,7 @@
-"""What both streaming adapters share: SSE headers, the keepalive interval, a generation's first
-step awaited in a task of its own, and a writer that sends a burst of frames in one write.
+"""One stream relay for every API: SSE headers, a generation's first step awaited in a task of its own,
+a writer that sends a burst of frames in one write, keep-alives in silence, and the ladder of what
+ends a stream (its finish, a backend's refusal after the headers, a bug) in the API's own shape.
+Each API only says what its frames are (a StreamFormat): a fourth API is its format and its route.
 
 A stream's headers wait for the first step, so a refusal that comes quickly (a full queue, a prompt
 the upstream refuses) keeps its HTTP status. A long wait (a queue, a long prompt's prefill on a CPU)
@@ -14,14 +16,22 @@ model (the local and llama.cpp backends decode one request at a time) by never r
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from aiohttp import web
 
-from .errors import ClientStoppedReading
+from looptrace.backends.base import BackendError
+
+from ..engine.generation import Generation
+from ..engine.request import Step
+from ..observe.telemetry import RequestTelemetry
+from .errors import APIError, ClientStoppedReading, api_error
+
+log = logging.getLogger("looptrace")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE_SECONDS = 15.0  # the longest a stream waits silent: for its headers, then between keepalives
@@ -50,6 +60,7 @@ class FrameWriter:
         self._write_timeout = write_timeout
         self._transport = transport
         self._since = 0.0  # when the write under way began
+        self.last = time.monotonic()  # when a frame was last handed in: silence is measured from here
 
     def _stalled(self) -> bool:
         return self._write_timeout is not None and time.monotonic() - self._since > self._write_timeout
@@ -78,6 +89,7 @@ class FrameWriter:
                 raise self._dropped(sending)
         self._frames.append(frame)
         self._held += len(frame)
+        self.last = time.monotonic()
         if sending is None:
             self._since = time.monotonic()
             self._sending = asyncio.get_running_loop().create_task(self._send())
@@ -100,6 +112,7 @@ class FrameWriter:
             await self.write(frame)
             return
         self._frames.append(frame)
+        self.last = time.monotonic()
         data = b"".join(self._frames)
         self._frames.clear()
         self._held = 0
@@ -185,3 +198,75 @@ async def opened_stream(request: web.Request, steps: AsyncIterator,
             yield Opened(response, steps, first, out)
         finally:
             out.close()
+
+
+class StreamFormat(Protocol):
+    """What one API writes on a stream (chat completion chunks, Responses events, Anthropic's message
+    events): relay() calls these in order, and writes what they return."""
+
+    name: str  # the API, as the log names a stream that failed
+
+    def start(self, generation: Generation) -> bytes:
+        """The stream's opening, sent before the first token (while the prompt is read)."""
+
+    def frames(self, step: Step) -> bytes:
+        """What a step of the generation (a token's deltas) becomes; b"" for nothing."""
+
+    def finish(self, generation: Generation) -> bytes:
+        """The end of an answer that ended as answers do (stop, length, a tool call)."""
+
+    def failed(self, error: APIError, generation: Generation) -> bytes:
+        """The end of a stream whose generation failed after its headers went out: too late for a
+        status code, the error goes in the stream, in the API's shape, where its SDK raises it."""
+
+    def keepalive(self) -> bytes:
+        """What to send after KEEPALIVE_SECONDS of silence, so that clients and proxies keep waiting."""
+
+
+async def relay(request: web.Request, generation: Generation, fmt: StreamFormat, trace: RequestTelemetry,
+                before_end: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+    """The generation streamed in `fmt`'s frames. `before_end`: awaited before the last frame goes out
+    (a Responses answer is stored then, so that the client's next turn can name it at once)."""
+    bound = generation.runtime.settings.stream_write_timeout  # for a client that stops reading
+    async with opened_stream(request, generation.run(), bound) as (response, steps, first, out):
+        await out.opening(fmt.start(generation), first)
+        pacer = asyncio.create_task(_keep_alive(out, fmt))
+        try:
+            step = await first
+            if step is not END:
+                await out.write_now(fmt.frames(step))
+                async for step in steps:
+                    frames = fmt.frames(step)
+                    if frames:
+                        await out.write(frames)
+            end = fmt.finish(generation)
+        except BackendError as err:
+            trace.stream_failed(err.code)
+            end = fmt.failed(api_error(err), generation)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
+            log.exception("%s stream failed", fmt.name)
+            trace.stream_failed("internal_error")
+            end = fmt.failed(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                                      code="internal_error"), generation)
+        finally:
+            pacer.cancel()
+        if before_end is not None:
+            await before_end()
+        await out.write(end)
+        await out.flush()
+        return response
+
+
+async def _keep_alive(out: FrameWriter, fmt: StreamFormat) -> None:
+    """`fmt`'s keep-alive after every KEEPALIVE_SECONDS without a frame, for the whole stream."""
+    while True:
+        wait = out.last + KEEPALIVE_SECONDS - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+            continue
+        try:
+            await out.write(fmt.keepalive())
+        except ConnectionError:
+            return  # the client left; the handler is being cancelled too

@@ -351,5 +351,5 @@ class _Screening:
 
     def unparsed_call(self, delta: UnparsedCallDelta) -> Delta:
         for observer in self.generation.observers:
-            observer.tool_call(delta)
+            observer.unparsed_call(delta)
         return delta

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from looptrace.backends.base import DecodeRequest
     from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
+    from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 
 # The generation each hook is shown is generation.py's Generation, which calls these hooks: typed here
 # as `Generation = Any`, not imported, so that the engine's modules import one way (generation.py →
@@ -48,9 +49,11 @@ class Observer:
         when it arrived (time.time_ns(), read once by the engine for every observer). The per-token
         path: keep it to a few appends, and do the work per group of tokens."""
 
-    def tool_call(self, delta: dict) -> None:
-        """The parser finished a tool call (`tool_call`, with its outcome) or gave up on one
-        (`tool_call_unparsed`)."""
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        """The parser finished a tool call, with its outcome (valid, invalid_args, unknown_tool)."""
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> None:
+        """The parser gave up on markup that opened a call: it goes to the client as text."""
 
     def finished(self, generation: Generation) -> None:
         """The answer is complete: `generation.finish_reason`, its counts and the backend's `done` event.

@@ -18,6 +18,7 @@ from operator import sub
 
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
+from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 from looptrace.trace_store.tokens import GROUP
 
 from ..engine.generation import Generation
@@ -141,9 +142,11 @@ class RequestMetrics(Observer):
         if self._upstream_tokens is not None:
             self._upstream_tokens.inc(len(pending))
 
-    def tool_call(self, delta: dict) -> None:
-        outcome = "unparsed" if delta["type"] == "tool_call_unparsed" else delta["outcome"]
-        self.metrics.tool_calls.labels(self.model, outcome).inc()
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        self.metrics.tool_calls.labels(self.model, delta["outcome"]).inc()
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> None:
+        self.metrics.tool_calls.labels(self.model, "unparsed").inc()
 
     def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}

@@ -30,6 +30,7 @@ from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
+from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 from looptrace.trace_store.records import request_span
 from looptrace.trace_store.tokens import GROUP
 from looptrace.trace_store.tokens import columns as token_columns
@@ -39,6 +40,7 @@ from ..engine.observer import Observer
 from . import genai
 from .conversations import Conversations, Turn
 from .prompt_record import media_items, stored_prompt, template_hash
+from .tool_spans import tool_call_span
 
 log = logging.getLogger("looptrace")
 
@@ -256,22 +258,13 @@ class RequestSpans(Observer):
             group = token_columns(events, list(channels), list(times), self._pieces if self.content else None)
             _add_event(self._decode_span, attr.EVENT_TOKENS, group, times[0])
 
-    def tool_call(self, delta: dict) -> None:
-        unparsed = delta["type"] == "tool_call_unparsed"
-        outcome = "unparsed" if unparsed else delta["outcome"]
-        attributes = {attr.GEN_AI_OPERATION_NAME: "execute_tool", attr.TOOL_OUTCOME: outcome}
-        if not unparsed:
-            attributes.update({attr.GEN_AI_TOOL_NAME: delta["name"], attr.GEN_AI_TOOL_CALL_ID: delta["id"],
-                               attr.GEN_AI_TOOL_TYPE: "function", attr.TOOL_INDEX: delta["index"]})
-            if self.content:
-                attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = delta["arguments"]
-        if self.content:
-            attributes[attr.TOOL_RAW] = delta["raw"]
-        name = attr.SPAN_EXECUTE_TOOL if unparsed else f"{attr.SPAN_EXECUTE_TOOL} {delta['name']}"
-        span = self.tracer.start_span(name, context=self._context, kind=SpanKind.INTERNAL, attributes=attributes)
-        span.end()
-        if not unparsed:
-            self.turn.expect_result(delta["id"], span.get_span_context(), delta["name"])
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        span = tool_call_span(self.tracer, self._context, delta["outcome"], delta["raw"] if self.content else None,
+                              delta["name"], delta["id"], delta["index"], delta["arguments"] if self.content else None)
+        self.turn.expect_result(delta["id"], span.get_span_context(), delta["name"])
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> None:
+        tool_call_span(self.tracer, self._context, "unparsed", delta["raw"] if self.content else None)
 
     def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}

@@ -1,5 +1,5 @@
 """The server a session is replayed against, reached over HTTP: another looptrace (any backend it
-serves: POST /v1/score and /v1/generate, proxy/api/targets.py) or a vLLM server directly (scoring by
+serves: POST /v1/score and /v1/generate, proxy/api/native/targets.py) or a vLLM server directly (scoring by
 its `prompt_logprobs`, backends/prompt_logprobs.py: the same request and the same reading as the vLLM
 backend's own).
 
@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from looptrace.backends.prompt_logprobs import read_scores, score_body
 
-from .commands import DEFAULT_TIMEOUT
-from .recorded import ReplayError
+from .arguments import DEFAULT_TIMEOUT
+from .read import ReplayError
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 from looptrace.backends.base import BackendError
-from looptrace.backends.replay import ReplayBackend
+from looptrace.backends.recorded import ReplayBackend
 from looptrace.proxy.api.app import create_app
 from looptrace.proxy.api.keys import RUNTIME
 from looptrace.proxy.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from looptrace.backends.replay import ReplayBackend
+from looptrace.backends.recorded import ReplayBackend
 
 BASH = {"name": "Bash", "description": "Run a shell command.",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}

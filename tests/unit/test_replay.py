@@ -1,4 +1,4 @@
-"""The replay's parts in this process: the comparisons (proxy/replay/compare.py), the reports (JSON,
+"""The replay's parts in this process: the comparisons (proxy/replay/figures.py), the reports (JSON,
 JUnit read back by junitparser), the export's mask, and a whole forced and step replay against the
 application serving the tiny Qwen3.5 here, stored as a session the compare endpoint reads back."""
 
@@ -12,8 +12,9 @@ import junitparser
 import pytest
 
 from looptrace.common import attributes as attr
-from looptrace.proxy.replay import compare, command, export
-from looptrace.proxy.replay.recorded import Recorded
+from looptrace.proxy.export import command as export
+from looptrace.proxy.replay import figures as compare, run as command
+from looptrace.proxy.replay.read import Recorded
 from looptrace.proxy.replay.report import write_junit
 
 HEADERS = {"session_id": "replay-unit", "User-Agent": "pytest-replay/1"}

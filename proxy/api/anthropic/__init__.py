@@ -1,1 +1,5 @@
-"""Anthropic's Messages API (/v1/messages), which Claude Code speaks."""
+"""Anthropic's Messages API (Claude Code): its request and content blocks, answer, stream, errors."""
+
+from .routes import add_routes
+
+__all__ = ["add_routes"]

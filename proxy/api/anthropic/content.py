@@ -10,12 +10,13 @@ its template can have it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field as default
+from dataclasses import dataclass
+from dataclasses import field as default
 
 from looptrace.families.media.parts import MediaPart
 
 from ..errors import invalid
-from ..openai.request_parts import at_most, joined, media_note
+from ..request_parts import at_most, joined, media_note
 from ..validation import field
 
 ROLES = ("user", "assistant", "system")

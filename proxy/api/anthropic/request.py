@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from ...engine.request import GenerationRequest
 from ..errors import invalid
-from ..openai.chat_request import MAX_STOP_LENGTH, MAX_STOPS
-from ..openai.request_parts import at_most, warn_once
+from ..request_parts import MAX_STOP_LENGTH, MAX_STOPS, at_most, warn_once
 from ..validation import field, in_range, is_a, tool_name
 from .content import conversation
 

@@ -13,13 +13,14 @@ made once per block and one JSON encoding of the new text.
 
 from __future__ import annotations
 
-import time
-
 from looptrace.common.jsonio import dumps
-from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
+from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
 from ...engine.generation import Generation
+from ...engine.request import Step
+from ..errors import APIError
 from .answer import message_id, signature, stop_reason, tool_input, tool_use_block, usage
+from .errors import anthropic_body
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 _DELTA_FIELD = {"text": "text_delta", "thinking": "thinking_delta"}
@@ -35,10 +36,13 @@ def error_event(body: dict) -> bytes:
 
 
 class MessageStream:
+    """Anthropic's message events: a StreamFormat (api/streaming.py)."""
+
+    name = "messages"
+
     def __init__(self, model: str) -> None:
         self.id = message_id()
         self.model = model
-        self.last_sent = time.monotonic()
         self._index = -1  # the open block's, or the last one's
         self._open: str | None = None  # the open block's type
         self._thinking: list[str] = []  # the open thinking block's text, for its signature
@@ -50,18 +54,18 @@ class MessageStream:
         message_delta then carries output_tokens alone, so no client can add two splits together."""
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": {**usage(generation), "output_tokens": 0}}
-        return self._sent(event("message_start", {"message": message}) + PING)
+        return event("message_start", {"message": message}) + PING
 
     def keepalive(self) -> bytes:
-        return self._sent(PING)
+        return PING
 
-    def frames(self, deltas: list[Delta]) -> bytes:
-        return self._sent(b"".join(dispatch(deltas, self))) if deltas else b""
+    def failed(self, error: APIError, generation: Generation) -> bytes:
+        return error_event(anthropic_body(error))
 
-    def _sent(self, frames: bytes) -> bytes:
-        if frames:
-            self.last_sent = time.monotonic()
-        return frames
+    def frames(self, step: Step) -> bytes:
+        deltas = step.deltas
+        return b"".join(dispatch(deltas, self)) if deltas else b""
+
 
     # DeltaHandler: each delta's frames.
 
@@ -115,10 +119,10 @@ class MessageStream:
 
     def finish(self, generation: Generation) -> bytes:
         reason, sequence = stop_reason(generation)
-        return self._sent(self._close()
-                          + event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                    "usage": {"output_tokens": generation.completion_tokens}})
-                          + event("message_stop", {}))
+        return (self._close()
+                + event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                          "usage": {"output_tokens": generation.completion_tokens}})
+                + event("message_stop", {}))
 
 
 def _compact(delta: ToolCallDelta) -> str:

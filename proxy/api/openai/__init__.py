@@ -1,1 +1,6 @@
-"""The OpenAI APIs: Chat Completions and Responses, their requests, answers and streams."""
+"""The OpenAI API: Chat Completions and Responses, each API's request, answer and stream in modules of
+their own."""
+
+from .routes import add_routes
+
+__all__ = ["add_routes"]

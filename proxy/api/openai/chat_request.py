@@ -8,11 +8,13 @@ from looptrace.backends.events import TOP_N
 
 from ...engine.request import GenerationRequest
 from ..errors import invalid
-from .request_parts import (
+from ..request_parts import (
+    MAX_STOP_LENGTH,
+    MAX_STOPS,
     MEDIA_PARTS,
     at_most,
-    joined,
     call_arguments,
+    joined,
     media_note,
     media_part,
     parse_tool_choice,
@@ -194,7 +196,6 @@ def _thinking(body: dict) -> bool | None:
     return effort != "none"
 
 
-MAX_STOPS, MAX_STOP_LENGTH = 16, 256  # more than OpenAI's 4; each is matched as every token arrives
 
 
 def _stop(stop: object) -> list[str]:

@@ -16,6 +16,7 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 
 from ...engine.generation import Generation
 from ...engine.request import Step
+from ..errors import APIError
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
@@ -66,7 +67,9 @@ class ChatStream:
         tail_finish = "null" if finish_reason is None else f'"{finish_reason}"'
         return f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}}}]}}\n\n'.encode()
 
-    def start(self) -> bytes:
+    name = "chat"
+
+    def start(self, generation: Generation | None = None) -> bytes:
         return self._chunk('{"role":"assistant","content":""}')
 
     def frames(self, step: Step) -> bytes:
@@ -103,6 +106,15 @@ class ChatStream:
             )
         out.append(DONE_FRAME)
         return b"".join(out)
+
+    def failed(self, error: APIError, generation: Generation) -> bytes:
+        return error_frame(error.body())
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
+
+
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
 def error_frame(body: dict) -> bytes:

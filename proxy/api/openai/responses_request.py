@@ -17,7 +17,7 @@ from dataclasses import field as dc_field
 
 from ...engine.request import GenerationRequest
 from ..errors import invalid
-from .request_parts import (
+from ..request_parts import (
     MEDIA_PARTS,
     at_most,
     call_arguments,

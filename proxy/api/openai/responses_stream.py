@@ -20,6 +20,8 @@ from looptrace.families.base import new_id
 from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
 from ...engine.generation import Generation
+from ...engine.request import Step
+from ..errors import APIError
 from .responses_request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"
@@ -38,7 +40,10 @@ def usage(generation: Generation) -> dict:
 
 
 class ResponseBuilder:
-    """Builds one response; with `stream` it also returns the SSE frames of each step."""
+    """Builds one response; with `stream` it also returns the SSE frames of each step (a StreamFormat:
+    api/streaming.py)."""
+
+    name = "responses"
 
     def __init__(self, model: str, names: ToolNames, echo: dict, *, stream: bool) -> None:
         self.id = new_id("resp_")
@@ -50,7 +55,6 @@ class ResponseBuilder:
         self.output: list[dict] = []
         self.status = "in_progress"
         self.sequence = 0
-        self.last_sent = time.monotonic()
         self.final: dict | None = None  # the response object, once it ended
         self._item: dict | None = None  # the reasoning or message item being written
         self._index = 0  # its place in the output
@@ -65,7 +69,6 @@ class ResponseBuilder:
             return b""
         number = self.sequence
         self.sequence += 1
-        self.last_sent = time.monotonic()
         body = dumps({"type": kind, "sequence_number": number, **payload})
         return f"event: {kind}\ndata: {body}\n\n".encode()
 
@@ -73,7 +76,7 @@ class ResponseBuilder:
         return {**self.head, "status": self.status, "error": error, "incomplete_details": incomplete,
                 "output": self.output, **self.echo, "truncation": "disabled", "usage": usage}
 
-    def start(self) -> bytes:
+    def start(self, generation: Generation | None = None) -> bytes:
         snapshot = self.response()
         return self._event("response.created", {"response": snapshot}) + self._event(
             "response.in_progress", {"response": snapshot})
@@ -112,7 +115,6 @@ class ResponseBuilder:
             return opened
         number = self.sequence
         self.sequence += 1
-        self.last_sent = time.monotonic()
         return opened + f"{self._delta_head}{number}{self._delta_mid}{dumps(text)}}}\n\n".encode()
 
     def _open(self, kind: str) -> bytes:
@@ -190,14 +192,18 @@ class ResponseBuilder:
         self.final = body
         return closed + self._event(f"response.{self.status}", {"response": body})
 
-    def failed(self, status: int, message: str, generation: Generation | None = None) -> bytes:
+    def frames(self, step: Step) -> bytes:
+        return self.add(step.deltas)
+
+    def failed(self, error: APIError, generation: Generation | None = None) -> bytes:
         """Too late for an HTTP status: the error ends the stream, where codex shows its message.
 
         Its code is one of the few the Responses API defines (typed clients refuse others): what the
         HTTP status would have said. The specific one (upstream_error, …) is on the trace's span."""
         self.status = "failed"
+        status = error.status
         code = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status < 500 else "server_error"
-        body = self.response(error={"code": code, "message": message},
+        body = self.response(error={"code": code, "message": error.message},
                              usage=usage(generation) if generation is not None else None)
         self.final = body
         return self._event("response.failed", {"response": body})

@@ -1,1 +1,5 @@
-"""The trace viewer and the data it reads: traces, sessions, forks, the prompt view, the page."""
+"""The trace viewer and the data it reads."""
+
+from .routes import add_routes
+
+__all__ = ["add_routes"]

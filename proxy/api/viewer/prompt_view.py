@@ -12,8 +12,8 @@ from __future__ import annotations
 from difflib import SequenceMatcher
 
 from looptrace.common import attributes as attr
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.common.jsonio import loads
+from looptrace.common.vocabulary import Vocabulary
 
 DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
 

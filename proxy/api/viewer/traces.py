@@ -12,8 +12,8 @@ from datetime import datetime
 from aiohttp import web
 
 from looptrace.common import attributes as attr
-from looptrace.common.vocabulary import Vocabulary
 from looptrace.common.jsonio import dumps
+from looptrace.common.vocabulary import Vocabulary
 from looptrace.trace_store.records import request_span
 from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 

@@ -1,26 +1,31 @@
 """A prompt that is token ids already run on the backend serving now and collected whole: what a
-fork (viewer/fork.py: a stored trace's prompt and the tokens before the fork) and POST /v1/generate
-(targets.py: a prompt a replay sends) share. No rendering: the ids go to the model as they are."""
+fork (fork.py: a stored trace's prompt and the tokens before the fork) and POST /v1/generate
+(generate.py: a prompt a replay sends) share. No rendering: the ids go to the model as they are."""
 
 from __future__ import annotations
 
 from contextlib import aclosing
 from typing import NamedTuple
 
-from ..engine.generation import Generation
-from ..engine.observer import Observer
-from ..engine.request import GenerationRequest, StoredPrompt
-from ..engine.runtime import Runtime
-from ..observe.telemetry import RequestTelemetry
-from .errors import invalid
-from .openai.chat_response import ChatCollector
-from .validation import field
+from aiohttp import web
+
+from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
+
+from ...engine.generation import Generation
+from ...engine.observer import Observer
+from ...engine.request import GenerationRequest, StoredPrompt
+from ...engine.runtime import Runtime
+from ...observe.telemetry import RequestTelemetry
+from ..errors import invalid, model_not_found
+from ..keys import RUNTIME
+from ..openai.chat_response import ChatCollector
+from ..validation import field
 
 
 class Run(NamedTuple):
     answer: dict  # a chat completion of the whole answer (ChatCollector's)
     tokens: list[dict]  # every generated token event, with its channel
-    calls: list[dict]  # every tool call as the parser ended it: parsed (with its outcome) or unparsed
+    calls: list[dict]  # every tool call as the parser ended it, in one shape: parsed (its outcome) or unparsed
     generation: Generation
 
 
@@ -30,8 +35,11 @@ class _Calls(Observer):
     def __init__(self) -> None:
         self.seen: list[dict] = []
 
-    def tool_call(self, delta: dict) -> None:
-        self.seen.append(delta)
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        self.seen.append({key: delta[key] for key in ("index", "id", "name", "arguments", "raw", "outcome")})
+
+    def unparsed_call(self, delta: UnparsedCallDelta) -> None:
+        self.seen.append({"outcome": "unparsed", "raw": delta["raw"]})
 
 
 async def run_stored(runtime: Runtime, trace: RequestTelemetry, stored: StoredPrompt, *, tools: list[dict] | None,
@@ -68,3 +76,16 @@ def token_ids(body: dict, key: str, runtime: Runtime, *, required: bool = True) 
             raise invalid(f"'{key}[{n}]' must be a token id of this model's vocabulary of {known}.",
                           param=f"{key}[{n}]")
     return ids
+
+
+async def ready_for(request: web.Request, body: dict, capability: str, what: str) -> Runtime:
+    """The runtime, once loaded, when its backend can do `capability` and `model` (if given) is the one served."""
+    runtime: Runtime = request.app[RUNTIME]
+    model = field(body, "model", str, "model")
+    await runtime.ready()
+    if model is not None and model != runtime.model_name:
+        raise model_not_found(model, runtime.model_name)
+    if not getattr(runtime.entry.can, capability):
+        raise invalid(f"The {runtime.backend.name} backend cannot do {what}; it needs a backend with a model "
+                      "(--backend local, llama.cpp or vllm).", code=f"{capability}_unsupported")
+    return runtime

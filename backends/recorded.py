@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from .base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
 from looptrace.common.vocabulary import Vocabulary
+
+from .base import BackendError, DecodeRequest, Loader, TextModel, TokenScore
 from .events import Event, done_event, prefill_event, token_event
 
 

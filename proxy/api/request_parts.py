@@ -8,14 +8,16 @@ import logging
 from looptrace.families.media.parts import NOTE, MediaPart
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
-from ..errors import invalid
-from ..validation import embedded_json, field, in_range, tool_name
+from .errors import invalid
+from .validation import embedded_json, field, in_range, tool_name
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
 
 MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file", "video_url")
 MEDIA_NOTE = NOTE  # what an item in a system prompt or an assistant's words becomes
+
+MAX_STOPS, MAX_STOP_LENGTH = 16, 256  # stop strings: more than OpenAI's 4; each is matched as every token arrives
 
 
 def warn_once(key: str, message: str, *args) -> None:

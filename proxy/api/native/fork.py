@@ -22,13 +22,13 @@ from looptrace.trace_store.records import request_span
 from ...engine.request import StoredPrompt
 from ...engine.runtime import Runtime
 from ..errors import APIError, invalid
-from ..serving import traced
 from ..keys import RUNTIME
-from ..openai.request_parts import seed, temperature_and_top_p
-from ..stored_run import run_stored
-from .prompt_view import AlternativeTexts
-from .traces import stored_trace
+from ..request_parts import seed, temperature_and_top_p
+from ..serving import traced
 from ..validation import field, in_range, json_body
+from ..viewer.prompt_view import AlternativeTexts
+from ..viewer.traces import stored_trace
+from .stored_run import run_stored
 
 DEFAULT_MAX_TOKENS = 1024  # when the original request said none
 

@@ -21,12 +21,13 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from ..observe.genai import output_message
-from . import compare
-from .record import Recorder, forced_tokens, session_key
-from .recorded import Recorded, ReplayError, open_reader, open_writer, session_steps
+from . import figures as compare
+from .arguments import EXTRA_TOKENS
+from .read import Recorded, ReplayError, open_reader, open_writer, session_steps
 from .report import write_json, write_junit
-from .commands import EXTRA_TOKENS
 from .target import Target, connect
+from .write import Recorder, forced_tokens, session_key
+
 
 def run(args: argparse.Namespace) -> int:
     if args.min_agreement is not None and not 0 <= args.min_agreement <= 1:

@@ -24,7 +24,8 @@ from looptrace.common import attributes as attr
 from looptrace.trace_store.provider import build_provider
 from looptrace.trace_store.tokens import GROUP, columns
 
-from .recorded import Recorded
+from ..observe.tool_spans import tool_call_span
+from .read import Recorded
 
 CLIENT = "looptrace-replay"  # the client the viewer lists replayed sessions under
 CARRIED = (attr.INPUT_NEW_FROM, attr.INPUT_NEW_MESSAGES, attr.GEN_AI_INPUT_MESSAGES, attr.GEN_AI_SYSTEM_INSTRUCTIONS,
@@ -126,17 +127,13 @@ class Recorder:
         return attributes
 
     def _call(self, context, call: dict) -> None:
-        unparsed = call.get("outcome") == "unparsed"
-        attributes = {attr.GEN_AI_OPERATION_NAME: "execute_tool", attr.TOOL_OUTCOME: call.get("outcome", "unparsed")}
-        if call.get("raw") is not None:
-            attributes[attr.TOOL_RAW] = call["raw"]
-        if not unparsed:
-            attributes.update({attr.GEN_AI_TOOL_NAME: call["name"], attr.GEN_AI_TOOL_TYPE: "function",
-                               attr.TOOL_INDEX: call.get("index", 0), attr.GEN_AI_TOOL_CALL_ARGUMENTS: call["arguments"]})
-            # A replay's calls are never run: a call id of its own, so no tool result joins them.
-            attributes[attr.GEN_AI_TOOL_CALL_ID] = f"replay_{secrets.token_hex(12)}"
-        name = attr.SPAN_EXECUTE_TOOL if unparsed else f"{attr.SPAN_EXECUTE_TOOL} {call['name']}"
-        self.tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, attributes=attributes).end()
+        outcome = call.get("outcome", "unparsed")
+        if outcome == "unparsed":
+            tool_call_span(self.tracer, context, outcome, call.get("raw"))
+            return
+        # A replay's calls are never run: a call id of its own, so no tool result joins them.
+        tool_call_span(self.tracer, context, outcome, call.get("raw"), call["name"], f"replay_{secrets.token_hex(12)}",
+                       call.get("index", 0), call["arguments"])
 
     def close(self) -> int:
         """Flushes every span to the store; the number of spans it could not store."""

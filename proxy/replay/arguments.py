@@ -1,5 +1,5 @@
-"""The command lines of `looptrace replay` and `looptrace export` (their work is in command.py and
-export.py, imported only when one runs: `looptrace --help` stays quick)."""
+"""The command line of `looptrace replay` (its work is in run.py, imported only when it runs: `looptrace
+--help` stays quick)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,15 @@ EXTRA_TOKENS = 256  # step mode: how far past the recorded answer's length the t
 DEFAULT_TIMEOUT = 60.0  # seconds one request to the target may take: what a person would wait for
 
 
-def add_commands(commands) -> None:
-    """Both commands, under the CLI's subparsers; each names the function that runs it in `run`."""
+def add_command(commands) -> None:
+    """`looptrace replay`, under the CLI's subparsers; it names the function that runs it in `run`."""
     replay = commands.add_parser(
         "replay", help="replay a recorded session against another server and report where it diverges",
         description="Replay a recorded session against a looptrace or vLLM server, token by token: the agreement "
         "goes to a JSON report (and JUnit), and the replay is stored as a session beside the original. Exit status "
         "1 below --min-agreement, 2 when the replay cannot run.")
     replay_arguments(replay)
-    replay.set_defaults(run="looptrace.proxy.replay.command:run")
-    export = commands.add_parser(
-        "export", help="export recorded steps token-exact (JSON Lines or Parquet) for training and evaluation",
-        description="Every step's prompt ids, completion ids, per-token logprobs, a mask of the tokens the model "
-        "wrote and its tool calls, token-exact (never re-tokenized).")
-    export_arguments(export)
-    export.set_defaults(run="looptrace.proxy.replay.export:run")
+    replay.set_defaults(run="looptrace.proxy.replay.run:run")
 
 
 def replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,14 +47,3 @@ def replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"how long one request to the target may take (default {DEFAULT_TIMEOUT:g} s; a step "
                         "that decodes a long answer on a slow target may need more)")
-
-
-def export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, metavar="PATH_OR_URL",
-                        help="the trace store, as --trace-db takes it (a SQLite file or a PostgreSQL URL)")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--session", metavar="KEY", help="one session, by the key the viewer shows")
-    which.add_argument("--since", metavar="TIME",
-                       help="every session active since TIME (Unix seconds or ISO 8601), oldest step first")
-    parser.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
-    parser.add_argument("--out", metavar="FILE", help="where to write (default: standard output; Parquet needs a file)")

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 from looptrace.common.sequences import common_prefix
 
-from .recorded import Recorded, ReplayError, open_reader, session_steps
+from ..replay.read import Recorded, ReplayError, open_reader, session_steps
 
 FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
           "tool_calls", "finish_reason")

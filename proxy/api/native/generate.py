@@ -1,0 +1,59 @@
+"""POST /v1/generate: a prompt of token ids decoded afresh (what `looptrace replay --mode step` asks).
+
+    {"prompt_ids": [...], "thinking", "answer_prefix", "tools", "max_tokens", "temperature", "top_p",
+     "top_k", "seed", "model"}
+
+Parsed as a chat answer: its text, tool calls (each with its outcome) and finish reason, and every
+token. Runs as a fork does (stored_run.py): greedy unless asked otherwise. Traced as a request of its own."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from looptrace.common import attributes as attr
+from looptrace.common.jsonio import dumps
+
+from ...engine.request import StoredPrompt
+from ..errors import invalid
+from ..openai.chat_request import parse_tools
+from ..request_parts import at_most, seed, temperature_and_top_p
+from ..serving import traced
+from ..validation import field, in_range, json_body
+from .stored_run import ready_for, run_stored, token_ids
+
+
+async def generate(request: web.Request) -> web.Response:
+    async with traced(request, attr.ENDPOINT_GENERATE) as trace:
+        body = await json_body(request)
+        runtime = await ready_for(request, body, "fork", "decoding a prompt of token ids")
+        prompt, prefix = token_ids(body, "prompt_ids", runtime), token_ids(body, "answer_prefix", runtime, required=False)
+        if not prompt:
+            raise invalid("'prompt_ids' must hold at least one token.", param="prompt_ids")
+        thinking = field(body, "thinking", bool, "thinking")
+        if thinking is None:  # as the family reads the prompt's end (Qwen3.5: `<think>` left open)
+            thinking = runtime.family.prompt_leaves_thinking(runtime.tokenizer.decode(prompt[-8:]))
+        tools = parse_tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"))
+        max_tokens = field(body, "max_tokens", int, "max_tokens")
+        in_range(max_tokens, "max_tokens", 1)
+        temperature, top_p = temperature_and_top_p(body)
+        top_k = field(body, "top_k", int, "top_k")
+        in_range(top_k, "top_k", -1)
+        trace.requested(runtime.model_name, stream=False, conversation=None)
+        trace.checked()
+        run = await run_stored(runtime, trace, StoredPrompt(prompt, thinking, prefix), tools=tools,
+                               max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                               seed=seed(body))
+        pieces = runtime.vocab.pieces
+        for token in run.tokens:  # the alternatives' pieces: a replay records them as a decode span does
+            token["top_pieces"] = [pieces[i] if 0 <= i < len(pieces) else "" for i in token["top_ids"]]
+        answer = run.answer
+        answer["looptrace"] = {
+            "trace_id": trace.trace_id, "backend": runtime.backend.name, "prompt_tokens": len(prompt),
+            "thinking": thinking, "tokens": run.tokens,
+            "tool_calls": run.calls,
+            "text": "".join(run.generation.text), "reasoning": "".join(run.generation.reasoning),
+            "finish_reason": run.generation.finish_reason,
+            "sampling": {"temperature": run.generation.sampling.temperature, "top_p": run.generation.sampling.top_p,
+                         "top_k": run.generation.sampling.top_k, "seed": run.generation.sampling.seed},
+        }
+        return web.json_response(answer, dumps=dumps)

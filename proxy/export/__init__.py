@@ -1,0 +1,1 @@
+"""`looptrace export`: recorded steps token-exact, for training and evaluation."""

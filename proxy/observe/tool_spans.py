@@ -1,0 +1,27 @@
+"""The execute_tool span of one tool call the model made, as the server traces it and as `looptrace
+replay` traces a replayed step's calls: built here alone, so both read the same."""
+
+from __future__ import annotations
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from looptrace.common import attributes as attr
+
+
+def tool_call_span(tracer: Tracer, context: Context, outcome: str, raw: str | None, name: str | None = None,
+                   call_id: str | None = None, index: int | None = None, arguments: str | None = None) -> Span:
+    """An ended `execute_tool {name}` span (`execute_tool` alone for a call that did not parse: no
+    name); `raw` and `arguments` None where content is not recorded."""
+    attributes = {attr.GEN_AI_OPERATION_NAME: "execute_tool", attr.TOOL_OUTCOME: outcome}
+    if name is not None:
+        attributes.update({attr.GEN_AI_TOOL_NAME: name, attr.GEN_AI_TOOL_CALL_ID: call_id,
+                           attr.GEN_AI_TOOL_TYPE: "function", attr.TOOL_INDEX: index})
+        if arguments is not None:
+            attributes[attr.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments
+    if raw is not None:
+        attributes[attr.TOOL_RAW] = raw
+    span_name = f"{attr.SPAN_EXECUTE_TOOL} {name}" if name is not None else attr.SPAN_EXECUTE_TOOL
+    span = tracer.start_span(span_name, context=context, kind=SpanKind.INTERNAL, attributes=attributes)
+    span.end()
+    return span
