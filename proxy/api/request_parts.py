@@ -1,4 +1,4 @@
-"""Request parsing both APIs share: sampling ranges, past tool calls' arguments, tool_choice, media
+"""Request parsing every API surface shares: sampling ranges, past tool calls' arguments, tool_choice, media
 parts, and warnings said once."""
 
 from __future__ import annotations
