@@ -65,6 +65,8 @@ def test_claude_code_runs_a_tool_and_answers(installed, serve, qwen3_5_dir, tmp_
         done = clients.run_claude(installed, env, work, MODEL, "Run echo looptrace-ok", "--allowedTools", "Bash",
                                   connections=connects)
     assert done.returncode == 0, outcome(done)
+    # Its later turns were encoded from its first and checked against whole encodings (conftest.py).
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1
     result = json.loads(done.stdout)
     assert (result["result"], result["num_turns"], result["is_error"]) == (ANSWER, 2, False), outcome(done)
     if connects is not None:

@@ -87,6 +87,10 @@ def test_codex_runs_a_shell_command_and_answers(installed, serve, qwen3_5_dir, t
     assert "Process exited with code 0" in result["output"] and "\nlooptrace-ok\n" in result["output"]
     (reasoning,) = items(second, "reasoning")  # codex sends our reasoning item back verbatim
     assert reasoning["content"] == [{"type": "reasoning_text", "text": "I will run it."}]
+    # Its second turn was encoded from its first, and checked against a whole encoding: the same ids
+    # (conftest.py's `serve` fails the module on a difference).
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1
+    assert server.metric("looptrace_render_tokens_total", how="reused") > 1000
 
 
 def test_codex_runs_a_namespaced_tool_by_its_flat_name(installed, serve, qwen3_5_dir, tmp_path):
@@ -169,6 +173,7 @@ def test_pi_reads_a_file_and_answers(installed, serve, qwen3_5_dir, tmp_path):
     assert (read["function"]["name"], json.loads(read["function"]["arguments"])) == ("read", {"path": "note.txt"})
     assert assistant["reasoning_content"] == "Read it."
     assert tool == {"role": "tool", "content": "pi-was-here\n", "tool_call_id": read["id"]}
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1  # its second turn, checked
 
 
 # -- images: the real clients attach them, the model's prompt holds them --
@@ -280,3 +285,23 @@ def test_pi_gets_an_answer_from_smollm2(installed, smollm2, tmp_path):
     assert "".join(c["text"] for c in last["content"] if c["type"] == "text").strip()
     (request,) = proxy.bodies("/v1/chat/completions")
     assert request["max_completion_tokens"] == 64
+
+
+# -- another family: the same harness on the tiny Gemma 4 --
+
+def test_pi_reads_a_file_and_answers_on_gemma4(installed, serve, gemma4_dir, tmp_path):
+    """pi's tool loop on Gemma 4 (its own call markup, its template's history): the answer comes back
+    and every turn encoded from the one before is checked against a whole encoding."""
+    answer = "The note says pi-was-here."
+    quote = '<|"|>'
+    server = replay_server(serve, gemma4_dir, tmp_path,
+                           f"<|tool_call>call:read{{path:{quote}note.txt{quote}}}<tool_call|><|tool_response>",
+                           answer + "<turn|>")
+    home, work = folders(tmp_path)
+    (work / "note.txt").write_text("pi-was-here\n")
+    clients.pi_home(home, server.base_url, MODEL)
+    done = clients.run_pi(installed, home, work, API_KEY, MODEL, "What does note.txt say?")
+    assert done.returncode == 0, outcome(done)
+    (end,) = [e for e in clients.json_lines(done.stdout) if e.get("type") == "agent_end"]
+    assert [c["text"] for c in end["messages"][-1]["content"] if c["type"] == "text"] == [answer]
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1

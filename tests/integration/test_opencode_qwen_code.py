@@ -74,6 +74,8 @@ def test_opencode_runs_a_shell_command_and_answers(installed, serve, qwen3_5_dir
         clients.opencode_home(home, installed, proxy.base_url, MODEL)
         done = clients.run_opencode(installed, home, work, API_KEY, "Run echo looptrace-ok", connections=connects)
     assert done.returncode == 0, outcome(done)
+    # Its later turns were encoded from its first and checked against whole encodings (conftest.py).
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1
     events = clients.json_lines(done.stdout)
     (tool,) = [e["part"] for e in events if e.get("type") == "tool_use"]
     assert (tool["tool"], tool["state"]["status"], tool["state"]["input"]) == (
@@ -99,6 +101,8 @@ def test_qwen_code_runs_a_shell_command_and_answers(installed, serve, qwen3_5_di
         done = clients.run_qwen(installed, home, work, proxy.base_url, API_KEY, MODEL, "Run echo looptrace-ok",
                                 "--allowed-tools", "run_shell_command", connections=connects)
     assert done.returncode == 0, outcome(done)
+    # Its later turns were encoded from its first and checked against whole encodings (conftest.py).
+    assert server.metric("looptrace_render_checks_total", result="same") >= 1
     events = json.loads(done.stdout)
     final = events[-1]
     assert (final["type"], final["subtype"], final["result"]) == ("result", "success", ANSWER), outcome(done)
