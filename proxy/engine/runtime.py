@@ -19,6 +19,7 @@ from looptrace.common import checkpoint as ckpt
 from looptrace.common.vocabulary import Vocabulary
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
+from looptrace.families.continuity import report_line, template_report
 from looptrace.families.media.parts import MediaLimits
 from looptrace.families.media.processor import load_processor
 from looptrace.families.media.video_processor import has_video_config
@@ -40,6 +41,7 @@ class Runtime:
         self.model_name = settings.served_model_name or settings.model or ""
         self.max_model_len = settings.max_model_len or 0
         self.family: Family | None = None
+        self.template_continuity: dict = {}  # whether the template keeps earlier turns (families/continuity.py)
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
         self.backend: Backend | None = None
@@ -99,6 +101,7 @@ class Runtime:
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         self.family.item_costs()  # measured on the template here, off the event loop, not on a first request
         self.family.keep_encodings(int(settings.render_cache_mb * 1024**2), settings.render_check_every)
+        self.template_continuity = _template_report(self.family)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
@@ -142,6 +145,7 @@ class Runtime:
         if self.status == "ready":
             body.update(family=self.family.name, backend=backend.name, max_model_len=self.max_model_len,
                         requests_running=backend.running, requests_waiting=backend.waiting)
+            body["token_continuity"] = {"mode": self.settings.token_continuity, "template": self.template_continuity}
         reason = self.reason or self._waiting
         if reason:
             body["reason"] = reason
@@ -171,6 +175,18 @@ def _tokenizer(folder: Path, checkpoint: ckpt.Checkpoint, lean: bool):
     if lean and not checkpoint.gguf_file and (folder / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(folder, **checkpoint.load_kwargs())
     return AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
+
+
+def _template_report(family: Family) -> dict:
+    """Whether the template keeps what it wrote of earlier turns, checked on a scripted agent session and
+    said in the log; a template that refuses the script is reported, never a failed load."""
+    try:
+        report = template_report(family)
+    except ValueError as exc:
+        log.warning("%s template: its prefix preservation could not be checked: %s", family.name, exc)
+        return {"prefix_preserving": None, "error": str(exc)}
+    log.info(report_line(family, report))
+    return report
 
 
 def _generation_config(folder: Path, checkpoint: ckpt.Checkpoint) -> dict | None:
