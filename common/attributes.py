@@ -81,6 +81,7 @@ INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages,
 # gen_ai.input.messages stored as what it adds to an earlier step's (trace_store/chains.py; reads return it whole):
 INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input messages these continue
 INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
+WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label (X-Weight-Version), as a trainer names them
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
@@ -108,6 +109,7 @@ REPLAY_TOOL_CALLS_EQUAL = "looptrace.replay.tool_calls_equal"  # step mode: the 
 
 FAMILY = "looptrace.family"  # the model family that rendered the prompt
 TEMPLATE_SHA256 = "looptrace.template.sha256"  # digest of the chat template it used
+TOKENIZER_SHA256 = "looptrace.tokenizer.sha256"  # digest of the tokenizer (its tokenizer.json as loaded)
 PROMPT_TEXT = "looptrace.prompt.text"  # the exact prompt, as the model read it
 PROMPT_IDS = "looptrace.prompt.ids"  # its token ids
 PROMPT_TOKENS = "looptrace.prompt.tokens"  # how many

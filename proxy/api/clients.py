@@ -53,6 +53,9 @@ def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
 def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
     """The server span's attributes about the HTTP request and its client."""
     attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
+    version = headers.get("X-Weight-Version")
+    if version and len(version) <= MAX_ROLLOUT_CHARS and version.isprintable():  # a trainer's label, else none
+        attributes[attr.WEIGHT_VERSION] = version
     agent = headers.get("User-Agent")
     if agent:
         name, version = client_of(agent)

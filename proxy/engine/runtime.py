@@ -9,6 +9,7 @@ get a 503 saying why.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -41,6 +42,7 @@ class Runtime:
         self.model_name = settings.served_model_name or settings.model or ""
         self.max_model_len = settings.max_model_len or 0
         self.family: Family | None = None
+        self.tokenizer_sha256 = ""  # what a trainer checks its tokenizer against (exports carry it)
         self.template_continuity: dict = {}  # whether the template keeps earlier turns (families/continuity.py)
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
@@ -105,6 +107,7 @@ class Runtime:
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
+        self.tokenizer_sha256 = _tokenizer_hash(tokenizer)
         self.vocab = Vocabulary(tokenizer)
         own = ckpt.context_length(checkpoint.config) or tokenizer.model_max_length
         self.max_model_len = loader.context(settings.max_model_len, own)
@@ -175,6 +178,14 @@ def _tokenizer(folder: Path, checkpoint: ckpt.Checkpoint, lean: bool):
     if lean and not checkpoint.gguf_file and (folder / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(folder, **checkpoint.load_kwargs())
     return AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
+
+
+def _tokenizer_hash(tokenizer) -> str:
+    """The tokenizer's digest: its tokenizer.json as loaded (vocabulary, merges, added tokens), else its
+    vocabulary; once, at load."""
+    backend = getattr(getattr(tokenizer, "tokenizer", tokenizer), "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _template_report(family: Family) -> dict:

@@ -124,6 +124,7 @@ class RequestSpans(Observer):
         attributes = {
             attr.FAMILY: runtime.family.name,
             attr.TEMPLATE_SHA256: template_hash(tokenizer),
+            attr.TOKENIZER_SHA256: runtime.tokenizer_sha256,
             attr.PROMPT_TOKENS: len(ids),
             attr.PROMPT_NEW_OFFSET: new_at,
             attr.PROMPT_THINKING: rendered.thinking,
