@@ -19,7 +19,7 @@ export function rolloutPanel(facts, {onMode, onNavigate}) {
   const {reward, gap} = facts;
   const items = [];
   if (reward?.group) items.push(`group ${reward.group}`);
-  if (reward) items.push(reward.reward !== null ? `reward ${reward.reward}` : "no rollout reward");
+  if (reward) items.push(reward.reward !== null ? `reward ${reward.reward}` : "no reward posted yet");
   if (reward?.steps?.length) items.push(`${reward.steps.length} step reward${reward.steps.length === 1 ? "" : "s"}`);
   const panel = h("div", {class: "rollout"}, h("p", {class: "facts"}, h("span", {class: "label"}, "Rollout "), items.join(" · ")));
   if (!gap) return panel;
