@@ -159,6 +159,8 @@ def test_a_rollout_is_a_session_its_group_a_filter_and_its_id_is_bounded(app):
     app.stored("/v1/sessions/grouped-1")
     listed = app.stored("/v1/rollouts?group=task-7")["data"]
     assert [r["rollout"] for r in listed] == ["grouped-1"]
+    sessions = app.stored("/v1/sessions?group=task-8")["data"]
+    assert [s["key"] for s in sessions] == ["grouped-2"]
     status, error = app.call("POST", "/r/bad%01id/v1/chat/completions", {"model": "tiny", "messages": [
         {"role": "user", "content": "hi"}]})
     assert status == 400 and error["error"]["param"] == "rollout_id"
