@@ -81,6 +81,8 @@ INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages,
 # gen_ai.input.messages stored as what it adds to an earlier step's (trace_store/chains.py; reads return it whole):
 INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input messages these continue
 INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
+WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label (X-Weight-Version), as a trainer names them
+ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------
@@ -107,6 +109,7 @@ REPLAY_TOOL_CALLS_EQUAL = "looptrace.replay.tool_calls_equal"  # step mode: the 
 
 FAMILY = "looptrace.family"  # the model family that rendered the prompt
 TEMPLATE_SHA256 = "looptrace.template.sha256"  # digest of the chat template it used
+TOKENIZER_SHA256 = "looptrace.tokenizer.sha256"  # digest of the tokenizer (its tokenizer.json as loaded)
 PROMPT_TEXT = "looptrace.prompt.text"  # the exact prompt, as the model read it
 PROMPT_IDS = "looptrace.prompt.ids"  # its token ids
 PROMPT_TOKENS = "looptrace.prompt.tokens"  # how many
@@ -129,6 +132,11 @@ PROMPT_NEW_CHARS = "looptrace.prompt.new_chars"  # in the store: PROMPT_NEW_TEXT
 # How the prompt was tokenized (families/incremental.py):
 PROMPT_REUSED_TOKENS = "looptrace.prompt.reused_tokens"  # ids taken from the conversation's previous encoding
 PROMPT_CHECKED = "looptrace.prompt.checked"  # a whole encoding, done to check, agreed (absent: not checked)
+# Token continuity (proxy/engine/continuity.py):
+PROMPT_CONTINUITY = "looptrace.prompt.continuity"  # how it continues the last turn: clean, realign, fork or kept
+PROMPT_CONTINUITY_MODE = "looptrace.prompt.continuity_mode"  # the mode it was built in: check or keep
+PROMPT_CONTINUITY_DIFFERS_AT = "looptrace.prompt.continuity_differs_at"  # realign: the first id that differs
+PROMPT_KEPT_TOKENS = "looptrace.prompt.kept_tokens"  # kept: the last answer's ids kept as the model sampled them
 PROMPT_MEDIA = "looptrace.prompt.media"  # JSON: each attached item (kind, MIME type, size, sha256, tokens, thumbnail)
 PROMPT_MEDIA_TOKENS = "looptrace.prompt.media.{kind}_tokens"  # prompt tokens the items of one kind became
 
@@ -212,6 +220,7 @@ METRIC_PROMPT_TOKENS = "looptrace_prompt_tokens"  # prompt tokens read
 METRIC_PROMPT_CACHED_TOKENS = "looptrace_prompt_cached_tokens"  # prompt tokens served from a prefix cache
 METRIC_RENDER_TOKENS = "looptrace_render_tokens"  # prompt tokens rendered, by how: reused or encoded
 METRIC_RENDER_CHECKS = "looptrace_render_checks"  # incremental encodings checked against whole ones, by result
+METRIC_TOKEN_CONTINUITY = "looptrace_token_continuity"  # turns by how their prompt continues the last (class)
 METRIC_RENDER_DURATION = "looptrace_render_duration_seconds"  # rendering and tokenizing one prompt
 METRIC_GENERATION_TOKENS = "looptrace_generation_tokens"  # tokens generated, by channel
 METRIC_TIME_TO_FIRST_TOKEN = "looptrace_time_to_first_token_seconds"  # request arrival → first token

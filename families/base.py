@@ -110,6 +110,9 @@ class Family:
     # The template refuses a system message anywhere but first, while agents send them later (codex's
     # developer messages): those are joined into the first, in order, instead of failing the request.
     system_first_only: bool = False
+    # What the template writes where a model's turn ends, each an added token (the one the model samples to
+    # stop, or the one the template writes after a call): where token continuity cuts (continuity.py).
+    turn_end_tokens: tuple[str, ...] = ()
     # Per checkpoint, set in __init__:
     stop_token_ids: frozenset[int]
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
@@ -202,7 +205,7 @@ class Family:
         media = {k: v for k, v in encoded.items()
                  if k not in ("input_ids", "attention_mask", "video_metadata")} if with_media else None
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
-                        history_length=len(ids) - self._transient_tail_length(text, ids), media=media,
+                        history_length=len(ids) - self.transient_tail_length(text, ids), media=media,
                         template_ids=list(unexpanded) if unexpanded is not None else None)
 
     def _render_text(self, messages: list[dict], tools: list[dict] | None, extra: dict, merged: int,
@@ -212,9 +215,7 @@ class Family:
         transformers marks them, then that text encoded from where it departs from the conversation's
         previous prompt (incremental.py)."""
         try:
-            marked = self.tokenizer.apply_chat_template(
-                mark_chat(messages, self._control), tools=mark_chat(tools, self._control) or None,
-                add_generation_prompt=True, tokenize=False, **extra)
+            marked = self.marked_chat(messages, tools, extra)
             encoding, reuse = self.encoder.encode(marked, conversation)
         except TemplateError as exc:
             raise RenderError(exc.message or str(exc)) from exc
@@ -224,9 +225,17 @@ class Family:
             raise RenderError("the conversation is nested too deeply for the chat template") from exc
         ids, text = encoding.ids.tolist(), encoding.text
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
-                        history_length=len(ids) - self._transient_tail_length(text, ids),
+                        history_length=len(ids) - self.transient_tail_length(text, ids),
                         encoding=encoding.serial, reused_from=reuse.base, reused_ids=reuse.ids,
                         reused_chars=reuse.chars, checked=reuse.checked)
+
+    def marked_chat(self, messages: list[dict], tools: list[dict] | None, extra: dict,
+                    generation_prompt: bool = True) -> str:
+        """The template's text for a chat of text alone, the client's control tokens marked as transformers
+        marks them (what `encode_marked_chat` reads). Raises the template's own errors."""
+        return self.tokenizer.apply_chat_template(
+            mark_chat(messages, self._control), tools=mark_chat(tools, self._control) or None,
+            add_generation_prompt=generation_prompt, tokenize=False, **extra)
 
     def keep_encodings(self, max_bytes: int, check_every: int) -> None:
         """Encode each prompt from its conversation's previous one (incremental.py), keeping up to
@@ -286,7 +295,7 @@ class Family:
             self._item_costs = ItemCosts(lambda m, t: len(self.render(m, t).ids))
         return self._item_costs
 
-    def _transient_tail_length(self, text: str, ids: list[int]) -> int:
+    def transient_tail_length(self, text: str, ids: list[int]) -> int:
         tail = self.transient_prompt_tail
         if not tail or not text.endswith(tail):
             return 0

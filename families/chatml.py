@@ -111,6 +111,7 @@ class ChatML(Family):
     model_types = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "olmo2")
     architectures = ("Qwen2", "Qwen3", "Llama", "Mistral", "SmolLM3", "Olmo2")
     stop_tokens = ("<|im_end|>",)
+    turn_end_tokens = ("<|im_end|>",)
     grammar_tokens = ("<think>", "</think>", "<tool_call>", "</tool_call>")
     # The Qwen model cards' recommendation for answers without reasoning; used when the
     # checkpoint has no generation_config values.

@@ -156,6 +156,8 @@ class Gemma4(Family):
     architectures = ("Gemma4",)
     # `<|tool_response>` is how the model says "run my tool": generation stops there.
     stop_tokens = ("<eos>", "<turn|>", "<|tool_response>")
+    # A turn ends with `<turn|>`; a call, with the `<|tool_response>` its result follows.
+    turn_end_tokens = ("<turn|>", "<|tool_response>")
     grammar_tokens = ("<|channel>", "<channel|>", _OPEN, _CLOSE, QUOTE)
     # The model card's recommendations, used when the checkpoint has no generation_config.
     media_tokens = {"<|image|>": "image", "<|video|>": "video", "<|audio|>": "audio"}

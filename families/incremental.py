@@ -162,6 +162,32 @@ class IncrementalEncoder:
                     "(reused %d): the full encoding is used", key, at, len(whole.ids), reuse.ids)
         return whole, Reuse(checked=False)
 
+    # -- what token continuity (continuity.py) asks of a marked chat --
+
+    def template_tokens(self, marked: str) -> list[tuple[int, str]]:
+        """Where each added token the template wrote starts in `marked`, and which (a client's, marked,
+        are not among them)."""
+        return [(m.start(), m.group("added")) for m in self._scan.finditer(marked) if m.group("added")]
+
+    def encode_marked(self, marked: str) -> list[int]:
+        """`marked` encoded whole, as transformers encodes a sanitized chat."""
+        return self._encode(marked)
+
+    def keep(self, key: str | None, head: str, ids: list[int], text: str) -> int:
+        """Keeps a prompt built of ids rather than encoded from text (token continuity's): the next turn
+        reads its ids and text, and a prompt encoded from text reuses nothing of it (it has no cuts).
+        Its serial."""
+        encoding = Encoding("", array("i", ids), text, array("q"), array("q"), None)
+        self.kept.put(key, head, encoding)
+        return encoding.serial
+
+    def decode_pieces(self, pieces: list[list[int]]) -> list[str]:
+        """Each list of ids decoded on its own, in one call into the tokenizer."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.decode_batch(pieces, skip_special_tokens=False)
+        return [self._decode(p) for p in pieces]
+
     # -- helpers --
 
     def _shared_cut(self, kept: Encoding, marked: str) -> int | None:

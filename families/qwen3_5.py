@@ -308,6 +308,7 @@ class Qwen3_5(Family):
     architectures = ("Qwen3_5",)
     system_first_only = True  # "System message must be at the beginning."
     stop_tokens = ("<|im_end|>", "<|endoftext|>")
+    turn_end_tokens = ("<|im_end|>",)
     grammar_tokens = ("<think>", "</think>", "<tool_call>", "</tool_call>")
     # The model card's recommendations (Qwen3.5 ships no generation_config.json).
     media_tokens = {"<|image_pad|>": "image", "<|video_pad|>": "video", "<|audio_pad|>": "audio"}

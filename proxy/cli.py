@@ -99,6 +99,11 @@ def _prompt_options(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--render-check-every", type=int, default=_default("render_check_every"), metavar="N",
                        help="tokenize every N-th such prompt whole as well and count any difference "
                        "(looptrace_render_checks_total); 0: never")
+    group.add_argument("--token-continuity", choices=["off", "check", "keep"], default=_default("token_continuity"),
+                       help="whether a conversation's next prompt holds the ids the model read and wrote before: "
+                       "check classifies each turn (clean, realign, fork), keep builds the prompt of them and "
+                       "renders only the new messages (agent RL); a request may ask for its own with the "
+                       "X-Token-Continuity header or a token_continuity field")
 
 
 def _media_options(serve: argparse.ArgumentParser) -> None:

@@ -24,6 +24,9 @@ class Settings:
     # (families/incremental.py); 0: every prompt tokenized whole.
     render_cache_mb: float = 256.0
     render_check_every: int = 100  # every N-th incremental encoding is checked against a whole one; 0: never
+    # Whether a turn's prompt keeps the ids the model read and wrote before (proxy/engine/continuity.py):
+    # off, check (classified: clean, realign, fork) or keep (built of them).
+    token_continuity: str = "off"
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
     # Seconds a stream waits for its client to take what was written; past that the client is gone and
     # its generation stops (one that never reads would otherwise hold the model: api/streaming.py).

@@ -161,7 +161,7 @@ class TraceQueries:
 
     def list_sessions(self, *, model: str | None = None, client: str | None = None, since_ns: int | None = None,
                       until_ns: int | None = None, text: str | None = None, before: tuple[int, str] | None = None,
-                      limit: int = 50) -> dict:
+                      limit: int = 50, keys: list[str] | None = None) -> dict:
         """Sessions, most recently active first, `limit` at a time: `before` is the (last_ns, key) of
         the previous page's last row. `text` matches a conversation id or words a step said or read."""
         where, args = [], []
@@ -175,6 +175,9 @@ class TraceQueries:
         if until_ns is not None:
             where.append("first_ns <= ?")
             args.append(until_ns)
+        if keys is not None:  # a rollout group's sessions (rollouts.py keeps which those are)
+            where.append(f"key IN ({','.join('?' * len(keys))})" if keys else "0 = 1")
+            args += keys
         if text:
             where.append(self.TEXT_MATCH)
             args += self._text_args(text)

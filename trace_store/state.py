@@ -35,13 +35,15 @@ COMPRESS_FROM = 1024  # a stored response's JSON is compressed past this size
 # next turn's prompt is stored as what it adds to that trace's: proxy/observe/request_spans.py), its
 # messages' digests with the trace whose messages they are; either pair may be saved alone.
 SAVE_CONVERSATION = """
-INSERT INTO state_conversations AS c (key, seen, digests, updated_ns, seen_trace, encoding, digests_trace)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO state_conversations AS c (key, seen, digests, updated_ns, seen_trace, encoding, digests_trace,
+                                      seen_prompt)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (key) DO UPDATE SET
     seen = coalesce(excluded.seen, c.seen), digests = coalesce(excluded.digests, c.digests),
     updated_ns = excluded.updated_ns,
     seen_trace = CASE WHEN excluded.seen IS NULL THEN c.seen_trace ELSE excluded.seen_trace END,
     encoding = CASE WHEN excluded.seen IS NULL THEN c.encoding ELSE excluded.encoding END,
+    seen_prompt = CASE WHEN excluded.seen IS NULL THEN c.seen_prompt ELSE excluded.seen_prompt END,
     digests_trace = CASE WHEN excluded.digests IS NULL THEN c.digests_trace ELSE excluded.digests_trace END"""
 SAVE_CALL = """
 INSERT INTO state_calls AS c VALUES (?, ?, ?, ?, ?, ?)
@@ -66,6 +68,7 @@ class Recalled(NamedTuple):
     seen_trace: str | None = None  # the trace that left `seen`
     encoding: int = 0  # that trace's prompt's encoding (families/incremental.py), 0: unknown
     digests_trace: str | None = None  # the trace that left `digests`
+    seen_prompt: int = 0  # how many of `seen` are the prompt (the rest its model wrote); 0: unknown
 
 
 def pack_ids(ids: list[int]) -> bytes:
@@ -121,14 +124,15 @@ class StateStore:
         """A conversation's seen ids and last messages' digests (with the traces that left them), and
         its calls waiting for results."""
         rows, calls = self._read([
-            ("SELECT seen, digests, seen_trace, encoding, digests_trace FROM state_conversations WHERE key = ?",
-             (key,)),
+            ("SELECT seen, digests, seen_trace, encoding, digests_trace, seen_prompt FROM state_conversations "
+             "WHERE key = ?", (key,)),
             ("SELECT call_id, trace_id, span_id, name FROM state_calls WHERE conversation = ?", (key,))])
         waiting = {c[0]: (c[1], c[2], c[3]) for c in calls}
         if not rows:
             return Recalled(None, None, waiting)
-        seen, digests, seen_trace, encoding, digests_trace = rows[0]
-        return Recalled(unpack_ids(seen), unpack_digests(digests), waiting, seen_trace, encoding or 0, digests_trace)
+        seen, digests, seen_trace, encoding, digests_trace, seen_prompt = rows[0]
+        return Recalled(unpack_ids(seen), unpack_digests(digests), waiting, seen_trace, encoding or 0, digests_trace,
+                        seen_prompt or 0)
 
     def calls(self, call_ids: list[str]) -> dict[str, Call]:
         """Waiting calls by id, whatever their conversation (a request that names none)."""
@@ -139,17 +143,18 @@ class StateStore:
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
     def save(self, key: str | None, *, seen: list[int] | None, digests: list[int] | None,
-             expected: dict[str, Call], taken: list[str], trace_id: str | None = None, encoding: int = 0) -> None:
+             expected: dict[str, Call], taken: list[str], trace_id: str | None = None, encoding: int = 0,
+             seen_prompt: int = 0) -> None:
         """One request's changes, in one transaction: what its model saw (and the encoding of its
-        prompt), its messages' digests, both left by its trace `trace_id`, the calls it made (waiting
-        now) and the calls whose results it brought (waiting no more)."""
+        prompt, and how many of the ids are the prompt), its messages' digests, both left by its trace
+        `trace_id`, the calls it made (waiting now) and the calls whose results it brought (waiting no more)."""
         now = time.time_ns()
         statements = []
         if key is not None and (seen is not None or digests is not None):
             statements.append((SAVE_CONVERSATION, (
                 key, None if seen is None else pack_ids(seen), None if digests is None else pack_digests(digests),
                 now, trace_id if seen is not None else None, encoding if seen is not None else None,
-                trace_id if digests is not None else None)))
+                trace_id if digests is not None else None, seen_prompt if seen is not None else None)))
         if taken:
             statements.append((f"DELETE FROM state_calls WHERE call_id IN ({','.join('?' * len(taken))})",
                                tuple(taken)))

@@ -10,7 +10,7 @@ from aiohttp import web
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from . import anthropic, native, openai, viewer
+from . import anthropic, native, openai, rollouts, viewer
 from .errors import APIError, error_middleware
 from .keys import RUNTIME, SETTINGS, TELEMETRY
 from .monitoring import health, metrics
@@ -39,8 +39,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     # The API surfaces, siblings: each adds its routes (and an error shape of its own, if its clients
-    # expect one); looptrace's own routes that run token ids; the trace viewer, which only reads.
-    for surface in (openai, anthropic, native, viewer):
+    # expect one); looptrace's own routes that run token ids; rollouts (agent RL: every API under
+    # /r/{rollout}/, rewards, trainer logprobs); the trace viewer, which only reads.
+    for surface in (openai, anthropic, native, rollouts, viewer):
         surface.add_routes(app)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)

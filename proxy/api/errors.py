@@ -57,7 +57,9 @@ def error_shape(app: web.Application, prefix: str, shape: ErrorShape) -> None:
 
 
 def _shape_for(request: web.Request) -> ErrorShape | None:
-    path = request.path
+    resource = request.match_info.route.resource
+    # A route's own path (/r/{rollout}/v1/messages for any rollout), or the request's when none matched.
+    path = resource.canonical if resource is not None else request.path
     for prefix, shape in request.app.get(ERROR_SHAPES, ()):
         if path == prefix or path.startswith(prefix + "/"):
             return shape

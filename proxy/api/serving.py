@@ -13,8 +13,9 @@ from opentelemetry.propagate import extract
 from ..engine.generation import Generation
 from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
-from .clients import conversation_id, request_attributes
-from .errors import failure_of, model_not_found
+from ..engine.continuity import MODES
+from .clients import conversation_id, request_attributes, rollout_of
+from .errors import failure_of, invalid, model_not_found
 from .keys import RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
@@ -38,8 +39,11 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     """The generation, rendered and checked against the context: ready to run. `trace` None: a prompt
     prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn."""
     if trace is not None:
-        request.conversation = conversation_id(http.headers, body)
-        trace.requested(model, stream=stream, conversation=request.conversation)
+        rollout, group = rollout_of(http.match_info, http.headers)
+        request.conversation = rollout or conversation_id(http.headers, body)
+        request.continuity = continuity_asked(http.headers, body)
+        request.history = trace.previous_turn
+        trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()
     if model != runtime.model_name:
@@ -52,3 +56,12 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     generation = Generation(runtime, request, trace.observers if trace is not None else ())
     await generation.prepare()
     return generation
+
+
+def continuity_asked(headers, body: dict) -> str | None:
+    """The token continuity a request asks for (X-Token-Continuity, or a `token_continuity` field:
+    extra_body to the openai SDK), None for the server's; a 400 for another value."""
+    asked = headers.get("X-Token-Continuity", body.get("token_continuity"))
+    if asked is not None and asked not in MODES:
+        raise invalid(f"'token_continuity' must be one of {', '.join(MODES)}.", param="token_continuity")
+    return asked

@@ -30,6 +30,7 @@ from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
 from looptrace.families.media.plan import MediaPlan
 from looptrace.families.prompt_items import ItemCounts, TooManyItems
 
+from .continuity import Continuity, render_turn
 from .errors import Refused
 from .observer import Observer
 from .request import GenerationRequest, Step
@@ -66,6 +67,7 @@ class Generation:
         self.media = MediaPlan([], [])  # the items the model reads, decoded (their info filled)
         self.media_parts: list[MediaPart] = []  # their parts
         self.media_runs: list[tuple[int, int, int]] = []  # (offset, span, count) of the tokens each one became
+        self.continuity = Continuity()  # how the prompt continues the conversation's last (continuity.py)
         self._decode: DecodeRequest | None = None
         self._screening = _Screening(self)
 
@@ -97,9 +99,10 @@ class Generation:
         else:
             messages = self._checked_before_rendering(tools)
             try:
-                rendered = family.render(messages, tools, request.enable_thinking, media=bool(self.media),
-                                         template_ids=bool(self.media) and runtime.backend.expands_media,
-                                         conversation=request.conversation)
+                mode = request.continuity or runtime.settings.token_continuity
+                rendered, self.continuity = render_turn(
+                    family, request, messages, tools, mode, media=bool(self.media),
+                    template_ids=bool(self.media) and runtime.backend.expands_media)
             except RenderError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
                               code="template_error") from exc

@@ -9,6 +9,7 @@ get a 503 saying why.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -19,6 +20,7 @@ from looptrace.common import checkpoint as ckpt
 from looptrace.common.vocabulary import Vocabulary
 from looptrace.families import family_for_config
 from looptrace.families.base import Family
+from looptrace.families.continuity import report_line, template_report
 from looptrace.families.media.parts import MediaLimits
 from looptrace.families.media.processor import load_processor
 from looptrace.families.media.video_processor import has_video_config
@@ -40,6 +42,8 @@ class Runtime:
         self.model_name = settings.served_model_name or settings.model or ""
         self.max_model_len = settings.max_model_len or 0
         self.family: Family | None = None
+        self.tokenizer_sha256 = ""  # what a trainer checks its tokenizer against (exports carry it)
+        self.template_continuity: dict = {}  # whether the template keeps earlier turns (families/continuity.py)
         self.tokenizer = None
         self.vocab: Vocabulary | None = None
         self.backend: Backend | None = None
@@ -99,9 +103,11 @@ class Runtime:
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         self.family.item_costs()  # measured on the template here, off the event loop, not on a first request
         self.family.keep_encodings(int(settings.render_cache_mb * 1024**2), settings.render_check_every)
+        self.template_continuity = _template_report(self.family)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))
         self.tokenizer = tokenizer
+        self.tokenizer_sha256 = _tokenizer_hash(tokenizer)
         self.vocab = Vocabulary(tokenizer)
         own = ckpt.context_length(checkpoint.config) or tokenizer.model_max_length
         self.max_model_len = loader.context(settings.max_model_len, own)
@@ -142,6 +148,7 @@ class Runtime:
         if self.status == "ready":
             body.update(family=self.family.name, backend=backend.name, max_model_len=self.max_model_len,
                         requests_running=backend.running, requests_waiting=backend.waiting)
+            body["token_continuity"] = {"mode": self.settings.token_continuity, "template": self.template_continuity}
         reason = self.reason or self._waiting
         if reason:
             body["reason"] = reason
@@ -171,6 +178,26 @@ def _tokenizer(folder: Path, checkpoint: ckpt.Checkpoint, lean: bool):
     if lean and not checkpoint.gguf_file and (folder / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(folder, **checkpoint.load_kwargs())
     return AutoTokenizer.from_pretrained(folder, **checkpoint.load_kwargs())
+
+
+def _tokenizer_hash(tokenizer) -> str:
+    """The tokenizer's digest: its tokenizer.json as loaded (vocabulary, merges, added tokens), else its
+    vocabulary; once, at load."""
+    backend = getattr(getattr(tokenizer, "tokenizer", tokenizer), "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _template_report(family: Family) -> dict:
+    """Whether the template keeps what it wrote of earlier turns, checked on a scripted agent session and
+    said in the log; a template that refuses the script is reported, never a failed load."""
+    try:
+        report = template_report(family)
+    except ValueError as exc:
+        log.warning("%s template: its prefix preservation could not be checked: %s", family.name, exc)
+        return {"prefix_preserving": None, "error": str(exc)}
+    log.info(report_line(family, report))
+    return report
 
 
 def _generation_config(folder: Path, checkpoint: ckpt.Checkpoint) -> dict | None:

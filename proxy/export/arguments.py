@@ -9,7 +9,7 @@ import argparse
 def add_command(commands) -> None:
     """`looptrace export`, under the CLI's subparsers; it names the function that runs it in `run`."""
     export = commands.add_parser(
-        "export", help="export recorded steps token-exact (JSON Lines or Parquet) for training and evaluation",
+        "export", help="export recorded steps token-exact (JSON Lines, Parquet, or a trainer's format) for training",
         description="Every step's prompt ids, completion ids, per-token logprobs, a mask of the tokens the model "
         "wrote and its tool calls, token-exact (never re-tokenized).")
     export_arguments(export)
@@ -23,5 +23,11 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--session", metavar="KEY", help="one session, by the key the viewer shows")
     which.add_argument("--since", metavar="TIME",
                        help="every session active since TIME (Unix seconds or ISO 8601), oldest step first")
-    parser.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    parser.add_argument("--format", choices=["jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker"],
+                        default="jsonl", help="jsonl or parquet: looptrace's own record per step; verl, skyrl, "
+                        "prime-rl, nemo-gym, tinker: that trainer's rows, with the rollout's reward (JSON Lines; "
+                        "prime-rl Parquet)")
+    parser.add_argument("--per", choices=["rollout", "step"], default=None,
+                        help="a trainer format's rows: one per rollout, its steps stitched token-exact (the default), "
+                        "or one per step")
     parser.add_argument("--out", metavar="FILE", help="where to write (default: standard output; Parquet needs a file)")

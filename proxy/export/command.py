@@ -30,28 +30,45 @@ from datetime import datetime, timezone
 from looptrace.common.sequences import common_prefix
 
 from ..replay.read import Recorded, ReplayError, open_reader, session_steps
+from .formats import TRAINERS
+from .rollouts import rollout_rows
 
 FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
           "tool_calls", "finish_reason")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.format == "parquet" and not args.out:
-        print("looptrace export: --format parquet writes a file: give --out FILE", file=sys.stderr)
+    if args.format in ("parquet", "prime-rl") and not args.out:
+        print(f"looptrace export: --format {args.format} writes Parquet, a file: give --out FILE", file=sys.stderr)
+        return 2
+    trainer = args.format in TRAINERS
+    if args.per is not None and not trainer:
+        print("looptrace export: --per is for a trainer's format (verl, skyrl, prime-rl, nemo-gym, tinker)",
+              file=sys.stderr)
         return 2
     try:
-        records = list(exported(args))
-        count = write(records, args.format, args.out)
+        if trainer:
+            store = open_reader(args.store)
+            sessions = [(key, session_steps(store, key)) for key in _keys(store, args)]
+            records = rollout_rows(sessions, args.format, args.per or "rollout", args.store)
+            count = write_prime_rl(records, args.out) if args.format == "prime-rl" else write(records, "jsonl", args.out)
+        else:
+            records = list(exported(args))
+            count = write(records, args.format, args.out)
     except ReplayError as exc:
         print(f"looptrace export: {exc}", file=sys.stderr)
         return 2
-    print(f"looptrace export: {count} steps", file=sys.stderr)
+    print(f"looptrace export: {count} {'rows' if trainer else 'steps'}", file=sys.stderr)
     return 0
+
+
+def _keys(store, args: argparse.Namespace) -> list[str]:
+    return [args.session] if args.session is not None else _sessions_since(store, args.since)
 
 
 def exported(args: argparse.Namespace) -> Iterator[dict]:
     store = open_reader(args.store)
-    for key in [args.session] if args.session is not None else _sessions_since(store, args.since):
+    for key in _keys(store, args):
         yield from session_records(key, session_steps(store, key))
 
 
@@ -134,3 +151,22 @@ def _parquet(records: list[dict], out: str) -> None:
     ])
     table = pa.Table.from_pylist(records, schema=schema)
     pq.write_table(table, out)
+
+
+def write_prime_rl(records: list[dict], out: str) -> int:
+    """prime-rl's rows as its Parquet columns (formats.py), the looptrace record as JSON text."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ReplayError("--format prime-rl needs pyarrow: pip install 'looptrace[export]'") from exc
+    schema = pa.schema([
+        ("input_tokens", pa.list_(pa.int32())), ("output_tokens", pa.list_(pa.int32())),
+        ("input_logprobs", pa.list_(pa.float32())), ("output_logprobs", pa.list_(pa.float32())),
+        ("advantages", pa.float32()), ("rewards", pa.float32()), ("task_rewards", pa.float32()),
+        ("length_penalties", pa.float32()), ("proofs", pa.binary()), ("step", pa.int32()),
+        ("target_lengths", pa.int32()), ("loss_mask", pa.list_(pa.int8())), ("looptrace", pa.string()),
+    ])
+    rows = [{**r, "looptrace": json.dumps(r["looptrace"])} for r in records]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
+    return len(rows)

@@ -69,9 +69,9 @@ class Conversations:
 
     def _recall(self, turn: Turn) -> Recalled:
         with self._lock:
-            seen, seen_trace, encoding = self._seen.get(turn.conversation) or (None, None, 0)
+            seen, seen_trace, encoding, prompt = self._seen.get(turn.conversation) or (None, None, 0, 0)
             digests, digests_trace = self._messages.get(turn.conversation) or (None, None)
-        return Recalled(seen, digests, {}, seen_trace, encoding, digests_trace)
+        return Recalled(seen, digests, {}, seen_trace, encoding, digests_trace, prompt)
 
     def _take(self, turn: Turn, call_ids: list[str]) -> dict[str, Call]:
         with self._lock:
@@ -84,7 +84,8 @@ class Conversations:
                 if turn.digests is not None:
                     self._messages.remember(turn.conversation, (turn.digests, turn.trace_id))
                 if turn.seen_now is not None:
-                    self._seen.remember(turn.conversation, (turn.seen_now, turn.trace_id, turn.encoding))
+                    self._seen.remember(turn.conversation,
+                                        (turn.seen_now, turn.trace_id, turn.encoding, turn.prompt_length))
             for call_id, call in turn.expected.items():
                 self._calls.remember(call_id, call)
 
@@ -96,13 +97,16 @@ class Turn:
     """One request's view of its conversation (or of none: its tool calls are still linked)."""
 
     __slots__ = ("owner", "conversation", "_ahead", "_recalled", "answered", "waiting", "digests", "seen_now",
-                 "expected", "taken", "_kept", "trace_id", "encoding")
+                 "expected", "taken", "_kept", "trace_id", "encoding", "prompt_length", "message_jsons", "_digested")
 
     def __init__(self, owner: Conversations, conversation: str | None, ahead: Future | None) -> None:
         self.owner, self.conversation, self._ahead = owner, conversation, ahead
         self._recalled: Recalled | None = None
         self.trace_id: str | None = None  # this request's trace, which the next turn's record may build on
         self.encoding = 0  # its prompt's encoding (families/incremental.py), once finished
+        self.prompt_length = 0  # how many of seen_now are the prompt
+        self.message_jsons: list[str] | None = None  # its messages as JSON, once made (genai.py's shape)
+        self._digested: list[str] | None = None  # the JSON `digests` were made of
         self.answered = False  # whether the store answered for the conversation (else: this process's memory)
         self.waiting: dict[str, Call] = {}  # the conversation's calls waiting for results, as the store had them
         self.digests: list[int] | None = None  # this request's messages
@@ -116,6 +120,10 @@ class Turn:
             self._recalled = self.owner._recall(self) if self.conversation else Recalled(None, None, {})
         return self._recalled
 
+    def recalled(self) -> Recalled:
+        """What the conversation's last turns left, read once."""
+        return self._recall()
+
     def seen(self) -> list[int] | None:
         """The ids the conversation's model saw last (its prompt, then its output)."""
         return self._recall().seen
@@ -128,7 +136,9 @@ class Turn:
     def new_messages_from(self, messages: list[str]) -> tuple[int, str | None]:
         """Where this request's messages (as JSON) stop repeating the last request's, and the trace
         of that last request."""
-        self.digests = [self.owner.digest(m) for m in messages]
+        if self._digested is not messages:  # asked again for the same messages: digested once
+            self.digests = [self.owner.digest(m) for m in messages]
+            self._digested = messages
         recalled = self._recall()
         return common_prefix(recalled.digests or [], self.digests), recalled.digests_trace
 
@@ -143,10 +153,10 @@ class Turn:
         """A tool call was made; its result will come back in a later request."""
         self.expected[call_id] = (span, name)
 
-    def finish(self, seen: list[int] | None, encoding: int = 0) -> None:
-        """The answer is complete (its ids, for a conversation, and its prompt's encoding): kept now,
-        before the client hears the end."""
-        self.seen_now, self.encoding = seen, encoding
+    def finish(self, seen: list[int] | None, encoding: int = 0, prompt_length: int = 0) -> None:
+        """The answer is complete (its ids, for a conversation, its prompt's encoding and how many of the
+        ids are the prompt): kept now, before the client hears the end."""
+        self.seen_now, self.encoding, self.prompt_length = seen, encoding, prompt_length
         self.end()
 
     def end(self) -> None:
@@ -209,7 +219,7 @@ class StoredConversations(Conversations):
                     for call_id, (span, name) in turn.expected.items()}
         self._answer(self._pool.submit(self.state.save, turn.conversation, seen=turn.seen_now, digests=turn.digests,
                                        expected=expected, taken=turn.taken, trace_id=turn.trace_id,
-                                       encoding=turn.encoding))
+                                       encoding=turn.encoding, seen_prompt=turn.prompt_length))
 
     def _up(self) -> bool:
         return time.monotonic() >= self._down_until

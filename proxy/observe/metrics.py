@@ -88,6 +88,9 @@ class Metrics:
         self.render_checks = Counter(attr.METRIC_RENDER_CHECKS, "Prompts encoded from the conversation's previous one "
                                      "and checked against a whole encoding, by result (same, differed).",
                                      ["model", "result"], registry=r)
+        self.token_continuity = Counter(attr.METRIC_TOKEN_CONTINUITY, "Turns whose prompt continues the "
+                                        "conversation's last, by how (class): clean, realign, fork, kept "
+                                        "(--token-continuity).", ["model", "class"], registry=r)
         self.render_duration = histogram(attr.METRIC_RENDER_DURATION, "Rendering a prompt with the chat template and "
                                          "tokenizing it.", ["model"], buckets=RENDER_BUCKETS, registry=r)
 

@@ -10,6 +10,7 @@ import hashlib
 from looptrace.common import attributes as attr
 from looptrace.families.base import Rendered
 
+from ..engine.continuity import Continuity
 from ..engine.generation import Generation
 
 
@@ -26,6 +27,18 @@ def stored_prompt(rendered: Rendered, forced_text: str, ids: list[int], new_text
                 attr.PROMPT_ADDED_TEXT: rendered.text[rendered.reused_chars:] + forced_text,
                 attr.PROMPT_NEW_TEXT: new_text}
     return {attr.PROMPT_TEXT: rendered.text + forced_text, attr.PROMPT_IDS: ids, attr.PROMPT_NEW_TEXT: new_text}
+
+
+def continuity_attributes(continuity: Continuity) -> dict:
+    """How the prompt continues the conversation's last turn (engine/continuity.py), where it was asked."""
+    if continuity.kind is None:
+        return {}
+    attributes = {attr.PROMPT_CONTINUITY: continuity.kind, attr.PROMPT_CONTINUITY_MODE: continuity.mode}
+    if continuity.differs_at is not None:
+        attributes[attr.PROMPT_CONTINUITY_DIFFERS_AT] = continuity.differs_at
+    if continuity.kept:
+        attributes[attr.PROMPT_KEPT_TOKENS] = continuity.kept
+    return attributes
 
 
 def template_hash(tokenizer) -> str:

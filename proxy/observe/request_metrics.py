@@ -72,6 +72,8 @@ class RequestMetrics(Observer):
             metrics.render_tokens.labels(model, "encoded").inc(len(generation.prompt_ids) - reused)
             if rendered.checked is not None:
                 metrics.render_checks.labels(model, "same" if rendered.checked else "differed").inc()
+        if generation.continuity.kind is not None:
+            metrics.token_continuity.labels(model, generation.continuity.kind).inc()
         for n, part in enumerate(generation.media_parts):
             self.metrics.media_items.labels(model, part.kind).inc()
             self.metrics.media_tokens.labels(model, part.kind).inc(runs[n][2] if n < len(runs) else 0)

@@ -39,7 +39,7 @@ from ..engine.generation import Generation
 from ..engine.observer import Observer
 from . import genai
 from .conversations import Conversations, Turn
-from .prompt_record import media_items, stored_prompt, template_hash
+from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
 from .tool_spans import tool_call_span
 
 log = logging.getLogger("looptrace")
@@ -82,7 +82,7 @@ class RequestSpans(Observer):
             self._turn.trace_id = self.trace_id
         return self._turn
 
-    def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
+    def requested(self, model: str, *, stream: bool, conversation: str | None, group: str | None = None) -> None:
         self.model, self.conversation = model, conversation
         self._turn = self.conversations.begin(conversation)  # its last turn is read while this one is prepared
         self._turn.trace_id = self.trace_id
@@ -90,6 +90,8 @@ class RequestSpans(Observer):
         self.span.set_attributes({attr.GEN_AI_REQUEST_MODEL: model, attr.GEN_AI_REQUEST_STREAM: stream})
         if conversation:
             self.span.set_attribute(attr.GEN_AI_CONVERSATION_ID, conversation)
+        if group:
+            self.span.set_attribute(attr.ROLLOUT_GROUP, group)
 
     def responded(self, response_id: str) -> None:
         self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
@@ -122,6 +124,7 @@ class RequestSpans(Observer):
         attributes = {
             attr.FAMILY: runtime.family.name,
             attr.TEMPLATE_SHA256: template_hash(tokenizer),
+            attr.TOKENIZER_SHA256: runtime.tokenizer_sha256,
             attr.PROMPT_TOKENS: len(ids),
             attr.PROMPT_NEW_OFFSET: new_at,
             attr.PROMPT_THINKING: rendered.thinking,
@@ -129,6 +132,7 @@ class RequestSpans(Observer):
         }
         if rendered.checked is not None:
             attributes[attr.PROMPT_CHECKED] = rendered.checked
+        attributes.update(continuity_attributes(generation.continuity))
         if rendered.merged_system:
             attributes[attr.PROMPT_MERGED_SYSTEM_MESSAGES] = rendered.merged_system
         if generation.media_parts:  # a prompt of text alone holds no media tokens: a typed one is text
@@ -158,7 +162,7 @@ class RequestSpans(Observer):
         since the conversation's last request: what a person reads as this step of the loop. Each
         message is encoded once; its JSON is also its digest for finding what is new."""
         request = generation.request
-        messages = [dumps(genai.message(m)) for m in request.messages]
+        messages = self.turn.message_jsons or [dumps(genai.message(m)) for m in request.messages]
         instructions, lead = genai.system_instructions(request.messages)
         new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
         attributes = {
@@ -300,7 +304,8 @@ class RequestSpans(Observer):
             self._flush_tokens()
         # Kept before the client hears the end: its next turn, on any process, finds this one.
         self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None,
-                         generation.rendered.encoding if generation.rendered is not None else 0)
+                         generation.rendered.encoding if generation.rendered is not None else 0,
+                         len(generation.prompt_ids))
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span

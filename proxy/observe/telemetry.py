@@ -7,17 +7,25 @@ arrives and ends it when the handler returns. It holds the request's two observe
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
 from opentelemetry.context import Context
 
 from looptrace.trace_store.location import open_state, open_store
 from looptrace.trace_store.provider import build_provider
+from looptrace.trace_store.rollouts import Rollouts
 
+from ..engine.request import PreviousTurn
 from ..settings import Settings
-from .conversations import Conversations, StoredConversations
+from .conversations import Bounded, Conversations, StoredConversations
+from .history import previous_turn
 from .feed import LiveFeed
 from .metrics import Metrics
 from .request_metrics import RequestMetrics
 from .request_spans import RequestSpans
+
+log = logging.getLogger("looptrace")
 
 
 class Telemetry:
@@ -36,12 +44,31 @@ class Telemetry:
             self.metrics.watch_queue(processor.name, lambda p=processor: p.depth, lambda p=processor: p.held_bytes)
         self.tracer = self.provider.get_tracer("looptrace")
         self.conversations = StoredConversations(self.state) if self.state is not None else Conversations()
+        # Rollouts (agent RL): each noted once per process (and again when its group changes), off the loop.
+        self.rollouts = Rollouts(self.state) if self.state is not None else None
+        self._noted: Bounded = Bounded(4096)
+        self._noting = ThreadPoolExecutor(1, thread_name_prefix="looptrace-rollouts")
 
     def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTelemetry:
         """`attributes`: what the API knows of the HTTP request (method, path, the client)."""
         spans = RequestSpans(self.tracer, self.conversations, content=self.content, endpoint=endpoint,
                              parent=parent, attributes=attributes)
-        return RequestTelemetry(spans, RequestMetrics(self.metrics, endpoint=endpoint, trace_id=spans.trace_id))
+        return RequestTelemetry(self, spans, RequestMetrics(self.metrics, endpoint=endpoint, trace_id=spans.trace_id))
+
+    def note_rollout(self, key: str, group: str | None) -> None:
+        """A rollout's request arrived: its group is kept for the viewer and /v1/rollouts to filter on.
+        Never waited for: a store that fails is logged, and serving goes on."""
+        if self.rollouts is None or self._noted.get(key, False) == group:
+            return
+        self._noted.remember(key, group)
+        self._noting.submit(self._note, key, group)
+
+    def _note(self, key: str, group: str | None) -> None:
+        try:
+            self.rollouts.note(key, group)
+        except Exception as exc:  # noqa: BLE001 - the store failing never breaks serving
+            self._noted.pop(key, None)
+            log.warning("rollout %r could not be noted in %s: %s", key, self.rollouts.where, exc)
 
     def flush(self, timeout: float = 10) -> bool:
         return all(p.force_flush(int(timeout * 1000)) for p in self.processors)
@@ -49,6 +76,7 @@ class Telemetry:
     def close(self) -> None:
         self.flush(5)
         self.provider.shutdown()
+        self._noting.shutdown(wait=True, cancel_futures=False)
         self.conversations.close()
 
 
@@ -56,7 +84,8 @@ class RequestTelemetry:
     """One request's spans and metrics, as the API layer talks to them: what the adapter learns of the
     request goes to whichever needs it, and `observers` is what the request's Generation is given."""
 
-    def __init__(self, spans: RequestSpans, metrics: RequestMetrics) -> None:
+    def __init__(self, telemetry: Telemetry, spans: RequestSpans, metrics: RequestMetrics) -> None:
+        self.telemetry = telemetry
         self.spans = spans
         self.metrics = metrics
         self.observers = (spans, metrics)
@@ -64,9 +93,17 @@ class RequestTelemetry:
         self.status = 200
         self.error_type: str | None = None
 
-    def requested(self, model: str, *, stream: bool, conversation: str | None) -> None:
-        self.spans.requested(model, stream=stream, conversation=conversation)
+    def requested(self, model: str, *, stream: bool, conversation: str | None, group: str | None = None,
+                  rollout: bool = False) -> None:
+        """`rollout`: the conversation is a rollout (agent RL), of `group` if one was named."""
+        self.spans.requested(model, stream=stream, conversation=conversation, group=group)
         self.metrics.requested(model)
+        if rollout and conversation is not None:
+            self.telemetry.note_rollout(conversation, group)
+
+    def previous_turn(self, messages: list[dict]) -> PreviousTurn | None:
+        """The conversation's previous turn, for token continuity (history.py)."""
+        return previous_turn(self.spans.turn, messages)
 
     def checked(self) -> None:
         """The model asked for is the one served: from here on it labels the request's metrics.

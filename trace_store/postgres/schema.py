@@ -9,7 +9,8 @@ Differences, each for PostgreSQL's sake:
 - `trace_text` holds a step's text in parts of at most TEXT_PART characters (a tsvector has a size
   limit) with their words (`to_tsvector('simple', …)`: no stemming, as SQLite's index has none) in
   a GIN index.
-- `state_*`: what any process needs to serve a conversation's next turn (state.py).
+- `state_*`: what any process needs to serve a conversation's next turn (state.py); `rollouts`,
+  `rollout_rewards`, `trainer_logprobs`: rollouts for agent RL (rollouts.py).
 
 Every process that opens the store runs `prepare`; an advisory lock makes the ones starting
 together take turns (concurrent CREATE … IF NOT EXISTS can fail).
@@ -17,7 +18,7 @@ together take turns (concurrent CREATE … IF NOT EXISTS can fail).
 
 from __future__ import annotations
 
-VERSION = 2  # store_version.version
+VERSION = 3  # store_version.version
 LOCK = 0x6C6F6F70  # pg_advisory_xact_lock key: "loop"
 TEXT_PART = 65536
 
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS trace_bases (trace_id text NOT NULL, kind text NOT NU
                                         PRIMARY KEY (trace_id, kind));
 CREATE TABLE IF NOT EXISTS state_conversations (
     key text PRIMARY KEY, seen bytea, digests bytea, updated_ns bigint NOT NULL, seen_trace text, encoding bigint,
-    digests_trace text
+    digests_trace text, seen_prompt bigint
 );
 CREATE TABLE IF NOT EXISTS state_calls (
     call_id text PRIMARY KEY, conversation text, trace_id text NOT NULL, span_id text NOT NULL, name text,
@@ -63,6 +64,12 @@ CREATE TABLE IF NOT EXISTS state_responses (
     id text PRIMARY KEY, conversation bytea NOT NULL, response bytea NOT NULL, size bigint NOT NULL,
     created_ns bigint NOT NULL
 );
+CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
+                                     weight_version text, updated_ns bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,
+                                            info text, noted_ns bigint NOT NULL, PRIMARY KEY (key, step));
+CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id text PRIMARY KEY, key text NOT NULL, logprobs bytea NOT NULL,
+                                             weight_version text, noted_ns bigint NOT NULL);
 ALTER TABLE spans ALTER COLUMN tokens SET STORAGE EXTERNAL;  -- packed and compressed already: stored as it is
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns, trace_id);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
@@ -79,6 +86,9 @@ CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (u
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts (grp, updated_ns);
+CREATE INDEX IF NOT EXISTS rollouts_by_time ON rollouts (updated_ns);
+CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
 """
 
 # Version N's statements, run on a database at version N - 1 (after TABLES, which makes new tables).
@@ -87,6 +97,9 @@ UPGRADES: dict[int, str] = {
     2: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_trace text;
           ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS encoding bigint;
           ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS digests_trace text;""",
+    # How many of a conversation's seen ids are its prompt (token continuity); rollouts' rewards and the
+    # trainer's logprobs (trace_store/rollouts.py).
+    3: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_prompt bigint;""",
 }
 
 

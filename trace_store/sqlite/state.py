@@ -1,4 +1,4 @@
-"""Conversation state and stored responses (state.py) in SQLite: a file of their own beside the
+"""Conversation state, stored responses (state.py) and rollouts (rollouts.py) in SQLite: a file of their own beside the
 traces (`traces.state.sqlite3`). The trace writer holds the traces file's one write lock for whole
 batches (and retention for longer), and a request must not wait behind it."""
 
@@ -13,7 +13,7 @@ from ..state import StateStore
 SQLITE_TABLES = """
 CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
                                                 updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
-                                                digests_trace TEXT);
+                                                digests_trace TEXT, seen_prompt INTEGER);
 CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
                                         span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
@@ -22,11 +22,21 @@ CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (u
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+CREATE TABLE IF NOT EXISTS rollouts (key TEXT PRIMARY KEY, grp TEXT, reward REAL, info TEXT, weight_version TEXT,
+                                     updated_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_rewards (key TEXT NOT NULL, step TEXT NOT NULL, reward REAL NOT NULL, info TEXT,
+                                            noted_ns INTEGER NOT NULL, PRIMARY KEY (key, step));
+CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id TEXT PRIMARY KEY, key TEXT NOT NULL, logprobs BLOB NOT NULL,
+                                             weight_version TEXT, noted_ns INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts (grp, updated_ns);
+CREATE INDEX IF NOT EXISTS rollouts_by_time ON rollouts (updated_ns);
+CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
 """
 
 
 # Added to state_conversations after its first version: (column, type), for a file made before.
-ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"))
+ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"),
+                 ("seen_prompt", "INTEGER"))
 
 
 class SQLiteState(StateStore):

@@ -23,13 +23,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
         tokenizer = request.app[RUNTIME].tokenizer
-        texts = LogprobEntries(tokenizer, generation_request.top_logprobs or 0) if options.logprobs else None
+        texts = LogprobEntries(tokenizer, generation_request.top_logprobs or 0, options.tokens_as_ids) \
+            if options.logprobs else None
         try:
             if options.stream:
-                stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts)
+                stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts,
+                                    token_ids=options.token_ids)
                 trace.responded(stream.id)
                 return await relay(request, generation, stream, trace)
-            collector = ChatCollector(options.model, texts)
+            collector = ChatCollector(options.model, texts, options.token_ids)
             async with aclosing(generation.run()) as steps:
                 async for step in steps:
                     collector.add(step)

@@ -32,6 +32,10 @@ class ChatOptions:
     stream: bool
     include_usage: bool
     logprobs: bool
+    # vLLM's token extensions, as vLLM 0.32 answers them: the prompt's and the answer's ids, and logprobs'
+    # tokens as "token_id:N".
+    token_ids: bool = False
+    tokens_as_ids: bool = False
 
 
 def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
@@ -79,7 +83,10 @@ def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
         stop=_stop(body.get("stop")),
         top_logprobs=(top_logprobs or 0) if logprobs else None,
     )
-    return request, ChatOptions(model=model, stream=stream, include_usage=include_usage, logprobs=logprobs)
+    return request, ChatOptions(model=model, stream=stream, include_usage=include_usage, logprobs=logprobs,
+                                token_ids=field(body, "return_token_ids", bool, "return_token_ids", default=False),
+                                tokens_as_ids=field(body, "return_tokens_as_token_ids", bool,
+                                                    "return_tokens_as_token_ids", default=False))
 
 
 def _messages(body: dict) -> list:

@@ -22,17 +22,22 @@ DONE_FRAME = b"data: [DONE]\n\n"
 
 
 class LogprobEntries:
-    """Logprob entries in OpenAI's shape; built only when the client asked for logprobs."""
+    """Logprob entries in OpenAI's shape; built only when the client asked for logprobs. `as_ids`:
+    vLLM's return_tokens_as_token_ids, each token written "token_id:N"."""
 
-    def __init__(self, tokenizer, top: int) -> None:
+    def __init__(self, tokenizer, top: int, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
         self.top = top
+        self.as_ids = as_ids
+
+    def _token(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_ids else self.tokenizer.decode([token_id])
 
     def entry(self, event: TokenEvent) -> dict:
-        token = self.tokenizer.decode([event["id"]])
+        token = self._token(event["id"])
         entry = {"token": token, "logprob": event["logprob"], "bytes": list(token.encode("utf-8")), "top_logprobs": []}
         for token_id, logprob in list(zip(event["top_ids"], event["top_logprobs"]))[: self.top]:
-            text = self.tokenizer.decode([token_id])
+            text = self._token(token_id)
             entry["top_logprobs"].append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))})
         return entry
 
@@ -52,7 +57,12 @@ def tool_call_json(delta: ToolCallDelta) -> dict:
 
 
 class ChatStream:
-    def __init__(self, model: str, *, include_usage: bool, logprobs: LogprobEntries | None) -> None:
+    """`token_ids`: vLLM's return_token_ids. The prompt's ids go in the first chunk, each chunk's choice
+    carries the ids of the tokens since the last (a token that makes no text waits for the next chunk),
+    and logprobs cover every token (reasoning and calls too), so the two line up as vLLM's do."""
+
+    def __init__(self, model: str, *, include_usage: bool, logprobs: LogprobEntries | None,
+                 token_ids: bool = False) -> None:
         self.id = new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
@@ -60,21 +70,36 @@ class ChatStream:
         self.logprobs = logprobs
         self._head = f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"choices":[{{"index":0,"delta":'
         self._pending_logprobs: list[dict] = []
+        self._ids: list[int] | None = [] if token_ids else None  # ids since the last chunk
 
-    def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None) -> bytes:
+    def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None,
+               top: str = "") -> bytes:
         body = delta if isinstance(delta, str) else dumps(delta)
+        if self._ids is not None and logprobs is None and self._pending_logprobs:
+            logprobs, self._pending_logprobs = self._pending_logprobs, []
         tail_logprobs = "null" if logprobs is None else dumps({"content": logprobs})
         tail_finish = "null" if finish_reason is None else f'"{finish_reason}"'
-        return f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}}}]}}\n\n'.encode()
+        ids = ""
+        if self._ids is not None:
+            ids, self._ids = f',"token_ids":{dumps(self._ids)}', []
+        return (f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}{ids}}}]{top}}}'
+                '\n\n').encode()
 
     name = "chat"
 
     def start(self, generation: Generation | None = None) -> bytes:
-        return self._chunk('{"role":"assistant","content":""}')
+        top = f',"prompt_token_ids":{dumps(generation.prompt_ids)}' if self._ids is not None and generation else ""
+        return self._chunk('{"role":"assistant","content":""}', top=top)
 
     def frames(self, step: Step) -> bytes:
-        if self.logprobs is not None and step.channel == CONTENT:
-            self._pending_logprobs.append(self.logprobs.entry(step.token))
+        token = step.token
+        if token is not None:
+            if self._ids is not None:
+                self._ids.append(token["id"])
+                if self.logprobs is not None:
+                    self._pending_logprobs.append(self.logprobs.entry(token))
+            elif self.logprobs is not None and step.channel == CONTENT:
+                self._pending_logprobs.append(self.logprobs.entry(token))
         return b"".join(dispatch(step.deltas, self)) if step.deltas else b""
 
     # DeltaHandler: each delta's chunk.
@@ -124,16 +149,21 @@ def error_frame(body: dict) -> bytes:
 class ChatCollector:
     """Accumulates a whole answer for a non-streaming response."""
 
-    def __init__(self, model: str, logprobs: LogprobEntries | None) -> None:
+    def __init__(self, model: str, logprobs: LogprobEntries | None, token_ids: bool = False) -> None:
         self.model = model
         self.logprobs = logprobs
+        self.ids: list[int] | None = [] if token_ids else None  # vLLM's return_token_ids: every token's id
         self.texts: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[dict] = []
         self.entries: list[dict] = []
 
     def add(self, step: Step) -> None:
-        if self.logprobs is not None and step.channel == CONTENT:
+        if step.token is not None and self.ids is not None:
+            self.ids.append(step.token["id"])
+            if self.logprobs is not None:  # every token's, as vLLM gives them with the ids
+                self.entries.append(self.logprobs.entry(step.token))
+        elif self.logprobs is not None and step.channel == CONTENT:
             self.entries.append(self.logprobs.entry(step.token))
         dispatch(step.deltas, self)
 
@@ -160,7 +190,7 @@ class ChatCollector:
             message["reasoning"] = reasoning
         if self.calls:
             message["tool_calls"] = self.calls
-        return {
+        answer = {
             "id": new_id("chatcmpl-"),
             "object": "chat.completion",
             "created": int(time.time()),
@@ -173,3 +203,7 @@ class ChatCollector:
             }],
             "usage": usage(generation),
         }
+        if self.ids is not None:
+            answer["choices"][0]["token_ids"] = self.ids
+            answer["prompt_token_ids"] = generation.prompt_ids
+        return answer

@@ -13,21 +13,34 @@ from looptrace.common.jsonio import dumps
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
-from .traces import bounded_int, cursor, read, store_of, timestamp
+from .traces import bounded_int, cursor, on_viewer_thread, read, store_of, timestamp
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}
 
 
 async def list_sessions(request: web.Request) -> web.Response:
     """Sessions, most recently active first. ?model= &client= &since= &until= &q= (a conversation id or
-    words a step read or wrote) &limit= &before= (the `next` of the page before)."""
+    words a step read or wrote) &group= (a rollout group's) &limit= &before= (the `next` of the page before)."""
     query = request.query
     before = cursor(query.get("before"))
-    page = await read(store_of(request).list_sessions, EMPTY, model=query.get("model") or None,
+    keys = await group_keys(request, query.get("group"))
+    page = await read(store_of(request).list_sessions, EMPTY, keys=keys, model=query.get("model") or None,
                       client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
                       until_ns=timestamp(query.get("until"), "until"), text=search_text(query.get("q", "")),
                       before=before, limit=bounded_int(query.get("limit", "50"), "limit", 1, 500))
     return web.json_response({"object": "list", **page}, dumps=dumps)
+
+
+MAX_GROUP_SESSIONS = 10_000
+
+
+async def group_keys(request: web.Request, group: str | None) -> list[str] | None:
+    """?group=: the sessions of a rollout group (X-Rollout-Group), or None for all."""
+    rollouts = request.app[TELEMETRY].rollouts
+    if not group or rollouts is None:
+        return None
+    found = await on_viewer_thread(rollouts.in_group, group, MAX_GROUP_SESSIONS)
+    return [r["rollout"] for r in found]
 
 
 # A search is a conversation id or a few words: far past either, it only costs the store's time (a 60 KB

@@ -6,13 +6,21 @@ import {get, sessionPath} from "./api.js";
 import {sessionLinks} from "./compare-links.js";
 import {forkPanel} from "./fork.js";
 import {promptView} from "./prompt.js";
+import {rolloutFacts, rolloutPanel} from "./rollout.js";
 import {count, h, ms, pretty, when} from "./text.js";
-import {legend, tokenStream} from "./tokens.js";
+import {gapLegend, legend, tokenStream} from "./tokens.js";
 
 const LONG = 4000; // characters of a message shown before "show all": a step stays quick to draw
 // Steps drawn at once when a session opens, then per page as the list's end scrolls into view: a session
 // of hundreds of steps shows its first ones at once (its steps' tokens and prompts load when shown).
 const FIRST_PAGE = 50, PAGE = 200;
+// Token continuity (docs/rollouts.md): how a step's prompt continues the step before.
+const CONTINUITY = {
+  clean: "clean: the prompt starts with the last prompt and the ids the model sampled",
+  realign: "realign: the same conversation, other ids (the template or tokenizer rewrote what came before)",
+  fork: "fork: the history was edited (or the answer sent back is not the model's)",
+  kept: "kept: the prompt is the last prompt and the ids the model sampled, then the new messages",
+};
 const OUTCOMES = {valid: "valid", invalid_args: "invalid arguments", unknown_tool: "unknown tool", unparsed: "unparsed"};
 
 function longText(text, cls = "text") {
@@ -78,6 +86,14 @@ export class SessionView {
             .filter(Boolean).join(" · ")),
         legend(), sessionLinks(session.key)),
       this.list);
+    this.rollout = null;
+    this.mode = "p";
+    rolloutFacts(session.key).then((facts) => { // a rollout's reward and gap, when it has them
+      if (!facts || this.key !== key) return;
+      this.rollout = facts;
+      this.root.querySelector(".session-head .legend").before(rolloutPanel(facts, {
+        onMode: (mode) => this.heat(mode), onNavigate: this.onNavigate}));
+    });
     this.draw(0);
     this.sentinel = h("p", {class: "note more-steps", "aria-live": "polite"});
     this.list.after(this.sentinel);
@@ -202,9 +218,11 @@ export class SessionView {
       step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` + (step.draft_method ? ` (${step.draft_method})` : "") : "",
       step.backend || "",
     ].filter(Boolean);
+    const badge = step.continuity ? h("span", {class: `badge continuity ${step.continuity}`,
+      title: CONTINUITY[step.continuity] || step.continuity}, step.continuity) : "";
     el.append(h("header", {},
       h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
-      h("time", {}, when(step.start_ns)),
+      h("time", {}, when(step.start_ns)), badge,
       h("ul", {class: "chips"}, chips.map((c) => h("li", {}, c)))));
     if (step.error || (step.http_status && step.http_status >= 400)) {
       el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));
@@ -297,12 +315,25 @@ export class SessionView {
     }
     const generated = article.querySelector(".generated");
     if (!found.tokens.length) { article.dataset.loaded = "empty"; return; }
-    const stream = tokenStream(found.tokens, {onPick: (i) => this.fork(article, traceId, found.tokens, i)});
-    generated.querySelectorAll(".placeholder").forEach((el) => el.remove());
+    const ratios = this.mode === "gap" ? this.rollout?.ratios(traceId) : null;
+    const shown = ratios ? found.tokens.map((t, i) => ({...t, gap: ratios[i] ?? null})) : found.tokens;
+    const stream = tokenStream(shown, {onPick: (i) => this.fork(article, traceId, found.tokens, i)});
+    generated.querySelectorAll(".placeholder, .tokens").forEach((el) => el.remove());
     generated.append(stream);
     article.tokens = found.tokens;
     article.dataset.loaded = "yes";
     performance.mark("looptrace:tokens"); // for bench/viewer.py: when a step's heat map is drawn
+  }
+
+  // The heat maps by probability ("p") or by the trainer's log-ratio ("gap"): drawn again.
+  heat(mode) {
+    this.mode = mode;
+    const legendNow = this.root.querySelector(".session-head .legend");
+    legendNow.replaceWith(mode === "gap" ? gapLegend() : legend());
+    for (const article of this.list.querySelectorAll("[data-step][data-loaded=yes]")) {
+      article.dataset.loaded = "";
+      this.loadTokens(article);
+    }
   }
 
   fork(article, traceId, tokens, i) {

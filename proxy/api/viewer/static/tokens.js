@@ -42,6 +42,22 @@ export function flagged(token) {
   return token.channel === "tool_call" && !token.special && (token.p < FLAG_P || margin(token) < FLAG_MARGIN);
 }
 
+// The gap mode's scale: |log π_trainer − log π_sampler|, pale where the two agree, dark where not.
+export const GAP_BINS = [[1, "p5", "≥ 1"], [0.3, "p4", "0.3–1"], [0.1, "p3", "0.1–0.3"], [0.03, "p2", "0.03–0.1"],
+  [0.01, "p1", "0.01–0.03"], [0, "p0", "< 0.01"]];
+
+export function gapBin(ratio) {
+  if (ratio === null || ratio === undefined) return "pn";
+  for (const [low, cls] of GAP_BINS) if (Math.abs(ratio) >= low) return cls;
+  return "p0";
+}
+
+export function gapLegend() {
+  return h("div", {class: "legend gap-legend", "aria-label": "How far the trainer's logprob is from the sampler's"},
+    h("span", {class: "legend-title"}, "|log-ratio|"),
+    [...GAP_BINS].reverse().map(([, cls, label]) => h("span", {class: `tok ${cls}`}, label)));
+}
+
 export function legend() {
   return h("div", {class: "legend", "aria-label": "How likely the model found each token"},
     h("span", {class: "legend-title"}, "p(token)"),
@@ -60,7 +76,7 @@ function tokenText(token) {
 }
 
 function tokenNode(token, i) {
-  const classes = ["tok", bin(token.p)];
+  const classes = ["tok", token.gap !== undefined ? gapBin(token.gap) : bin(token.p)];
   if (token.special) classes.push("special");
   if (flagged(token)) classes.push("flag");
   if (token.drafted) classes.push(token.accepted ? "drafted-accepted" : "drafted");
@@ -163,6 +179,7 @@ export function showTip(token, anchor, index) {
     ["rank", token.rank ?? "not in the top five"],
     ["channel", CHANNELS[token.channel] || token.channel || "–"],
   ];
+  if (token.gap !== undefined) rows.push(["log-ratio", token.gap === null ? "–" : `${token.gap.toFixed(4)} (trainer − sampler)`]);
   if (token.special) rows.push(["special", "yes"]);
   if (token.drafted) {
     rows.push(["drafted", token.accepted ? "yes: the draft stood" : "the draft was rejected: this is the model's own token"]);

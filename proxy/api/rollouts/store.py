@@ -1,0 +1,66 @@
+"""What the rollout routes share: the rollouts' store, a rollout named in the path, and a step named
+by its place or its trace."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+from aiohttp import web
+
+from looptrace.common.jsonio import dumps
+from looptrace.trace_store.rollouts import Rollouts
+
+from ..clients import rollout_of
+from ..errors import APIError, invalid
+from ..keys import TELEMETRY
+
+MAX_INFO_BYTES = 65536  # a reward's `info`, as JSON
+
+
+def rollouts_of(request: web.Request) -> Rollouts:
+    rollouts = request.app[TELEMETRY].rollouts
+    if rollouts is None:
+        raise APIError(404, "Rollouts are kept in the trace store, and it is off (--trace-db off).",
+                       code="trace_store_off")
+    return rollouts
+
+
+def rollout_key(request: web.Request) -> str:
+    key, _ = rollout_of(request.match_info, {})
+    return key
+
+
+async def on_store(function, *args):
+    """A rollouts query off the event loop; a store that fails is a 503 that says why."""
+    try:
+        return await asyncio.to_thread(function, *args)
+    except (sqlite3.Error, OSError) as exc:
+        raise APIError(503, f"The rollouts store cannot be used: {exc}", type="server_error",
+                       code="trace_store_unreadable") from exc
+
+
+def info_of(value: object, param: str) -> dict | None:
+    """Free `info`: a JSON object, bounded."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
+    if len(dumps(value)) > MAX_INFO_BYTES:
+        raise invalid(f"'{param}' is larger than {MAX_INFO_BYTES} bytes as JSON.", param=param)
+    return value
+
+
+def step_of(item: dict, param: str) -> str:
+    """A step as a request names it: its place in the rollout ("step": 3, from 1), or its trace
+    ("trace_id"). Kept as given, "3" or the trace id."""
+    step, trace_id = item.get("step"), item.get("trace_id")
+    if (step is None) == (trace_id is None):
+        raise invalid(f"'{param}' names its step by 'step' (from 1) or 'trace_id', one of them.", param=param)
+    if step is not None:
+        if type(step) is not int or step < 1:
+            raise invalid(f"'{param}.step' must be an integer from 1.", param=f"{param}.step")
+        return str(step)
+    if not isinstance(trace_id, str) or len(trace_id) != 32 or any(c not in "0123456789abcdef" for c in trace_id):
+        raise invalid(f"'{param}.trace_id' must be a trace id: 32 lowercase hex digits.", param=f"{param}.trace_id")
+    return trace_id
