@@ -142,6 +142,7 @@ class VLLMBackend:
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         prompt = PromptBlocks(request.prompt_ids)
+        await self.pool.settled()
         route = self.pool.choose(request.conversation, prompt)
         failed = None  # the attempt before this one, when it failed before its first token
         while True:

@@ -43,6 +43,7 @@ END_SEQ = b"\xff" * 8  # the replay's end marker: -1 as 8 bytes
 REPLAY_SECONDS = 5.0  # the longest wait for each message of a replay
 SILENT_SECONDS = 5.0  # a request stored blocks, and no batch came this long after it ended: not trusted
 POLL_MS = 500  # how often the reader looks up from its socket (to start a replay asked for meanwhile)
+SETTLE_SECONDS = 0.05  # the longest a request waits for batches already received to be read
 RECENT = 4096  # batches whose payload digest is kept, to tell a batch read twice from a restarted publisher
 
 
@@ -59,6 +60,9 @@ class KVEvents:
         self.batches = self.gaps = self.replayed = self.lost = self.restarts = 0
         self._owed_since: float | None = None  # a request stored blocks; no batch since
         self._catch_up_from: int | None = None  # a replay asked for (resync)
+        self._catching_up = False
+        self.started = asyncio.Event()  # set once what the server kept from before was read (or could not be)
+        self._sub = None
         self._context = zmq.asyncio.Context.instance()
 
     # -- what routing reads --
@@ -84,6 +88,15 @@ class KVEvents:
         self.forget()
         self._catch_up_from = 0
 
+    async def settled(self) -> None:
+        """Batches that have arrived, read: a request routed right after the last one ended sees what that one
+        stored (its last batch may be in the socket still, or a replay under way). At most SETTLE_SECONDS."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while self._catching_up or self._sub is not None and self._sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.001)
+
     def health(self) -> dict:
         body = {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "state": self.state,
                 "trusted": self.trusted, "next_seq": self.next_seq, "blocks": len(self.index),
@@ -103,9 +116,11 @@ class KVEvents:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.endpoint)
+        self._sub = sub
         log.info("following the KV events of the vLLM server %s at %s", self.server, self.endpoint)
         try:
             await self._catch_up(0)  # what the server still keeps from before looptrace started
+            self.started.set()
             while True:
                 if self._catch_up_from is not None:
                     await self._catch_up(self._catch_up_from)
@@ -119,6 +134,7 @@ class KVEvents:
                     continue
                 await self._live(int.from_bytes(frames[1], "big"), frames[2])
         finally:
+            self._sub = None
             sub.close()
 
     async def _live(self, seq: int, payload: bytes) -> None:
@@ -144,15 +160,14 @@ class KVEvents:
     async def _catch_up(self, start: int) -> None:
         """Every batch the server still keeps from `start` on, through its replay socket."""
         self._catch_up_from = None
-        if self.replay_endpoint is None:
-            if start > 0:
-                self.lost += 1
+        if self.replay_endpoint is None:  # nothing to ask: a gap is counted lost by the caller
             self.state = "following" if self.state == "connecting" else self.state
             return
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.replay_endpoint)
         first = None
+        self._catching_up = True
         try:
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
@@ -178,6 +193,7 @@ class KVEvents:
             self.error = str(exc)
             log.warning("KV events of the vLLM server %s: %s", self.server, exc)
         finally:
+            self._catching_up = False
             sock.close()
 
     def _apply(self, seq: int, payload: bytes) -> None:

@@ -29,6 +29,7 @@ log = logging.getLogger("looptrace")
 RETRY_SECONDS = (1, 2, 5)  # between attempts to connect to a server; the last repeats
 PROBE_SECONDS = 5.0  # between /health probes of a connected server
 HOMES = 65536  # conversations whose last server is remembered, to count the ones that move
+EVENTS_SECONDS = 5.0  # at start, the longest wait for the servers' KV events to say what they hold
 
 
 class Pool:
@@ -56,6 +57,11 @@ class Pool:
         await self._connected.wait()
         if self._fatal is not None:
             raise self._fatal
+        # The first requests routed by what the servers hold already, where their events say it in time.
+        following = [u.holdings.events.started.wait() for u in self.upstreams if u.holdings.events is not None]
+        if following:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*following), EVENTS_SECONDS)
         return self.reference
 
     async def _keep(self, upstream: Upstream, model: str | None, on_wait: Callable[[str], None]) -> None:
@@ -141,6 +147,12 @@ class Pool:
                 homes.popitem(last=False)
             route.moved_from = before if before is not None and before != route.upstream.name else None
         return route
+
+    async def settled(self) -> None:
+        """Every server's KV-event batches that have arrived, read (kv_events.KVEvents.settled)."""
+        waits = [u.holdings.events.settled() for u in self.upstreams if u.holdings.events is not None]
+        if waits:
+            await asyncio.gather(*waits)
 
     # -- what it says --
 
