@@ -21,6 +21,7 @@ client yet. After the first token a failure is the client's error.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -183,6 +184,7 @@ class VLLMBackend:
                                f"already has {len(request.prompt_ids)}.", status=400, code="context_length_exceeded")
         tokens = TokenEmitter(self.vocab, request, min(request.max_tokens, room), up)
         reader: SSEReader | None = None
+        sent = time.monotonic()
         up.running += 1
         try:
             reader = SSEReader(await post(up, request, tokens.max_tokens))
@@ -206,7 +208,7 @@ class VLLMBackend:
                 reader.close()
         done = tokens.done(reader.ended)
         if done["finish_reason"] != "cancelled":  # what the server now holds: the estimate's, and events owed
-            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached)
+            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent)
         yield done
 
     async def close(self) -> None:

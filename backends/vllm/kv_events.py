@@ -58,7 +58,8 @@ class KVEvents:
         self.next_seq: int | None = None  # the seq expected next; None: read from 0 first
         self._digests: OrderedDict[int, int] = OrderedDict()  # seq → its payload's crc32, the last RECENT
         self.batches = self.gaps = self.replayed = self.lost = self.restarts = 0
-        self._owed_since: float | None = None  # a request stored blocks; no batch since
+        self._owed_since: float | None = None  # a request stored blocks, and no batch came while it ran: since when
+        self._last_batch_at: float | None = None
         self._catch_up_from: int | None = None  # a replay asked for (resync)
         self._catching_up = False
         self.started = asyncio.Event()  # set once what the server kept from before was read (or could not be)
@@ -72,9 +73,11 @@ class KVEvents:
         owed = self._owed_since
         return self.state == "following" and (owed is None or time.monotonic() - owed < SILENT_SECONDS)
 
-    def owed(self, stored: bool) -> None:
-        """A request ended on the server; `stored`: it filled blocks the cache did not hold, so events follow."""
-        if stored and self._owed_since is None:
+    def owed(self, stored: bool, since: float) -> None:
+        """A request that started at `since` (time.monotonic) ended on the server; `stored`: it filled blocks the
+        cache did not hold, whose events come while it runs. None came: they are owed from now."""
+        last = self._last_batch_at
+        if stored and (last is None or last < since) and self._owed_since is None:
             self._owed_since = time.monotonic()
 
     def forget(self) -> None:
@@ -216,7 +219,7 @@ class KVEvents:
         if len(self._digests) > RECENT:
             self._digests.popitem(last=False)
         self.batches += 1
-        self._owed_since = None
+        self._owed_since, self._last_batch_at = None, time.monotonic()
 
     def _unreadable(self, why: str) -> None:
         if self.state != "unreadable":

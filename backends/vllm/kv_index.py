@@ -201,14 +201,15 @@ class Holdings:
         index = self.index
         return index.cached_tokens(prompt), index.source
 
-    def served(self, prompt_ids: list[int], output_ids: list[int], cached: int) -> None:
-        """A request finished on the server, `cached` of its prompt tokens found there (vLLM's count)."""
+    def served(self, prompt_ids: list[int], output_ids: list[int], cached: int, since: float) -> None:
+        """A request sent at `since` (time.monotonic) finished on the server, `cached` of its prompt tokens found
+        there (vLLM's count)."""
         # vLLM never computes the last token's keys and values: the blocks it filled end before it.
         self.sent.sent(prompt_ids + output_ids[:-1])
         if self.events is not None:
             size = self.block_size
             filled = (len(prompt_ids) + max(0, len(output_ids) - 1)) // size
-            self.events.owed(filled > cached // size)  # it stored blocks: their events should come
+            self.events.owed(filled > cached // size, since)  # it stored blocks: their events should have come
 
     def left(self) -> None:
         """The server stopped answering: what it held is unknown (it may be restarting, its cache emptied)."""

@@ -167,15 +167,31 @@ def test_a_silent_publisher_is_not_trusted_until_it_speaks_again(tmp_path, monke
 
     async def test(server, events):
         await until(lambda: events.state == "following")
+        started = time.monotonic()
         server.publisher.publishing = False  # its thread died; the server serves on
         server.request(prompt(0))
-        events.owed(True)  # the request ended having stored blocks
+        events.owed(True, started)  # the request ended having stored blocks, and no batch came meanwhile
         assert events.trusted
         await until(lambda: not events.trusted)
         assert "silent_seconds" in events.health()
         server.publisher.publishing = True
         server.request(prompt(1))
         await until(lambda: events.trusted)
+
+    asyncio.run(run(test)(tmp_path, True))
+
+
+def test_a_request_whose_events_came_while_it_ran_owes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_events, "SILENT_SECONDS", 0.2)
+
+    async def test(server, events):
+        await until(lambda: events.state == "following")
+        started = time.monotonic()
+        server.request(prompt(0))
+        await until(lambda: events.batches == 1)
+        events.owed(True, started)  # its blocks' batch came before it ended
+        await asyncio.sleep(0.4)
+        assert events.trusted
 
     asyncio.run(run(test)(tmp_path, True))
 

@@ -108,18 +108,18 @@ def test_holdings_read_the_events_while_they_are_trusted_else_the_estimate():
         def __init__(self):
             self.index, self.trusted, self.owed_calls = EventIndex(), True, []
 
-        def owed(self, stored):
+        def owed(self, stored, since):
             self.owed_calls.append(stored)
 
     events = Events()
     holdings = Holdings(events)
     prompt, answer = list(range(40)), list(range(500, 530))
-    holdings.served(prompt, answer, cached=0)
+    holdings.served(prompt, answer, cached=0, since=0.0)
     assert events.owed_calls == [True]  # it filled blocks: events should follow
     assert holdings.predict(PromptBlocks(prompt + answer)) == (0, "events")  # none came yet
     events.trusted = False
     assert holdings.predict(PromptBlocks(prompt + answer)) == (64, "estimate")
-    holdings.served(list(range(10)), [1, 2], cached=0)
+    holdings.served(list(range(10)), [1, 2], cached=0, since=0.0)
     assert events.owed_calls[-1] is False  # not a whole block: nothing to wait for
 
 
