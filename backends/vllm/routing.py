@@ -10,7 +10,7 @@ leaves (`Route`), which the decode span, the metrics and the trace viewer show.
                   not overloaded; ties go to the home, then to the least loaded. A server is overloaded when
                   its load averaged over the last BUSY_SECONDS passes BALANCE × the servers' mean (and at least
                   one request), and it has more requests in flight now than the least loaded: a burst does not
-                  move a conversation off its cache, a lasting imbalance does.
+                  move a conversation off its cache, a lasting imbalance does (load.py).
 
 A request without a conversation goes to the least loaded server (idle ones take turns), by every policy
 but cache-aware, which still prefers the server holding most of its prompt (a shared system prompt).
@@ -23,8 +23,6 @@ whichever is larger.
 from __future__ import annotations
 
 import hashlib
-import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,46 +30,8 @@ if TYPE_CHECKING:
     from .upstream import Upstream
     from .kv_index import PromptBlocks
 
-BALANCE = 1.5  # cache-aware: a server busier than this × the mean is overloaded
-BUSY_SECONDS = 10.0  # the time constant of a server's averaged load
+BALANCE = 1.5  # cache-aware: a server busier than this × the mean (its load averaged: load.py) is overloaded
 LOAD_SECONDS = 1.0  # between readings of each server's /metrics, for the policies that weigh load
-
-
-class Load:
-    """One server's load: `now` (requests in flight) and `busy` (that, averaged over about BUSY_SECONDS)."""
-
-    __slots__ = ("own", "reported", "_busy", "_at")
-
-    def __init__(self) -> None:
-        self.own = 0  # this process's requests streaming from it
-        self.reported = 0  # running and waiting, as the server last said (every process's)
-        self._busy = 0.0
-        self._at = time.monotonic()
-
-    @property
-    def now(self) -> int:
-        return max(self.own, self.reported)
-
-    def _settle(self) -> None:
-        """`busy` brought up to now: the load held constant since the last change decays the average toward it."""
-        t = time.monotonic()
-        if t > self._at:
-            now = self.now
-            self._busy = now + (self._busy - now) * math.exp((self._at - t) / BUSY_SECONDS)
-            self._at = t
-
-    def set_own(self, value: int) -> None:
-        self._settle()
-        self.own = value
-
-    def report(self, value: int) -> None:
-        self._settle()
-        self.reported = value
-
-    @property
-    def busy(self) -> float:
-        self._settle()
-        return self._busy
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import aiohttp
 
 from . import protocol
 from .kv_index import Holdings
-from .routing import Load
+from .load import Load
 
 log = logging.getLogger("looptrace")
 

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from looptrace.backends import registry
-from looptrace.backends.vllm import routing
+from looptrace.backends.vllm import load, routing
 from looptrace.backends.vllm.kv_index import PromptBlocks
-from looptrace.backends.vllm_pool import Pool
-from looptrace.backends.vllm_upstream import Upstream
+from looptrace.backends.vllm.pool import Pool
+from looptrace.backends.vllm.upstream import Upstream
 
 SYSTEM = list(range(1000, 1160))  # a system prompt every conversation shares: 10 blocks of 16
 
@@ -120,16 +120,16 @@ def test_a_conversation_that_moves_says_from_where():
 
 def test_busy_is_the_load_averaged_over_the_last_seconds(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(routing.time, "monotonic", lambda: clock[0])
-    load = routing.Load()
-    load.set_own(2)
-    clock[0] += routing.BUSY_SECONDS  # two in flight for one time constant: 1 − 1/e of the way to 2
-    assert load.busy == pytest.approx(2 * (1 - 1 / 2.718281828), rel=1e-6)
-    load.set_own(0)
-    clock[0] += 10 * routing.BUSY_SECONDS
-    assert load.busy < 0.01 and load.now == 0
-    load.report(5)  # every process's requests, as the server counts them
-    assert load.now == 5
+    monkeypatch.setattr(load.time, "monotonic", lambda: clock[0])
+    server = load.Load()
+    server.set_own(2)
+    clock[0] += load.BUSY_SECONDS  # two in flight for one time constant: 1 − 1/e of the way to 2
+    assert server.busy == pytest.approx(2 * (1 - 1 / 2.718281828), rel=1e-6)
+    server.set_own(0)
+    clock[0] += 10 * load.BUSY_SECONDS
+    assert server.busy < 0.01 and server.now == 0
+    server.report(5)  # every process's requests, as the server counts them
+    assert server.now == 5
 
 
 def test_the_command_line_offers_the_policies_routing_has():
