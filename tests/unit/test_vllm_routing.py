@@ -160,3 +160,21 @@ def test_prompt_blocks_are_shared_by_every_server_a_choice_looks_at():
     prompt = PromptBlocks(SYSTEM + [1])
     pool.choose("c", prompt)
     assert len(prompt._keys[16]) == len(SYSTEM) // 16  # computed once, for all three
+
+
+def test_without_pyzmq_and_msgpack_a_relay_serves_on_estimates_and_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from looptrace.backends.vllm import spawn
+    from looptrace.proxy.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "zmq" else real(name, *a))
+    with pytest.raises(SystemExit):
+        main(["serve", "--backend", "vllm", "--vllm-url", "http://a:1", "--vllm-kv-events", "tcp://a:5557"])
+    assert "pip install 'looptrace[vllm]'" in capsys.readouterr().err
+    # The vLLM it starts itself then publishes none, and routing estimates what it holds.
+    assert spawn.default_command() == spawn.WITHOUT_EVENTS and "{kv_events}" in spawn.DEFAULT_COMMAND
+    with pytest.raises(RuntimeError, match=r"looptrace\[vllm\]"):
+        spawn.SpawnedVLLM(spawn.DEFAULT_COMMAND, "m", start_timeout=1)
+    assert pool_of("cache-aware").choose("c", SYSTEM).chosen.index == "estimate"
