@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,8 +225,9 @@ def table(kind: str, rows: list[dict]) -> str:
     def f(value, spec: str) -> str:
         return "–" if value is None else format(value, spec)
 
-    lines = [f"\n{kind} workload", "| policy | requests | hit rate | TTFT p50 s | TTFT p99 s | requests per server | "
-             "busiest ÷ mean | moves | prediction error |", "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    header = ("| policy | requests | hit rate | TTFT p50 s | TTFT p99 s | requests per server | busiest ÷ mean "
+              "| moves | prediction error |")
+    lines = [f"\n{kind} workload", header, "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['policy']} | {r['requests']} | {f(r['hit_rate'], '.1%')} | {f(r['ttft_p50'], '.2f')} | "
                      f"{f(r['ttft_p99'], '.2f')} | {' / '.join(str(int(n)) for n in r['per_server'])} | "
@@ -262,7 +262,8 @@ def start_servers(count: int, args, logs: Path):
     for server in started:
         server.wait_ready()
     warm = [threading.Thread(target=server.post, args=("/v1/completions", {
-        "model": MODEL, "prompt": list(range(100 + n, 1100 + n)), "max_tokens": 8})) for server in started for n in range(3)]
+        "model": MODEL, "prompt": list(range(100 + n, 1100 + n)), "max_tokens": 8}))
+        for server in started for n in range(3)]
     for thread in warm:  # a server's first requests, alone and together, are slower: not measured
         thread.start()
     for thread in warm:
@@ -301,8 +302,8 @@ def main() -> None:
             print(table(kind, rows))
             for goal, met in checked.items():
                 print(f"  {'met' if met else 'NOT met'}: {goal}")
-            report["workloads"][kind] = {"sessions": [{"name": s["name"], "turns": len(s["turns"]), "think": s["think"]}
-                                                      for s in sessions], "rows": rows, "goals": checked}
+            described = [{"name": s["name"], "turns": len(s["turns"]), "think": s["think"]} for s in sessions]
+            report["workloads"][kind] = {"sessions": described, "rows": rows, "goals": checked}
     finally:
         for vllm in vllms:
             vllm.stop()

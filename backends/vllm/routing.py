@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .upstream import Upstream
     from .kv_index import PromptBlocks
+    from .upstream import Upstream
 
 BALANCE = 1.5  # cache-aware: a server busier than this × the mean (its load averaged: load.py) is overloaded
 LOAD_SECONDS = 1.0  # between readings of each server's /metrics, for the policies that weigh load

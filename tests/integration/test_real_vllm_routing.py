@@ -17,10 +17,10 @@ import time
 
 import msgpack
 import pytest
-import zmq
-
 import real_vllm
+import zmq
 from real_vllm import VLLMServer
+
 from server import free_port
 from vllm_double import DoubleProcess
 
@@ -209,11 +209,11 @@ def test_the_doubles_events_are_vllms(vllms, checkpoint, logs):
         assert len(cleared) == 2 and all(c[0] == {"type": "AllBlocksCleared"} and len(c) > 1 for c in cleared), side
     # The same blocks for the same prompts: tokens, sizes and how each continues the one before.
     stored = {side: [e for e in c.events() if e["type"] == "BlockStored"] for side, c in captured.items()}
-    for side in stored:
-        first, second = stored[side][0], stored[side][1]
+    for events in stored.values():
+        first, second = events[0], events[1]
         assert first["token_ids"] == prompt[:96] and first["parent_block_hash"] is None
         assert second["token_ids"] == longer[96:160] and second["parent_block_hash"] == first["block_hashes"][-1]
-        assert {e["block_size"] for e in stored[side]} == {BLOCK}
+        assert {e["block_size"] for e in events} == {BLOCK}
     assert [e["token_ids"] for e in stored["real"][:10]] == [e["token_ids"] for e in stored["double"][:10]]
     # The replay: [b"", topic, seq, payload] from the seq asked for, then [b"", b"", -1, b""].
     for side, frames in replays.items():
@@ -237,7 +237,8 @@ def receipts(server, conversation: str, count: int) -> list[dict]:
     for item in reversed(listing()):
         trace = server.get(f"/v1/traces/{item['trace_id']}")[1]
         decode = next(s for s in trace["spans"] if s["name"] == "decode")["attributes"]
-        prompt = next(s for s in trace["spans"] if s["name"] == "prefill")["attributes"]["looptrace.prefill.prompt_tokens"]
+        prefill = next(s for s in trace["spans"] if s["name"] == "prefill")["attributes"]
+        prompt = prefill["looptrace.prefill.prompt_tokens"]
         spans.append({**decode, "prompt_tokens": prompt})
     return spans
 

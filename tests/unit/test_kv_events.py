@@ -11,11 +11,12 @@ import asyncio
 import time
 
 import pytest
-from kv_publisher import PrefixCache, Publisher
 
 from looptrace.backends.vllm import kv_events
 from looptrace.backends.vllm.kv_events import KVEvents
 from looptrace.backends.vllm.kv_index import PromptBlocks
+
+from kv_publisher import PrefixCache, Publisher
 
 
 class Server:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import random
 
-from kv_publisher import PrefixCache
-
 from looptrace.backends.vllm.kv_index import EventIndex, Holdings, PromptBlocks, SentIndex
 
+from kv_publisher import PrefixCache
 
 REMOVED = []  # every BlockRemoved fed, to tell that a workload evicted
 
