@@ -32,7 +32,6 @@ from ..base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, T
 from ..events import Event, upstream_event
 from .kv_index import PromptBlocks
 from .pool import Pool
-from .routing import Route
 from .scoring import score_on
 from .spawn import SpawnedVLLM, default_command
 from .stream import SSEReader, TokenEmitter, cut, post
@@ -152,7 +151,7 @@ class VLLMBackend:
                                  retry_after=failed, receipt=route.receipt())
             first = True
             try:
-                async for event in self._stream(route, request):
+                async for event in self._stream(up, request):
                     first = False
                     yield event
                 return
@@ -176,8 +175,7 @@ class VLLMBackend:
         route = self.pool.choose(None)
         return await score_on(route.upstream, prompt_ids, answer_ids)
 
-    async def _stream(self, route: Route, request: DecodeRequest) -> AsyncIterator[Event]:
-        up = route.upstream
+    async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)
         if room <= 0:
             raise BackendError(f"This model's maximum context length is {up.max_model_len} tokens, and the prompt "
