@@ -15,7 +15,9 @@ would find cached):
   recent kept up to the server's capacity: an estimate, for a server without events, or while its
   events cannot be trusted (a publisher gone silent).
 
-`Holdings` keeps both for one server and says which one a prediction came from.
+`Holdings` keeps both for one server and says which one a prediction came from. `SharedPrefixes` tells
+the part of a prompt it shares with other conversations (a system prompt, tool definitions): every server
+holds that sooner or later, and routing weighs what a conversation holds beyond it.
 """
 
 from __future__ import annotations
@@ -177,6 +179,31 @@ def _walk(prompt: PromptBlocks, size: int, held) -> int:
             break
         n += 1
     return n
+
+
+class SharedPrefixes:
+    """Which conversation sent each block first, for the most recent `limit` blocks: the leading blocks of a
+    prompt that another conversation sent first are what it shares with others."""
+
+    def __init__(self, limit: int = 262_144) -> None:
+        self.limit = limit
+        self._first: OrderedDict[int, str] = OrderedDict()  # block key → the conversation that sent it first
+
+    def shared_tokens(self, conversation: str, prompt: PromptBlocks, block_size: int) -> int:
+        first, shared, leading = self._first, 0, True
+        for key in prompt.keys(block_size, len(prompt.ids) // block_size):
+            sender = first.get(key)
+            if sender is None:
+                first[key] = conversation
+            else:
+                first.move_to_end(key)
+            if leading and sender is not None and sender != conversation:
+                shared += 1
+            else:
+                leading = False
+        while len(first) > self.limit:
+            first.popitem(last=False)
+        return shared * block_size
 
 
 class Holdings:

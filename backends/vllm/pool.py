@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ..base import BackendError
 from . import protocol, routing
-from .kv_index import PromptBlocks
+from .kv_index import PromptBlocks, SharedPrefixes
 from .upstream import Unreachable, Upstream
 
 log = logging.getLogger("looptrace")
@@ -45,6 +45,7 @@ class Pool:
         self._fatal: Exception | None = None  # why loading cannot go on (the one server serves something unusable)
         self._tasks: list[asyncio.Task] = []
         self._homes: OrderedDict[str, str] = OrderedDict()  # conversation → the server of its last request
+        self._shared = SharedPrefixes()  # the blocks conversations share (cache-aware weighs the rest)
         self._turn = 0  # where ties for least loaded start, so idle servers take turns
 
     # -- keeping the servers' state --
@@ -137,7 +138,10 @@ class Pool:
             live = live[self._turn:] + live[:self._turn]
         if isinstance(prompt, list):
             prompt = PromptBlocks(prompt)
-        route = routing.choose(self.policy, live, conversation, prompt, retry=failed is not None)
+        shared = 0
+        if self.policy == "cache-aware" and conversation is not None and prompt is not None:
+            shared = self._shared.shared_tokens(conversation, prompt, live[0].holdings.block_size)
+        route = routing.choose(self.policy, live, conversation, prompt, retry=failed is not None, shared=shared)
         if conversation is not None:
             homes = self._homes
             before = homes.get(conversation)

@@ -6,8 +6,9 @@ leaves (`Route`), which the decode span, the metrics and the trace viewer show.
                   leaves moves only its own conversations. Blind to load and to what each server holds.
     least-loaded  the server with the fewest requests running and waiting; ties go to the home, so that
                   a conversation keeps its cache while the servers are evenly loaded.
-    cache-aware   the server predicted to hold the longest prefix of this prompt (kv_index.py), among those
-                  not overloaded; ties go to the home, then to the least loaded. A server is overloaded when
+    cache-aware   the server predicted to hold the most of this conversation's own prompt (kv_index.py: beyond
+                  the prefix it shares with other conversations, a system prompt every server soon holds), among
+                  those not overloaded; ties go to the home, then to the least loaded. A server is overloaded when
                   its load averaged over the last BUSY_SECONDS passes BALANCE × the servers' mean (and at least
                   one request), and it has more requests in flight now than the least loaded: a burst does not
                   move a conversation off its cache, a lasting imbalance does (load.py).
@@ -39,6 +40,7 @@ class Candidate:
     upstream: Upstream
     weight: int  # the conversation's rendezvous hash with this server (0 without a conversation)
     predicted: int  # prompt tokens predicted to be in its prefix cache
+    own: int  # of which beyond the prefix the prompt shares with other conversations
     index: str  # which index predicted it: "events" or "estimate"
     load: int
     busy: float
@@ -51,7 +53,7 @@ class Candidate:
             return self.weight / 2**64
         if policy == "least-loaded":
             return -float(self.load)
-        return float(self.predicted)
+        return float(self.own)
 
 
 @dataclass(slots=True)
@@ -82,14 +84,16 @@ def weight(conversation: str, url: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None) -> list[Candidate]:
-    """Each live server as a policy sees it, in the order given (ties keep it)."""
+def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
+               shared: int = 0) -> list[Candidate]:
+    """Each live server as a policy sees it, in the order given (ties keep it). `shared`: the prompt's tokens
+    another conversation sent first."""
     out = []
     for upstream in live:
         predicted, index = upstream.holdings.predict(prompt) if prompt is not None else (0, "estimate")
         load = upstream.load
-        out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted, index,
-                             load.now, load.busy))
+        out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted,
+                             max(0, predicted - shared), index, load.now, load.busy))
     if conversation:
         max(out, key=lambda c: c.weight).home = True
     return out
@@ -113,13 +117,13 @@ def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list
     least = min(c.load for c in found)
     for c in found:
         c.overloaded = c.busy > max(BALANCE * mean, 1.0) and c.load > least
-    ranked = sorted(found, key=lambda c: (c.overloaded, -c.predicted, not c.home, c.load))
+    ranked = sorted(found, key=lambda c: (c.overloaded, -c.own, not c.home, c.load))
     best = ranked[0]
     home = next((c for c in found if c.home), None)
     if home is not None and home.overloaded and best is not home:
         return ranked, "home_overloaded"
     runner = ranked[1] if len(ranked) > 1 else None
-    if runner is not None and best.predicted > runner.predicted:
+    if runner is not None and best.own > runner.own:
         return ranked, "prefix"
     return ranked, "home" if best.home else "least_loaded"
 
@@ -129,9 +133,9 @@ USES_LOAD = ("least-loaded", "cache-aware")  # the policies for which each serve
 
 
 def choose(policy: str, live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
-           retry: bool = False) -> Route:
+           retry: bool = False, shared: int = 0) -> Route:
     """The route for a request among the live servers (in the order in which idle ones should take turns)."""
-    ranked, reason = POLICIES[policy](candidates(live, conversation, prompt), conversation)
+    ranked, reason = POLICIES[policy](candidates(live, conversation, prompt, shared), conversation)
     if len(ranked) == 1:
         reason = "only"
     if retry:

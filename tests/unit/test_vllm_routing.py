@@ -178,3 +178,34 @@ def test_without_pyzmq_and_msgpack_a_relay_serves_on_estimates_and_says_what_to_
     with pytest.raises(RuntimeError, match=r"looptrace\[vllm\]"):
         spawn.SpawnedVLLM(spawn.DEFAULT_COMMAND, "m", start_timeout=1)
     assert pool_of("cache-aware").choose("c", SYSTEM).chosen.index == "estimate"
+
+
+def named_for(pool: Pool, server: Upstream, prefix: str) -> str:
+    """A conversation id whose rendezvous home is `server`."""
+    return next(f"{prefix}-{n}" for n in range(1000) if home_of(pool, f"{prefix}-{n}") is server)
+
+
+def test_cache_aware_does_not_herd_new_conversations_to_the_server_holding_a_shared_prompt():
+    pool = pool_of("cache-aware", 2)
+    a, b = pool.upstreams
+    first, second = named_for(pool, a, "first"), named_for(pool, b, "second")
+    assert pool.choose(first, SYSTEM + [1] * 20).upstream is a
+    holds(a, SYSTEM + [1] * 20)  # only a holds the system prompt yet: the first conversation's turn made it
+    route = pool.choose(second, SYSTEM + [2] * 20)
+    # The system prompt is every conversation's, and b will hold it too: the second goes home.
+    assert (route.upstream, route.reason) == (b, "home")
+    assert route.runner_up.predicted == len(SYSTEM) and route.runner_up.own == 0
+    # Its own history, once held somewhere, is what draws it.
+    holds(a, SYSTEM + [2] * 80)
+    route = pool.choose(second, SYSTEM + [2] * 90)
+    assert (route.upstream, route.reason) == (a, "prefix") and route.chosen.own == 80 // 16 * 16
+
+
+def test_the_prefix_shared_with_other_conversations_is_told_apart():
+    from looptrace.backends.vllm.kv_index import SharedPrefixes
+
+    shared = SharedPrefixes()
+    assert shared.shared_tokens("a", PromptBlocks(SYSTEM + [1] * 40), 16) == 0  # first to send it
+    assert shared.shared_tokens("b", PromptBlocks(SYSTEM + [2] * 40), 16) == len(SYSTEM)
+    assert shared.shared_tokens("a", PromptBlocks(SYSTEM + [1] * 60), 16) == 0  # a's own, as it sent them
+    assert shared.shared_tokens("b", PromptBlocks(SYSTEM + [2] * 60), 16) == len(SYSTEM)
