@@ -247,14 +247,14 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
     for vllm in vllms:
         vllm.post("/reset_prefix_cache", {})
         completion(vllm.url, [1, 2])  # vLLM publishes the reset with its next engine step's events
-    watch = Capture(vllms[0].config["endpoint"])
+    watching = [Capture(v.config["endpoint"]) for v in vllms]
     flags = [a for v in vllms for a in ("--vllm-url", v.url, "--vllm-kv-events", v.kv_events)]
     server = serve("--backend", "vllm", *flags, "--routing", "cache-aware", "--tokenizer", str(checkpoint))
     system = {"role": "system", "content": "You are a careful coding agent. Answer briefly. " * 8}
-    # Each task's own file, some 500 tokens: four conversations on a server hold more than its cache.
+    # Each task's own file, some 800 tokens: four conversations on a server hold more than its cache.
     conversations = {f"agent-{n}": [system, {"role": "user", "content": f"Task {n}: explain what this file does.\n" +
-                                             "".join(f"line {n}.{k}: {TEXT}\n" for k in range(16))}]
-                     for n in range(6)}
+                                             "".join(f"line {n}.{k}: {TEXT}\n" for k in range(32))}]
+                     for n in range(8)}
 
     def turns(rounds: int) -> None:
         for _ in range(rounds):
@@ -268,9 +268,10 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
 
     turns(4)
     try:
-        evicted = sum(e["type"] == "BlockRemoved" for e in watch.events())
+        evicted = sum(e["type"] == "BlockRemoved" for watch in watching for e in watch.events())
     finally:
-        watch.close()
+        for watch in watching:
+            watch.close()
     # One server restarts (its cache empty, its events counted from 0 again), and the conversations go on.
     restarted = vllms[1]
     port = restarted.port
@@ -284,7 +285,7 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
     errors = [abs(s["looptrace.route.prediction_error"]) / s["prompt_tokens"] for s in spans
               if s.get("looptrace.route.reason") != "retry"]
     hits = sum(s["looptrace.route.cached_tokens"] for s in spans)
-    assert len(spans) == 36 and hits > 0 and evicted > 0, (len(spans), hits, evicted)
+    assert len(spans) == 48 and hits > 0 and evicted > 0, (len(spans), hits, evicted)
     assert all(s["looptrace.route.index"] == "events" for s in spans), [s["looptrace.route.index"] for s in spans]
     assert max(errors) <= GOAL, sorted(errors)[-5:]
     health = {u["server"]: u["kv_events"] for u in server.get("/health")[1]["upstreams"]}
