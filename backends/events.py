@@ -10,7 +10,7 @@ never asks which backend produced them. Once yielded, an event is a fact: nobody
              accepted
     done     the generation ended: why, how many tokens, decode speed, cached prompt tokens,
              speculative decoding counts
-    upstream (backends that forward, vLLM) the server an attempt goes to, before its tokens; a
+    upstream (backends that forward, vLLM) the server an attempt goes to and why, before its tokens; a
              second one when the first server failed before the first token and another is tried
 
 `text` is the token's share of the decoded output: the whole sequence is decoded incrementally, so
@@ -80,6 +80,10 @@ class UpstreamEvent(TypedDict):
     moved_from: str | None  # the server the conversation's last request went to, when it was another
     # The attempt before this one, which failed before its first token: {"server", "code", "message"}.
     retry_after: dict | None
+    # Why this server (vllm/routing.py's receipt): policy, reason, predicted_cached_tokens, index (which of
+    # the server's indexes predicted it: "events" or "estimate"), score, load, and the runner-up's
+    # runner_up, runner_up_score, runner_up_predicted_cached_tokens, runner_up_load; None: not routed.
+    receipt: dict | None
 
 
 Event = PrefillEvent | TokenEvent | DoneEvent | UpstreamEvent
@@ -113,6 +117,6 @@ def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens
 
 
 def upstream_event(server: str, address: str, port: int, route: str, *, moved_from: str | None = None,
-                   retry_after: dict | None = None) -> UpstreamEvent:
+                   retry_after: dict | None = None, receipt: dict | None = None) -> UpstreamEvent:
     return {"type": "upstream", "server": server, "address": address, "port": port, "route": route,
-            "moved_from": moved_from, "retry_after": retry_after}
+            "moved_from": moved_from, "retry_after": retry_after, "receipt": receipt}

@@ -113,6 +113,9 @@ def _check_llama_cpp(settings) -> str | None:
     return _speculation(settings, ("ngram", "suffix"))
 
 
+ROUTING = ("rendezvous", "least-loaded", "cache-aware")  # backends/vllm/routing.py's POLICIES, in its order
+
+
 def _check_vllm(settings) -> str | None:
     urls = settings.vllm_urls
     if not urls and not settings.model:
@@ -121,6 +124,23 @@ def _check_vllm(settings) -> str | None:
         return "--vllm-command starts a vLLM server when no --vllm-url is given; give one or the other"
     if len({url.rstrip("/").removesuffix("/v1") for url in urls}) < len(urls):
         return "--vllm-url: a server is named twice (each URL once, one per server)"
+    return _check_kv_events(settings.vllm_kv_events, urls)
+
+
+def _check_kv_events(endpoints: list[str], urls: list[str]) -> str | None:
+    if not endpoints:
+        return None
+    if not urls:
+        return "--vllm-kv-events names the sockets of --vllm-url servers; the vLLM looptrace starts publishes its own"
+    if len(endpoints) != len(urls):
+        return (f"--vllm-kv-events: one per --vllm-url, in the same order ('none' for a server without them): "
+                f"{len(endpoints)} for {len(urls)} servers")
+    for spec in endpoints:
+        parts = spec.split(",")
+        if spec != "none" and (len(parts) > 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts)):
+            return f"--vllm-kv-events {spec!r}: give ENDPOINT[,REPLAY_ENDPOINT], each tcp://HOST:PORT or ipc://PATH"
+    if any(spec != "none" for spec in endpoints) and not all(importlib.util.find_spec(n) for n in ("zmq", "msgpack")):
+        return "--vllm-kv-events: reading vLLM's KV events needs pyzmq and msgpack: pip install 'looptrace[vllm]'"
     return None
 
 
@@ -171,10 +191,20 @@ ENTRIES: tuple[BackendEntry, ...] = (
             Option("vllm_timeout", ("--vllm-timeout",), {
                 "type": float, "metavar": "SECONDS",
                 "help": "how long to wait for a server's first token, and between tokens"}),
+            Option("routing", ("--routing",), {
+                "choices": list(ROUTING),
+                "help": "which server takes a request: rendezvous (each conversation on its hashed home), "
+                        "least-loaded, or cache-aware (the server holding most of the prompt, unless overloaded)"}),
+            Option("vllm_kv_events", ("--vllm-kv-events",), {
+                "metavar": "ENDPOINT[,REPLAY]", "action": "append",
+                "help": "a --vllm-url server's KV-event sockets (vLLM's --kv-events-config endpoint and "
+                        "replay_endpoint, e.g. tcp://gpu-a:5557,tcp://gpu-a:5558, or 'none'): one per --vllm-url, "
+                        "in order; routing then knows what each holds"}),
             Option("vllm_command", ("--vllm-command",), {
                 "metavar": "COMMAND",
-                "help": "without --vllm-url, the command that starts vLLM, {model} and {port} filled in "
-                        "(default: 'vllm serve {model} --host 127.0.0.1 --port {port}')"}),
+                "help": "without --vllm-url, the command that starts vLLM, {model}, {port} and {kv_events} filled "
+                        "in (default: 'vllm serve {model} --host 127.0.0.1 --port {port} --kv-events-config "
+                        "{kv_events}')"}),
             Option("vllm_start_timeout", ("--vllm-start-timeout",), {
                 "type": float, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
             TOKENIZER),

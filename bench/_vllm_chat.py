@@ -89,7 +89,8 @@ class ChatDouble(Double):
         stream = DecodeStream(skip_special_tokens=body.get("skip_special_tokens", True))  # chat's default: skip
         backend = self.tokenizer.backend_tokenizer
         eos, stops = self.tokenizer.eos_token_id, params["stop_token_ids"]
-        cached = self._cached(prompt)
+        cached = self.cache.lookup(prompt)
+        self.publish(self.cache.store(prompt, cached // self.cache.block_size))  # its prefill's blocks
         produced: list[int] = entry["token_ids"]
         steps = self.engine.steps(prompt, params)
         try:
@@ -115,6 +116,7 @@ class ChatDouble(Double):
                     break
         finally:
             await steps.aclose()
+        self.publish(self.cache.store(prompt + produced[:-1], len(prompt) // self.cache.block_size))
         if include_usage:
             usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(produced),
                      "completion_tokens": len(produced), "prompt_tokens_details": {"cached_tokens": cached}}
@@ -123,7 +125,6 @@ class ChatDouble(Double):
                                          "system_fingerprint": self.fingerprint}))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        self.seen_prompts.append(prompt)
         return "done"
 
 

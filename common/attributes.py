@@ -177,6 +177,21 @@ EVENT_UPSTREAM_RETRY = "looptrace.upstream.retry"  # a server failed before the 
 UPSTREAM_FAILED = "looptrace.upstream.failed"  # on that event: the server that failed (and ERROR_TYPE, its code)
 UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server said
 
+# -- looptrace.route.*: the routing receipt, on the decode span (backends/vllm/routing.py) ---------
+
+ROUTE_POLICY = "looptrace.route.policy"  # --routing: rendezvous, least-loaded or cache-aware
+ROUTE_REASON = "looptrace.route.reason"  # home, prefix, least_loaded, home_overloaded, retry or only
+ROUTE_SCORE = "looptrace.route.score"  # what the policy ranked the chosen server by (higher first)
+ROUTE_LOAD = "looptrace.route.load"  # its requests running and waiting when chosen
+ROUTE_PREDICTED_CACHED_TOKENS = "looptrace.route.predicted_cached_tokens"  # prompt tokens predicted in its cache
+ROUTE_INDEX = "looptrace.route.index"  # what predicted them: events (its KV events) or estimate (what it was sent)
+ROUTE_CACHED_TOKENS = "looptrace.route.cached_tokens"  # what vLLM then said it had cached (its cached_tokens)
+ROUTE_PREDICTION_ERROR = "looptrace.route.prediction_error"  # cached_tokens − predicted_cached_tokens
+ROUTE_RUNNER_UP = "looptrace.route.runner_up"  # the server ranked next ("host:port")
+ROUTE_RUNNER_UP_SCORE = "looptrace.route.runner_up_score"  # its score
+ROUTE_RUNNER_UP_LOAD = "looptrace.route.runner_up_load"  # its load
+ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS = "looptrace.route.runner_up_predicted_cached_tokens"  # its prediction
+
 # -- the decode span's token events ---------------------------------------------------------------
 
 EVENT_TOKENS = "looptrace.tokens"  # up to 64 generated tokens, as parallel arrays of the columns below
@@ -240,6 +255,12 @@ METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN = "looptrace_upstream_time_to_first_token_se
 METRIC_UPSTREAM_SESSIONS_MOVED = "looptrace_upstream_sessions_moved"  # conversations moved, by the server left
 METRIC_UPSTREAM_UP = "looptrace_upstream_up"  # 1 while a vLLM server takes requests
 METRIC_UPSTREAM_REQUESTS_RUNNING = "looptrace_upstream_requests_running"  # requests streaming from each server
+METRIC_UPSTREAM_ROUTED = "looptrace_upstream_routed"  # requests routed to each server, by the routing's reason
+METRIC_UPSTREAM_PROMPT_TOKENS = "looptrace_upstream_prompt_tokens"  # prompt tokens sent to each server
+METRIC_UPSTREAM_CACHED_TOKENS = "looptrace_upstream_cached_tokens"  # of which it had cached, as it said
+METRIC_UPSTREAM_PREDICTED_CACHED_TOKENS = "looptrace_upstream_predicted_cached_tokens"  # as routing predicted
+METRIC_UPSTREAM_PREDICTION_ERROR = "looptrace_upstream_cache_prediction_error_ratio"  # |error| ÷ prompt tokens
+METRIC_UPSTREAM_KV_EVENTS_TRUSTED = "looptrace_upstream_kv_events_trusted"  # 1 while its KV events are followed
 METRIC_REQUESTS_RUNNING = "looptrace_requests_running"  # requests being decoded
 METRIC_REQUESTS_WAITING = "looptrace_requests_waiting"  # requests queued for the model
 METRIC_TRACE_SPANS_DROPPED = "looptrace_trace_spans_dropped"  # spans a trace sink lost, by sink

@@ -50,8 +50,11 @@ class Settings:
     vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
-    # Without vllm_urls: the command that starts vLLM ({model}, {port}; None: `vllm serve`, in vllm_spawn.py),
-    # and how long it may take to get ready (the first start compiles for minutes on a CPU).
+    routing: str = "rendezvous"  # which vLLM server takes a request (backends/vllm/routing.py's POLICIES)
+    # Each --vllm-url's KV-event sockets ("ENDPOINT[,REPLAY_ENDPOINT]" or "none"), in the same order.
+    vllm_kv_events: list[str] = field(default_factory=list)
+    # Without vllm_urls: the command that starts vLLM ({model}, {port}, {kv_events}; None: `vllm serve`, in
+    # backends/vllm/spawn.py), and how long it may take to get ready (the first start compiles for minutes on a CPU).
     vllm_command: str | None = None
     vllm_start_timeout: float = 900.0
     # vllm: where the served checkpoint's tokenizer is here (None: its root); llama.cpp: a checkpoint

@@ -6,11 +6,13 @@ JSON document per step instead of every prompt and token.
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
      "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
-     "continuity", "rollout_group", "fork_of"}
+     "continuity", "rollout_group", "fork_of", "route"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
-the trace was recorded without content. `tools` counts the tool calls by outcome.
+the trace was recorded without content. `tools` counts the tool calls by outcome. `route` is the vLLM
+routing's receipt: the server, the policy and its reason, the cached tokens predicted and those the
+server then reported, and the runner-up.
 
 Spans of a request end before its server span, so they are gathered first and the summary is
 finished when the server span arrives.
@@ -108,8 +110,26 @@ class StepGatherer:
             "continuity": gathered.get("continuity"), "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
+            "route": _route(decode),
         }
         return {k: v for k, v in step.items() if v is not None}
+
+
+# The step's `route` keys, and the decode span's attributes they are read from.
+_ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score", attr.ROUTE_SCORE),
+          ("load", attr.ROUTE_LOAD), ("predicted", attr.ROUTE_PREDICTED_CACHED_TOKENS), ("index", attr.ROUTE_INDEX),
+          ("cached", attr.ROUTE_CACHED_TOKENS), ("runner_up", attr.ROUTE_RUNNER_UP),
+          ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
+          ("runner_up_predicted", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS))
+
+
+def _route(decode: dict) -> dict | None:
+    """The routing receipt the decode span carries (a vLLM backend's), or None."""
+    if attr.ROUTE_POLICY not in decode:
+        return None
+    route = {"server": f"{decode.get(attr.SERVER_ADDRESS)}:{decode.get(attr.SERVER_PORT)}"}
+    route.update({key: decode[name] for key, name in _ROUTE if name in decode})
+    return route
 
 
 def searchable_text(step: dict) -> str:

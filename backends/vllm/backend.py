@@ -12,14 +12,16 @@ Two routes: `/inference/v1/generate` (token ids in and out, ranks) when the serv
 at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
 `BackendError` the client hears, never a hang: every wait on the server is bounded by the timeout.
 
-Several servers may serve the model (vllm_pool.py chooses one per request). A server that fails
-before the first token (refused, cut, an error, silence past the timeout) is left for another,
-once: nothing has reached the client yet. After the first token a failure is the client's error.
+Several servers may serve the model (pool.py chooses one per request, by the routing policy of
+routing.py, and says why in the `upstream` event). A server that fails before the first token
+(refused, cut, an error, silence past the timeout) is left for another, once: nothing has reached the
+client yet. After the first token a failure is the client's error.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -28,9 +30,10 @@ from looptrace.common.vocabulary import Vocabulary
 
 from ..base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
 from ..events import Event, upstream_event
+from .kv_index import PromptBlocks
 from .pool import Pool
 from .scoring import score_on
-from .spawn import DEFAULT_COMMAND, SpawnedVLLM
+from .spawn import SpawnedVLLM, default_command
 from .stream import SSEReader, TokenEmitter, cut, post
 from .upstream import Upstream, describe
 
@@ -47,13 +50,20 @@ class VLLMLoader(Loader):
 
     def __init__(self, settings, host: LoaderHost) -> None:
         super().__init__(settings, host)
-        urls = settings.vllm_urls
+        urls, endpoints = settings.vllm_urls, settings.vllm_kv_events
         self.spawned = None
         if not urls:
-            self.spawned = SpawnedVLLM(settings.vllm_command or DEFAULT_COMMAND, settings.model,
+            self.spawned = SpawnedVLLM(settings.vllm_command or default_command(), settings.model,
                                        start_timeout=settings.vllm_start_timeout)
             urls = [self.spawned.url]
-        self.pool = Pool([Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in urls])
+            endpoints = [self.spawned.kv_events] if self.spawned.kv_events else []
+        upstreams = [Upstream(url, settings.vllm_api_key, settings.vllm_timeout) for url in urls]
+        self.pool = Pool(upstreams, settings.routing)
+        if endpoints:
+            _follow_kv_events(upstreams, endpoints)
+        elif settings.routing == "cache-aware":
+            log.info("routing by what each vLLM server was sent (an estimate): no --vllm-kv-events to read what "
+                     "they hold")
 
     async def connect(self) -> str:
         """Waits for the first server to answer, saying meanwhile why none has."""
@@ -80,6 +90,16 @@ class VLLMLoader(Loader):
         await self.pool.close()
         if self.spawned is not None:
             await self.spawned.stop()
+
+
+def _follow_kv_events(upstreams: list[Upstream], endpoints: list[str]) -> None:
+    """Each server's KV events (`ENDPOINT[,REPLAY_ENDPOINT]`, or "none"), read into what it holds."""
+    from .kv_events import KVEvents  # ZeroMQ and msgpack: the vllm extra, checked with the options
+
+    for upstream, spec in zip(upstreams, endpoints):
+        if spec != "none":
+            endpoint, _, replay = spec.partition(",")
+            upstream.holdings.events = KVEvents(upstream.name, endpoint, replay or None)
 
 
 def _health(pool: Pool, spawned: SpawnedVLLM | None) -> dict:
@@ -121,10 +141,14 @@ class VLLMBackend:
         return _health(self.pool, self.spawned)
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        up, moved_from = self.pool.choose(request.conversation)
+        prompt = PromptBlocks(request.prompt_ids)
+        await self.pool.settled()
+        route = self.pool.choose(request.conversation, prompt)
         failed = None  # the attempt before this one, when it failed before its first token
         while True:
-            yield upstream_event(up.name, up.address, up.port, up.route, moved_from=moved_from, retry_after=failed)
+            up = route.upstream
+            yield upstream_event(up.name, up.address, up.port, up.route, moved_from=route.moved_from,
+                                 retry_after=failed, receipt=route.receipt())
             first = True
             try:
                 async for event in self._stream(up, request):
@@ -138,18 +162,18 @@ class VLLMBackend:
                     raise
                 failed = {"server": up.name, "code": exc.code, "message": exc.message}
                 try:
-                    up, _ = self.pool.choose(request.conversation, failed=up)
+                    route = self.pool.choose(request.conversation, prompt, failed=up)
                 except BackendError:
                     raise exc from None  # no other server: the client hears what went wrong
-                moved_from = failed["server"]  # the conversation moves from the server that failed
+                route.moved_from = failed["server"]  # the conversation moves from the server that failed
                 # %r: the server's message may quote what the client sent; a log line stays one line.
-                log.warning("the vLLM server at %s failed before the first token (%r); trying %s", moved_from,
-                            exc.message, up.name)
+                log.warning("the vLLM server at %s failed before the first token (%r); trying %s", route.moved_from,
+                            exc.message, route.upstream.name)
 
     async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
         """Teacher-forced scoring by the server's prompt_logprobs (vllm_scoring.py), on any server."""
-        up, _ = self.pool.choose(None)
-        return await score_on(up, prompt_ids, answer_ids)
+        route = self.pool.choose(None)
+        return await score_on(route.upstream, prompt_ids, answer_ids)
 
     async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)
@@ -158,6 +182,7 @@ class VLLMBackend:
                                f"already has {len(request.prompt_ids)}.", status=400, code="context_length_exceeded")
         tokens = TokenEmitter(self.vocab, request, min(request.max_tokens, room), up)
         reader: SSEReader | None = None
+        sent = time.monotonic()
         up.running += 1
         try:
             reader = SSEReader(await post(up, request, tokens.max_tokens))
@@ -179,7 +204,10 @@ class VLLMBackend:
             up.running -= 1
             if reader is not None:
                 reader.close()
-        yield tokens.done(reader.ended)
+        done = tokens.done(reader.ended)
+        if done["finish_reason"] != "cancelled":  # what the server now holds: the estimate's, and events owed
+            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent)
+        yield done
 
     async def close(self) -> None:
         await self.pool.close()

@@ -1,10 +1,10 @@
 """The vLLM servers behind the vllm backend, all serving one model: which one takes a request.
 
-A conversation sticks to one server, so that vLLM's prefix cache keeps its earlier turns: the
-server is chosen by rendezvous hashing (the highest hash of conversation and server URL among the
-servers that answer), so losing a server moves only its own conversations, and its return moves
-back only those. The choice needs no table and is the same in every looptrace process given the
-same URLs. A request with no conversation goes to the server with the fewest running requests.
+The choice is the routing policy's (--routing; routing.py: rendezvous, least-loaded, cache-aware),
+among the servers that answer; each choice comes with its receipt (a Route). What each server holds in
+its prefix cache is kept per server (kv_index.py: its KV events when it publishes them, kv_events.py,
+else what looptrace sent it); its load is looptrace's own count and, for the policies that weigh load, what
+its /metrics says, read every second.
 
 Each server has a task of its own: until it connects it is retried (1, 2, then every 5 s); then its
 /health is probed every 5 s, and a request that cannot reach it takes it out at once. The first
@@ -14,13 +14,14 @@ server to connect sets the model; one that serves another model or context is ke
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
 from ..base import BackendError
-from . import protocol
+from . import protocol, routing
+from .kv_index import PromptBlocks, SharedPrefixes
 from .upstream import Unreachable, Upstream
 
 log = logging.getLogger("looptrace")
@@ -28,18 +29,23 @@ log = logging.getLogger("looptrace")
 RETRY_SECONDS = (1, 2, 5)  # between attempts to connect to a server; the last repeats
 PROBE_SECONDS = 5.0  # between /health probes of a connected server
 HOMES = 65536  # conversations whose last server is remembered, to count the ones that move
+EVENTS_SECONDS = 5.0  # at start, the longest wait for the servers' KV events to say what they hold
 
 
 class Pool:
-    def __init__(self, upstreams: list[Upstream]) -> None:
+    def __init__(self, upstreams: list[Upstream], policy: str = "rendezvous") -> None:
         if not upstreams:
             raise ValueError("a pool needs at least one vLLM server")
+        if policy not in routing.POLICIES:
+            raise ValueError(f"no routing policy {policy!r}; there are {', '.join(routing.POLICIES)}")
         self.upstreams = upstreams
+        self.policy = policy
         self.reference: Upstream | None = None  # the first to connect: its model is the model
         self._connected = asyncio.Event()
         self._fatal: Exception | None = None  # why loading cannot go on (the one server serves something unusable)
         self._tasks: list[asyncio.Task] = []
         self._homes: OrderedDict[str, str] = OrderedDict()  # conversation → the server of its last request
+        self._shared = SharedPrefixes()  # the blocks conversations share (cache-aware weighs the rest)
         self._turn = 0  # where ties for least loaded start, so idle servers take turns
 
     # -- keeping the servers' state --
@@ -47,9 +53,16 @@ class Pool:
     async def reach(self, model: str | None, on_wait: Callable[[str], None]) -> Upstream:
         """Start watching every server; return the first to connect (`on_wait` hears why none has yet)."""
         self._tasks = [asyncio.create_task(self._keep(u, model, on_wait)) for u in self.upstreams]
+        self._tasks += [asyncio.create_task(u.holdings.events.run()) for u in self.upstreams
+                        if u.holdings.events is not None]
         await self._connected.wait()
         if self._fatal is not None:
             raise self._fatal
+        # The first requests routed by what the servers hold already, where their events say it in time.
+        following = [u.holdings.events.started.wait() for u in self.upstreams if u.holdings.events is not None]
+        if following:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*following), EVENTS_SECONDS)
         return self.reference
 
     async def _keep(self, upstream: Upstream, model: str | None, on_wait: Callable[[str], None]) -> None:
@@ -62,6 +75,8 @@ class Pool:
             try:
                 await upstream.connect(self.reference.model if self.reference else model)
                 self._check(upstream)
+                if upstream.connected:
+                    self._tasks.append(asyncio.create_task(self._watch_load(upstream)))
                 continue
             except Unreachable as exc:
                 message = f"{exc}; retrying every {RETRY_SECONDS[-1]} s"
@@ -94,11 +109,22 @@ class Pool:
                 f"{first.max_model_len}): every --vllm-url must serve the same model")
         log.info("vLLM at %s joins the pool", upstream.url)
 
+    async def _watch_load(self, upstream: Upstream) -> None:
+        """The server's /metrics: its block size and capacity (for the estimate of what it holds) once, and
+        its requests running and waiting every LOAD_SECONDS for the policies that weigh load."""
+        while upstream.connected:
+            with contextlib.suppress(Unreachable):
+                await upstream.read_metrics(self.policy in routing.USES_LOAD)
+            if self.policy not in routing.USES_LOAD:
+                return
+            await asyncio.sleep(routing.LOAD_SECONDS)
+
     # -- choosing --
 
-    def choose(self, conversation: str | None, failed: Upstream | None = None) -> tuple[Upstream, str | None]:
-        """The server for a request, and the server its conversation's last request went to when that
-        was another (the conversation moved). `failed`: the server that failed this request already."""
+    def choose(self, conversation: str | None, prompt: list[int] | PromptBlocks | None = None,
+               failed: Upstream | None = None) -> routing.Route:
+        """The route of a request: its server, why, and the server its conversation's last request went to
+        when that was another (the conversation moved). `failed`: the server that failed this request already."""
         live = [u for u in self.upstreams if u.serving and u is not failed]
         if not live:
             # None answers, as far as the probes know; a probe may be seconds old, so try one anyway:
@@ -107,17 +133,30 @@ class Pool:
         if not live:
             raise BackendError(f"no other vLLM server to try: {failed.error if failed else 'none connected'}",
                                status=503, code="upstream_unreachable")
-        if conversation is None:
+        if conversation is None:  # idle servers take turns
             self._turn = (self._turn + 1) % len(live)
-            return min(live[self._turn:] + live[:self._turn], key=lambda u: u.running), None
-        chosen = max(live, key=lambda u: _weight(conversation, u.url))
-        homes = self._homes
-        before = homes.get(conversation)
-        homes[conversation] = chosen.name
-        homes.move_to_end(conversation)
-        if len(homes) > HOMES:
-            homes.popitem(last=False)
-        return chosen, before if before is not None and before != chosen.name else None
+            live = live[self._turn:] + live[:self._turn]
+        if isinstance(prompt, list):
+            prompt = PromptBlocks(prompt)
+        shared = 0
+        if self.policy == "cache-aware" and conversation is not None and prompt is not None:
+            shared = self._shared.shared_tokens(conversation, prompt, live[0].holdings.block_size)
+        route = routing.choose(self.policy, live, conversation, prompt, retry=failed is not None, shared=shared)
+        if conversation is not None:
+            homes = self._homes
+            before = homes.get(conversation)
+            homes[conversation] = route.upstream.name
+            homes.move_to_end(conversation)
+            if len(homes) > HOMES:
+                homes.popitem(last=False)
+            route.moved_from = before if before is not None and before != route.upstream.name else None
+        return route
+
+    async def settled(self) -> None:
+        """Every server's KV-event batches that have arrived, read (kv_events.KVEvents.settled)."""
+        waits = [u.holdings.events.settled() for u in self.upstreams if u.holdings.events is not None]
+        if waits:
+            await asyncio.gather(*waits)
 
     # -- what it says --
 
@@ -145,9 +184,3 @@ class Pool:
             task.cancel()
         for upstream in self.upstreams:
             await upstream.close()
-
-
-def _weight(conversation: str, url: str) -> int:
-    # blake2b rather than hash(): the same in every process, so several looptrace processes agree.
-    digest = hashlib.blake2b(f"{conversation}\0{url}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")

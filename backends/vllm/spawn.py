@@ -1,23 +1,28 @@
 """A vLLM server that looptrace starts itself: `--backend vllm` without `--vllm-url`.
 
-The command (`--vllm-command`, `{model}` and `{port}` filled in, a free loopback port chosen) runs in a
-process group of its own; its output is logged line by line with a `vllm|` prefix and its last lines
-kept, so that when it exits or never gets ready the reason is said, not guessed. looptrace waits for
-its /health while saying how long it has waited and what it printed last; once ready, a server that
-dies is started again (after 1, 2, 5 … 30 s), and stopping looptrace stops the whole group (and, on
-Linux, the kernel stops it should looptrace itself be killed).
+The command (`--vllm-command`, `{model}` and `{port}` filled in, a free loopback port chosen; `{kv_events}`
+with vLLM's --kv-events-config, publishing on sockets of a folder of its own, which looptrace follows:
+kv_events.py) runs in a process group of its own; its output is logged line by line with a `vllm|`
+prefix and its last lines kept, so that when it exits or never gets ready the reason is said, not
+guessed. looptrace waits for its /health while saying how long it has waited and what it printed last;
+once ready, a server that dies is started again (after 1, 2, 5 … 30 s), and stopping looptrace stops
+the whole group (and, on Linux, the kernel stops it should looptrace itself be killed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +31,8 @@ import aiohttp
 
 log = logging.getLogger("looptrace")
 
-DEFAULT_COMMAND = "vllm serve {model} --host 127.0.0.1 --port {port}"
+DEFAULT_COMMAND = "vllm serve {model} --host 127.0.0.1 --port {port} --kv-events-config {kv_events}"
+WITHOUT_EVENTS = "vllm serve {model} --host 127.0.0.1 --port {port}"
 KEPT_LINES = 40  # the server's last lines, said when it fails
 PROGRESS_SECONDS = 15.0  # between "still starting" lines
 RESTART_SECONDS = (1, 2, 5, 10, 30)
@@ -41,10 +47,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def command_line(template: str, model: str, port: int) -> list[str]:
-    """The template split as a shell would, then `{model}` and `{port}` filled in each word (never
-    str.format: a JSON flag's braces stay as they are)."""
-    return [word.replace("{model}", model).replace("{port}", str(port)) for word in shlex.split(template)]
+def kv_events_missing() -> str | None:
+    """Why vLLM's KV events cannot be read here, or None."""
+    if all(importlib.util.find_spec(name) for name in ("zmq", "msgpack")):
+        return None
+    return "reading vLLM's KV events needs pyzmq and msgpack: pip install 'looptrace[vllm]'"
+
+
+def default_command() -> str:
+    """vLLM with its KV events on, when they can be read here (else routing estimates what it holds)."""
+    missing = kv_events_missing()
+    if missing:
+        log.warning("%s; the vLLM looptrace starts publishes none, and routing estimates what it holds", missing)
+        return WITHOUT_EVENTS
+    return DEFAULT_COMMAND
+
+
+def kv_events_config(folder: str) -> tuple[str, str]:
+    """vLLM's --kv-events-config publishing on two sockets in `folder` (ipc://: nothing listens on the network),
+    and the endpoints looptrace reads, as --vllm-kv-events takes them."""
+    endpoint, replay = f"ipc://{folder}/kv-events", f"ipc://{folder}/kv-replay"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay,
+              "topic": "kv-events"}
+    return json.dumps(config, separators=(",", ":")), f"{endpoint},{replay}"
+
+
+def command_line(template: str, model: str, port: int, kv_events: str = "") -> list[str]:
+    """The template split as a shell would, then `{model}`, `{port}` and `{kv_events}` filled in each word
+    (never str.format: a JSON flag's braces stay as they are)."""
+    return [word.replace("{model}", model).replace("{port}", str(port)).replace("{kv_events}", kv_events)
+            for word in shlex.split(template)]
 
 
 def _die_with_parent() -> None:
@@ -60,7 +92,16 @@ class SpawnedVLLM:
     def __init__(self, template: str, model: str, *, start_timeout: float) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = command_line(template, model, self.port)
+        self.kv_events: str | None = None  # where its KV events are read (ENDPOINT,REPLAY), when it publishes them
+        self._folder: str | None = None
+        config = ""
+        if "{kv_events}" in template:
+            missing = kv_events_missing()
+            if missing:
+                raise RuntimeError(f"--vllm-command has {{kv_events}}: {missing}")
+            self._folder = tempfile.mkdtemp(prefix="looptrace-vllm-")
+            config, self.kv_events = kv_events_config(self._folder)
+        self.command = command_line(template, model, self.port, config)
         self.start_timeout = start_timeout
         self.lines: deque[str] = deque(maxlen=KEPT_LINES)
         self.restarts = 0
@@ -157,6 +198,8 @@ class SpawnedVLLM:
         self._stopping = True
         if self._watcher is not None:
             self._watcher.cancel()
+        if self._folder is not None:  # its sockets' folder: vLLM binds them again should it be started again
+            shutil.rmtree(self._folder, ignore_errors=True)
         process = self._process
         if process is None or process.returncode is not None:
             return

@@ -85,6 +85,7 @@ class TokenEmitter:
         self.parse = protocol.generate_tokens if up.route == protocol.GENERATE else protocol.completions_tokens
         self.detokenizer = vocab.detokenizer(request.prompt_ids[-4:])
         self.prefilled, self.count, self.finish, self.reason = False, 0, "", None
+        self.output_ids: list[int] = []  # what the server generated: in its prefix cache now, with the prompt
         self.cached, self.upstream_prompt, self.spec = 0, None, None
         self.started = self.first_at = time.perf_counter()
 
@@ -119,6 +120,7 @@ class TokenEmitter:
                 events.append(prefill_event(len(request.prompt_ids), None, self.first_at - self.started,
                                             upstream_prompt=self.upstream_prompt, rendered=request.prompt_ids))
             self.count += 1
+            self.output_ids.append(token_id)
             if token_id in stop_ids:
                 text, self.finish = "", "stop"
             else:

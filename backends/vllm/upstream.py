@@ -4,7 +4,8 @@ On connecting, `/v1/models` gives the model, the checkpoint it was loaded from (
 context; an empty POST to `/inference/v1/generate` tells whether that route is there (400: it is,
 the body failed validation at no cost to the engine; 403: started without --enable-scale-out; 404:
 a vLLM too old to have it). Once connected, its /health is probed so that requests go only to a
-server that answers (the pool of servers, vllm_pool.py, keeps that going).
+server that answers (the pool of servers, pool.py, keeps that going), and its /metrics read for its
+load and its prefix cache's shape (routing.py, kv_index.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from . import protocol
+from .kv_index import Holdings
+from .load import Load
 
 log = logging.getLogger("looptrace")
 
@@ -54,7 +57,10 @@ class Upstream:
         self.connected = False  # its model, context and route are known
         self.reachable = False  # it answered last time it was asked
         self.error: str | None = None
-        self.running = 0  # requests this process is streaming from it now
+        self.load = Load()  # requests in flight on it (this process's, and as it says), and averaged
+        # What its prefix cache holds: read from its KV events (vllm/kv_events.py) when the loader gives it
+        # them, else estimated from what was sent to it.
+        self.holdings = Holdings()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -84,6 +90,15 @@ class Upstream:
                 resends += 1
                 log.debug("the vLLM server at %s closed the connection unanswered (%s); sending again", self.url,
                           describe(exc))
+
+    @property
+    def running(self) -> int:
+        """Requests this process is streaming from it now."""
+        return self.load.own
+
+    @running.setter
+    def running(self, value: int) -> None:
+        self.load.set_own(value)
 
     # -- connecting --
 
@@ -136,6 +151,23 @@ class Upstream:
         else:
             self.unreachable(f"GET /health answered {status}: {protocol.error_message(body, '')}")
 
+    async def read_metrics(self, load: bool) -> None:
+        """Its prefix cache's block size and capacity (for the estimate of what it holds), and with `load` its
+        requests running and waiting, from its /metrics."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self.session.get(self.url + "/metrics", headers=self.headers) as response:
+                    if response.status != 200:
+                        return
+                    text = await response.text()
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise Unreachable(f"cannot read the /metrics of the vLLM server at {self.url}: {describe(exc)}") from exc
+        in_flight, block_size, blocks = protocol.metrics_load(text)
+        if load and in_flight is not None:
+            self.load.report(in_flight)
+        if block_size:
+            self.holdings.sent.resize(block_size, blocks)
+
     async def _call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
         try:
             async with asyncio.timeout(self.timeout):
@@ -151,9 +183,13 @@ class Upstream:
     # -- state --
 
     def answered(self) -> None:
+        if not self.reachable and self.connected:
+            self.holdings.back()
         self.reachable, self.error = True, None
 
     def unreachable(self, message: str) -> None:
+        if self.reachable:
+            self.holdings.left()  # it may be restarting: what it held is unknown until it is back
         self.reachable, self.error = False, message
 
     @property
@@ -168,6 +204,7 @@ class Upstream:
             body["route_note"] = self.route_note
         if self.error:
             body["error"] = self.error
+        body.update(self.holdings.health())
         return body
 
     async def close(self) -> None:

@@ -38,6 +38,7 @@ class RequestMetrics(Observer):
         self._started_ns = time.time_ns()  # on the clock the engine stamps tokens with
         self._exemplar = {"trace_id": trace_id} if trace_id else None
         self._server: str | None = None  # the vLLM server the tokens come from, once the backend says
+        self._receipt: dict | None = None  # why that server (the routing's receipt)
         self._prefill: PrefillEvent | None = None  # until its cached tokens are counted
         # The children the per-group counts go to, labelled once: inter-token latency (from submission),
         # generated tokens by channel, and by the vLLM server that generated them (once it is known).
@@ -89,6 +90,9 @@ class RequestMetrics(Observer):
         self._upstream_tokens = metrics.upstream_tokens.labels(self.model, server)
         if event["moved_from"]:
             metrics.upstream_moved.labels(self.model, event["moved_from"]).inc()
+        receipt = self._receipt = event.get("receipt")
+        if receipt:
+            metrics.upstream_routed.labels(self.model, server, receipt["reason"]).inc()
         retry = event["retry_after"]
         if retry:
             metrics.upstream_errors.labels(self.model, retry["server"], retry["code"]).inc()
@@ -144,6 +148,14 @@ class RequestMetrics(Observer):
         if self._upstream_tokens is not None:
             self._upstream_tokens.inc(len(pending))
 
+    def _count_route(self, prompt: int, cached: int) -> None:
+        """The server's prefix-cache hits, and how far the routing's prediction of them was off."""
+        metrics, labels, predicted = self.metrics, (self.model, self._server), self._receipt["predicted_cached_tokens"]
+        metrics.upstream_prompt_tokens.labels(*labels).inc(prompt)
+        metrics.upstream_cached_tokens.labels(*labels).inc(cached)
+        metrics.upstream_predicted_cached_tokens.labels(*labels).inc(predicted)
+        metrics.upstream_prediction_error.labels(*labels).observe(abs(cached - predicted) / max(prompt, 1))
+
     def tool_call(self, delta: ToolCallDelta) -> None:
         self.metrics.tool_calls.labels(self.model, delta["outcome"]).inc()
 
@@ -153,6 +165,8 @@ class RequestMetrics(Observer):
     def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}
         self._count_cached(generation.cached_tokens)
+        if self._receipt is not None:
+            self._count_route(generation.prompt_tokens, generation.cached_tokens)
         rate = done.get("tokens_per_second", 0.0)
         if rate:
             self.metrics.decode_rate.labels(self.model).observe(rate, self._exemplar)

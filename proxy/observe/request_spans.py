@@ -6,7 +6,8 @@ Span tree, one trace per request (an incoming traceparent is continued):
     ├── render                            the exact prompt, its ids, what is new in this conversation
     ├── prefill                           submission → first token: prompt and cached tokens
     ├── decode                            the backend call (its traceparent goes upstream), token events;
-    │                                     with vLLM, the server (server.address, .port) and any retry
+    │                                     with vLLM, the server (server.address, .port), why it was chosen
+    │                                     (looptrace.route.*: the receipt) and any retry
     └── execute_tool {name}               one per tool call the model made
 
 Every name is a constant of common/attributes.py. The per-token path (`token`) is one append;
@@ -72,6 +73,7 @@ class RequestSpans(Observer):
         self._recording = False
         self._output_ids: list[int] = []
         self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
+        self._predicted: int | None = None  # the routing's prediction of cached prompt tokens (vLLM)
 
     # -- what the adapter knows --
 
@@ -212,6 +214,10 @@ class RequestSpans(Observer):
                       attr.BACKEND_ROUTE: event["route"]}
         if event["moved_from"]:
             attributes[attr.UPSTREAM_MOVED_FROM] = event["moved_from"]
+        receipt = event.get("receipt")
+        if receipt:
+            self._predicted = receipt["predicted_cached_tokens"]
+            attributes.update({key: receipt[name] for name, key in _RECEIPT if name in receipt})
         span.set_attributes(attributes)
         retry = event["retry_after"]
         if retry:
@@ -289,6 +295,9 @@ class RequestSpans(Observer):
             self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
         self._end_prefill(generation.cached_tokens)
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
+        if self._predicted is not None:  # the receipt's other half: what the server then said it had cached
+            method.update({attr.ROUTE_CACHED_TOKENS: generation.cached_tokens,
+                           attr.ROUTE_PREDICTION_ERROR: generation.cached_tokens - self._predicted})
         self._end_decode({
             **method,
             attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
@@ -355,6 +364,14 @@ class RequestSpans(Observer):
             results.append(result)
             links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
         return results, links
+
+
+# The routing receipt's fields (backends/vllm/routing.py's Route.receipt) and the attributes they become.
+_RECEIPT = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score", attr.ROUTE_SCORE),
+            ("load", attr.ROUTE_LOAD), ("predicted_cached_tokens", attr.ROUTE_PREDICTED_CACHED_TOKENS),
+            ("index", attr.ROUTE_INDEX), ("runner_up", attr.ROUTE_RUNNER_UP),
+            ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
+            ("runner_up_predicted_cached_tokens", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS))
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:

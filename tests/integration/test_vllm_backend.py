@@ -98,8 +98,11 @@ def through_vllm(double: DoubleProcess, vocab: Vocabulary, requests: list[Decode
 
     route, runs = asyncio.run(run())
     for events in runs:
-        assert events[0] == {"type": "upstream", "server": f"127.0.0.1:{double.port}", "address": "127.0.0.1",
-                             "port": double.port, "route": route, "moved_from": None, "retry_after": None}
+        receipt = events[0]["receipt"]  # the only server: chosen as such, with what it is estimated to hold
+        assert (receipt["policy"], receipt["reason"], receipt["index"]) == ("rendezvous", "only", "estimate")
+        assert {k: v for k, v in events[0].items() if k != "receipt"} == {
+            "type": "upstream", "server": f"127.0.0.1:{double.port}", "address": "127.0.0.1", "port": double.port,
+            "route": route, "moved_from": None, "retry_after": None}
     return route, [events[1:] for events in runs]
 
 

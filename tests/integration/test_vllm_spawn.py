@@ -103,3 +103,23 @@ def test_a_server_that_never_gets_ready_is_given_up_on(serve, qwen3_5_dir):
 def test_a_command_that_does_not_exist_says_so(serve, qwen3_5_dir):
     server = serve(str(qwen3_5_dir), "--backend", "vllm", "--vllm-command", "no-such-vllm serve {model}", wait=False)
     assert "could not be run" in _failed(server)["reason"]
+
+
+def test_a_vllm_it_starts_with_kv_events_is_followed(serve, qwen3_5_dir):
+    """`{kv_events}` in the command (the default has it): vLLM's --kv-events-config, publishing on sockets in a
+    folder of looptrace's, which looptrace reads, so routing knows what the server holds."""
+    command = DOUBLE + " --fast --kv-events-config {kv_events}"
+    server = serve(str(qwen3_5_dir), "--backend", "vllm", "--vllm-command", command, "--served-model-name",
+                   "tiny-qwen", env={"PYTHONPATH": str(ROOT)})
+    health = server.get("/health")[1]
+    assert '"endpoint":"ipc://' in health["spawned"]["command"]
+    events = health["upstreams"][0]["kv_events"]
+    assert events["endpoint"].startswith("ipc://") and events["replay_endpoint"].startswith("ipc://")
+    messages = [{"role": "system", "content": "You are terse. " * 30}, {"role": "user", "content": "Hi"}]
+    for _ in range(2):
+        status, answer = server.post("/v1/chat/completions", {"model": "tiny-qwen", "messages": messages,
+                                                             "max_tokens": 4}, headers={"session_id": "s"})
+        assert status == 200, answer
+    health = server.get("/health")[1]["upstreams"][0]
+    assert health["routing_index"] == "events" and health["kv_events"]["blocks"] > 0
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

@@ -37,6 +37,15 @@ Switches for tests, under /double/ (no part of vLLM):
   GET /double/requests: each generation request (path, trace and auth headers, body, tokens sent,
       usage and metrics sent, outcome); POST /double/reset forgets them, the armed switch and the
       prefix cache.
+  POST /double/kv_events {"publish": bool, "drop": N, "forget": bool, "restart": bool}: the KV-event
+      publisher's faults (kv_publisher.py)
+
+Its prefix cache is block by block, as vLLM's (kv_publisher.py: `cached_tokens` come from it), least
+recently used out past --num-gpu-blocks-override blocks; with --kv-events-config (vLLM's flag, its
+"endpoint" and "replay_endpoint") it publishes its KV events as vLLM does. POST /reset_prefix_cache
+empties it (vLLM's, with VLLM_SERVER_DEV_MODE=1); GET /metrics says vLLM's requests running and waiting
+and its cache's shape (`vllm:cache_config_info`). As vLLM's, its reset is published with the next request's
+events; /double/reset's at once.
 
     python -m tests.support.vllm_double --model DIR_OR_GGUF --port P [--fast] [--api-key K]
 """
@@ -59,6 +68,7 @@ from aiohttp import web
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # run as `python -m tests.support.vllm_double`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kv_publisher import PrefixCache, Publisher  # noqa: E402
 from processes import Service, answers_ok  # noqa: E402
 
 VLLM_VERSION = "0.33.0"  # the vLLM whose protocol this double speaks; the wheel the protocol test reads
@@ -286,7 +296,8 @@ class FastEngine:
 
 class Double:
     def __init__(self, engine, path: Path, served_name: str | None, api_key: str | None,
-                 max_model_len: int | None) -> None:
+                 max_model_len: int | None, kv_events: dict | None = None, blocks: int | None = None,
+                 block_size: int = BLOCK) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.vocab_size = engine.vocab_size
@@ -299,7 +310,11 @@ class Double:
         self.spec_tokens = 0
         self.armed: dict | None = None
         self.requests: collections.deque = collections.deque(maxlen=2000)
-        self.seen_prompts: collections.deque = collections.deque(maxlen=64)
+        self.cache = PrefixCache(block_size, blocks)
+        self.kv_events = kv_events  # vLLM's --kv-events-config: where it publishes (started with the app)
+        self.publisher: Publisher | None = None
+        self.deferred: list[dict] = []  # events held back until the next engine step
+        self.running = 0
         self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
         self.media = Media(path, self.tokenizer)
         config = path / "config.json"
@@ -316,7 +331,56 @@ class Double:
         app.router.add_post("/double/config", self.config)
         app.router.add_get("/double/requests", self.list_requests)
         app.router.add_post("/double/reset", self.reset)
+        app.router.add_post("/double/kv_events", self.kv_event_faults)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_get("/metrics", self.metrics)
+        app.on_startup.append(self._start_publisher)
+        app.on_cleanup.append(self._stop_publisher)
         return app
+
+    async def _start_publisher(self, app) -> None:
+        if self.kv_events:
+            self.publisher = Publisher(self.kv_events["endpoint"], self.kv_events.get("replay_endpoint"),
+                                       self.kv_events.get("topic", ""))
+
+    async def _stop_publisher(self, app) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def publish(self, events: list[dict]) -> None:
+        """An engine step's events, after any it held back (a reset's)."""
+        events, self.deferred = self.deferred + events, []
+        if self.publisher is not None:
+            self.publisher.publish(events)
+
+    async def kv_event_faults(self, request: web.Request) -> web.Response:
+        body, publisher = await request.json(), self.publisher
+        if publisher is None:
+            return web.json_response({"error": "started without --kv-events-config"}, status=400)
+        if "publish" in body:
+            publisher.publishing = bool(body["publish"])
+        publisher.dropping += int(body.get("drop", 0))
+        if body.get("forget"):
+            publisher.buffer.clear()
+        if body.get("restart"):
+            publisher.restart()
+            self.cache.clear()
+        return web.json_response({"seq": publisher.seq, "publishing": publisher.publishing})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # vLLM's scheduler publishes what changed with its next engine step: the reset goes out with the next
+        # request's events (checked against a real vLLM in test_real_vllm_routing.py).
+        self.deferred += self.cache.clear()
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """vLLM's series that looptrace reads, as vLLM writes them (prometheus_client's text format)."""
+        labels = f'engine="0",model_name="{self.model}"'
+        lines = [f"vllm:num_requests_running{{{labels}}} {float(self.running)}",
+                 f"vllm:num_requests_waiting{{{labels}}} 0.0",
+                 f'vllm:cache_config_info{{block_size="{self.cache.block_size}",engine="0",'
+                 f'num_gpu_blocks="{self.cache.capacity or 0}"}} 1.0']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
@@ -366,7 +430,7 @@ class Double:
 
     async def reset(self, request: web.Request) -> web.Response:
         self.requests.clear()
-        self.seen_prompts.clear()
+        self.publish(self.cache.clear())
         self.armed = None
         return web.json_response({})
 
@@ -415,12 +479,15 @@ class Double:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         entry["outcome"] = "streaming"
+        self.running += 1
         try:
             entry["outcome"] = await self._stream(request, response, prompt, params, body, generate_route, armed or {},
                                                   entry)
         except asyncio.CancelledError:
             entry["outcome"] = "cancelled"  # the client closed the connection: vLLM aborts the request
             raise
+        finally:
+            self.running -= 1
         return response
 
     def _read(self, body: dict, generate_route: bool) -> tuple[list[int], dict]:
@@ -545,7 +612,8 @@ class Double:
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         params = {**params, "include_usage": include_usage}
-        cached = self._cached(prompt)
+        cached = self.cache.lookup(prompt)
+        self.publish(self.cache.store(prompt, cached // self.cache.block_size))  # its prefill's blocks
         produced: list[int] = entry["token_ids"]
         text_offset = 0
         steps = self.engine.steps(prompt, params)
@@ -582,6 +650,9 @@ class Double:
                     break
         finally:
             await steps.aclose()  # the model's lock goes with it
+        # The blocks its answer filled (the last token's keys and values are never computed), published with
+        # the engine step that ended it: before its last chunk goes out, as vLLM's scheduler does.
+        self.publish(self.cache.store(prompt + produced[:-1], len(prompt) // self.cache.block_size))
         if include_usage:
             usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(produced),
                      "completion_tokens": len(produced), "prompt_tokens_details": {"cached_tokens": cached}}
@@ -599,7 +670,6 @@ class Double:
             await response.write(_frame(chunk))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        self.seen_prompts.append(prompt)
         return "done"
 
     def _step_sizes(self):
@@ -620,19 +690,6 @@ class Double:
                 "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0,
                 "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
                 "num_draft_tokens": steps * k, "num_spec_tokens": k}
-
-    def _cached(self, prompt: list[int]) -> int:
-        """Prompt tokens a prefix cache would hold: whole blocks shared with an earlier prompt, and at
-        least one token left to compute."""
-        best = 0
-        for seen in self.seen_prompts:
-            n = 0
-            for a, b in zip(seen, prompt):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return min(best, len(prompt) - 1) // BLOCK * BLOCK
 
     async def _flush(self, response, steps, produced, generate_route, request_id, created, first, prompt, return_ids,
                      as_ids, params, finish, stop_reason, stream, backend, text_offset) -> int:
@@ -757,10 +814,14 @@ def main(argv: list[str] | None = None, double_class: type[Double] = Double,
     parser.add_argument("--served-model-name")
     parser.add_argument("--api-key")
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--kv-events-config", type=json.loads, help="vLLM's: its endpoint and replay_endpoint")
+    parser.add_argument("--num-gpu-blocks-override", type=int, help="the prefix cache's capacity, in blocks")
+    parser.add_argument("--block-size", type=int, default=BLOCK)
     args = parser.parse_args(argv)
     path = Path(args.model).resolve()
     engine = FastEngine(path) if args.fast else ModelEngine(path)
-    double = double_class(engine, Path(args.model), args.served_model_name, args.api_key, args.max_model_len)
+    double = double_class(engine, Path(args.model), args.served_model_name, args.api_key, args.max_model_len,
+                          args.kv_events_config, args.num_gpu_blocks_override, args.block_size)
     # handler_cancellation: a client that closes its connection cancels its stream, as vLLM aborts it.
     web.run_app(double.app(), host=args.host, port=args.port, handler_cancellation=True, access_log=None,
                 print=lambda *_: print(f"vllm double serving {double.model} on {args.host}:{args.port}", flush=True))
@@ -774,12 +835,16 @@ class DoubleProcess(Service):
 
     def __init__(self, model: Path | str, *, port: int, log_path: Path, fast: bool = False,
                  api_key: str | None = None, served_model_name: str | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, kv_events: dict | None = None, blocks: int | None = None,
+                 block_size: int | None = None) -> None:
         self.port = port
         self.api_key = api_key
+        self.kv_events = kv_events
         command = [sys.executable, *self.program, "--model", str(model), "--port", str(port)]
         for flag, value in (("--api-key", api_key), ("--served-model-name", served_model_name),
-                            ("--max-model-len", max_model_len)):
+                            ("--max-model-len", max_model_len), ("--num-gpu-blocks-override", blocks),
+                            ("--block-size", block_size),
+                            ("--kv-events-config", json.dumps(kv_events) if kv_events else None)):
             if value is not None:
                 command += [flag, str(value)]
         if fast:
@@ -812,6 +877,20 @@ class DoubleProcess(Service):
 
     def reset(self) -> None:
         self.control("/double/reset", {})
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's own reset (its answer is empty, as vLLM's)."""
+        request = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def kv_event_faults(self, **faults) -> dict:
+        return self.control("/double/kv_events", faults)
+
+    @property
+    def kv_events_spec(self) -> str:
+        """What --vllm-kv-events takes for it."""
+        return f"{self.kv_events['endpoint']},{self.kv_events['replay_endpoint']}"
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def pool_of(*urls: str) -> Pool:
 
 
 def homes(pool: Pool, conversations) -> dict[str, str]:
-    return {c: pool.choose(c)[0].name for c in conversations}
+    return {c: pool.choose(c).upstream.name for c in conversations}
 
 
 def test_conversations_spread_and_stay():
@@ -48,7 +48,8 @@ def test_losing_a_server_moves_only_its_conversations_and_its_return_brings_them
     b.unreachable("connection refused")
     during = {}
     for c in many:
-        chosen, moved_from = pool.choose(c)
+        route = pool.choose(c)
+        chosen, moved_from = route.upstream, route.moved_from
         during[c] = chosen.name
         # Moved exactly when its server was b, and said so.
         assert moved_from == ("b:8000" if before[c] == "b:8000" else None)
@@ -57,7 +58,8 @@ def test_losing_a_server_moves_only_its_conversations_and_its_return_brings_them
     b.answered()
     after = {}
     for c in many:
-        chosen, moved_from = pool.choose(c)
+        route = pool.choose(c)
+        chosen, moved_from = route.upstream, route.moved_from
         after[c] = chosen.name
         assert moved_from == (during[c] if before[c] == "b:8000" else None)
     assert after == before
@@ -67,18 +69,19 @@ def test_a_request_without_a_conversation_goes_to_the_least_loaded_server():
     pool = pool_of("http://a:1", "http://b:2", "http://c:3")
     a, b, c = pool.upstreams
     a.running, b.running, c.running = 3, 1, 2
-    assert pool.choose(None) == (b, None)
+    route = pool.choose(None)
+    assert (route.upstream, route.moved_from, route.reason) == (b, None, "least_loaded")
     b.running = 5
-    assert pool.choose(None) == (c, None)
+    assert pool.choose(None).upstream is c
     a.running = b.running = c.running = 0  # idle: they take turns
-    assert sorted(pool.choose(None)[0].name for _ in range(6)) == ["a:1", "a:1", "b:2", "b:2", "c:3", "c:3"]
+    assert sorted(pool.choose(None).upstream.name for _ in range(6)) == ["a:1", "a:1", "b:2", "b:2", "c:3", "c:3"]
 
 
 def test_a_failed_server_is_not_chosen_again_for_the_same_request():
     pool = pool_of("http://a:1", "http://b:2")
-    first, _ = pool.choose("x")
-    second, moved_from = pool.choose("x", failed=first)
-    assert second is not first and moved_from == first.name
+    first = pool.choose("x").upstream
+    second = pool.choose("x", failed=first)
+    assert second.upstream is not first and second.moved_from == first.name and second.reason == "retry"
     alone = pool_of("http://a:1")
     with pytest.raises(BackendError) as caught:
         alone.choose("x", failed=alone.upstreams[0])
@@ -90,7 +93,7 @@ def test_when_no_server_answers_its_probes_one_is_still_tried():
     pool = pool_of("http://a:1", "http://b:2")
     for upstream in pool.upstreams:
         upstream.unreachable("connection refused")
-    assert pool.choose("x")[0] in pool.upstreams
+    assert pool.choose("x").upstream in pool.upstreams
     assert not pool.serving
 
 
@@ -102,7 +105,7 @@ def test_a_server_of_another_model_is_kept_out():
     pool.upstreams.append(other)
     with pytest.raises(RuntimeError, match="every --vllm-url must serve the same model"):
         pool._check(other)
-    assert not other.serving and all(pool.choose(f"c{i}")[0] is pool.upstreams[0] for i in range(20))
+    assert not other.serving and all(pool.choose(f"c{i}").upstream is pool.upstreams[0] for i in range(20))
 
 
 def test_a_server_named_twice_is_refused_at_the_command_line(capsys):

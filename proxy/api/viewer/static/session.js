@@ -37,6 +37,21 @@ function longText(text, cls = "text") {
   return pre;
 }
 
+const REASONS = {home: "its home", prefix: "holds most of the prompt", least_loaded: "least loaded",
+  home_overloaded: "its home was overloaded", retry: "another server failed first", only: "the only server"};
+
+// The vLLM routing's receipt: where the step went and why, and how much of its prompt that server had
+// cached against what routing predicted (hover: the scores, the runner-up).
+function routeChip(route) {
+  const cached = route.cached !== undefined ? `${count(route.cached)} cached` : "cached unknown";
+  const guess = route.index === "estimate" ? "estimated" : "predicted";
+  const lines = [`routed by ${route.policy}: ${REASONS[route.reason] || route.reason}`,
+    `score ${route.score}, load ${route.load}; ${count(route.predicted)} cached tokens ${guess}`];
+  if (route.runner_up) lines.push(`runner-up ${route.runner_up}: score ${route.runner_up_score}, load ` +
+    `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted`);
+  return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})`, title: lines.join("\n")};
+}
+
 function partsText(parts, type) {
   return (parts || []).filter((p) => p.type === type).map((p) => p.content ?? "").join("");
 }
@@ -217,13 +232,14 @@ export class SessionView {
       step.tokens_per_second ? `${step.tokens_per_second.toFixed(1)} tok/s` : "",
       step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` + (step.draft_method ? ` (${step.draft_method})` : "") : "",
       step.backend || "",
+      step.route ? routeChip(step.route) : "",
     ].filter(Boolean);
     const badge = step.continuity ? h("span", {class: `badge continuity ${step.continuity}`,
       title: CONTINUITY[step.continuity] || step.continuity}, step.continuity) : "";
     el.append(h("header", {},
       h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
       h("time", {}, when(step.start_ns)), badge,
-      h("ul", {class: "chips"}, chips.map((c) => h("li", {}, c)))));
+      h("ul", {class: "chips"}, chips.map((c) => typeof c === "string" ? h("li", {}, c) : h("li", {title: c.title}, c.text)))));
     if (step.error || (step.http_status && step.http_status >= 400)) {
       el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));
     }
