@@ -61,3 +61,16 @@ def test_no_module_imports_itself_round_a_circle():
         if module not in index:
             visit(module)
     assert not circles, circles
+
+
+def test_every_package_folder_is_one_the_wheel_installs():
+    """A package folder missing from pyproject.toml's list installs nothing (setuptools takes the list
+    as it is): the wheel would lack it and `import looptrace.proxy.api.app` fail once installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"proxy": "looptrace.proxy", "families": "looptrace.families", "backends": "looptrace.backends",
+               "trace_store": "looptrace.trace_store", "common": "looptrace.common"}
+    found = {".".join([folders[init.relative_to(ROOT).parts[0]], *init.relative_to(ROOT).parts[1:-1]])
+             for folder in folders for init in (ROOT / folder).rglob("__init__.py")}
+    assert found == listed, {"missing": sorted(found - listed), "not a folder": sorted(listed - found)}
