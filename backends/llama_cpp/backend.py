@@ -88,7 +88,10 @@ class LlamaCppBackend(OnDecodeThread):
         self.reuse = PrefixReuse(self.context, prefix_cache_tokens, prefix_cache_bytes)
         # What a step and each extra row of a verification pass cost here: measured once now, then as
         # requests run.
-        self.cost = self._thread.call(partial(measured_cost, self.context)) if speculative is not None else PassCost()
+        self.cost = PassCost()
+        if speculative is not None:
+            self.cost = self._thread.call(partial(measured_cost, self.context))
+            self.cost.fixed = speculative.draft_length == "fixed"
         self.suffix = None  # suffix decoding: earlier requests' prompts and answers
         if speculative is not None and speculative.method == "suffix":
             self.suffix = SuffixCache(speculative.suffix_decoding_max_cached_requests, SUFFIX_MAX_TOKENS,

@@ -12,7 +12,11 @@ METHODS = ("ngram", "draft_model", "mtp", "suffix")
 # vLLM's names for suffix decoding's settings, and its defaults for them.
 SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
                "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}
-KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", *SUFFIX_KEYS}
+# looptrace's own key (llama.cpp): how many drafts a pass carries, "measured" (as many as pay on this
+# machine, pass_cost.py) or "fixed" (all of them, as vLLM does: to compare, or to test drafting anywhere).
+DRAFT_LENGTHS = ("measured", "fixed")
+KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "draft_length",
+        *SUFFIX_KEYS}
 # Suffix decoding's bound in memory beside vLLM's count of requests: the tokens kept of earlier
 # requests, the least recently used dropped first (about 200 bytes each with their index, measured on
 # source code: about 100 MB, up to twice that before dropped sequences' entries are swept out).
@@ -32,10 +36,11 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 0
     suffix_decoding_max_spec_factor: float = 0.0
     suffix_decoding_min_token_prob: float = 0.0
+    draft_length: str = "measured"
 
     def described(self) -> dict:
-        """As /health shows it: the settings that are set."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v}
+        """As /health shows it: the settings that are set (the draft length only when fixed)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v and (k, v) != ("draft_length", "measured")}
 
     @classmethod
     def parse(cls, text: str) -> SpeculativeConfig:
@@ -72,7 +77,10 @@ class SpeculativeConfig:
                              "tokenizer)")
         if raw.get("model") is not None and not isinstance(raw["model"], str):
             raise ValueError("--speculative-config: model must be a path or a Hub id")
-        return cls(method, k, low or 0, high or 0, raw.get("model"), **suffix)
+        length = raw.get("draft_length", "measured")
+        if length not in DRAFT_LENGTHS:
+            raise ValueError(f"--speculative-config: draft_length must be {' or '.join(DRAFT_LENGTHS)}, not {length!r}")
+        return cls(method, k, low or 0, high or 0, raw.get("model"), **suffix, draft_length=length)
 
 
 def _integer(value) -> bool:

@@ -25,7 +25,8 @@ class PassCost:
     """A step's time and an extra row's share of it, measured; one per backend (decode thread only).
     `extra`: the backend's own measurement at load, when it made one (the prior, drifted back to)."""
 
-    def __init__(self, extra: float = PRIOR_EXTRA) -> None:
+    def __init__(self, extra: float = PRIOR_EXTRA, fixed: bool = False) -> None:
+        self.fixed = fixed  # every draft offered is verified, whatever it costs (draft_length "fixed")
         self.step: float | None = None  # seconds for one token, with the choice of the next
         self.prior = self.extra = extra  # each row past the first, in steps
         self._idle = 0  # steps since the last pass
@@ -47,6 +48,8 @@ class PassCost:
         """How many of the drafts to verify: `chances[i]` is the chance that drafts 0..i all stand.
         Expected tokens per step-equivalent for k drafts: (1 + sum of the first k chances) / (1 +
         extra × k); 0 unless the best k beats plain decoding (1 per step) by MARGIN."""
+        if self.fixed:
+            return len(chances)
         best, rate, expected = 0, MARGIN, 1.0
         for k, chance in enumerate(chances, 1):
             expected += chance
@@ -57,7 +60,7 @@ class PassCost:
 
     def described(self) -> dict:
         return {"step_ms": round(self.step * 1000, 2) if self.step else None, "extra_row": round(self.extra, 3),
-                "extra_row_at_load": round(self.prior, 3)}
+                "extra_row_at_load": round(self.prior, 3), "draft_length": "fixed" if self.fixed else "measured"}
 
 
 def chances_of(drafter, record: Acceptance, count: int) -> list[float]:

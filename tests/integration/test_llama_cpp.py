@@ -303,7 +303,10 @@ def test_a_prompt_past_the_context_is_a_400(server, path):
     assert server.get("/health")[1]["status"] == "ready"
 
 
-SPECULATIVE = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+# "fixed": every draft found is verified, so that drafting is tested whatever a pass costs on this machine
+# (on some, no pass pays for its rows and a measured length drafts nothing).
+SPECULATIVE = ('{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2, '
+               '"draft_length": "fixed"}')
 TEXT = ("The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick, wound the clockwork that "
         "turned the great lens, and wrote in the log: wind north-east, sea rising, two ships passed.")
 REPEAT = [{"role": "user", "content": f"Repeat this text exactly:\n\n{TEXT}"}]
@@ -321,8 +324,7 @@ def test_prompt_lookup_changes_no_greedy_token(speculating, direct, api):
     ids, tokens = prompt_and_tokens(trace)
     assert [t["id"] for t in tokens] == own_greedy(direct, ids, NEW_TOKENS)
     drafted, accepted = sum(t["drafted"] for t in tokens), sum(t["accepted"] for t in tokens)
-    # It copied. Whether a draft was wrong depends on the machine: a pass carries only drafts likely
-    # enough to pay for their rows here (backends/speculative/pass_cost.py), so all may stand.
+    # It copied, and the text it copies from is long enough for most drafts to stand.
     assert accepted > 10 and drafted >= accepted
     attributes = span(trace, "decode")["attributes"]
     assert attributes["looptrace.spec.accepted_tokens"] == accepted

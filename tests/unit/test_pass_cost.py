@@ -28,6 +28,13 @@ def test_likely_drafts_go_in_whole_and_unlikely_ones_not_at_all():
     assert dear.length([1.0] * 8) == 0
 
 
+def test_a_fixed_draft_length_verifies_every_draft_whatever_it_costs():
+    dear = measured(1.0)
+    dear.fixed = True
+    assert dear.length([0.05] * 6) == 6 and dear.length([]) == 0
+    assert dear.described()["draft_length"] == "fixed"
+
+
 def test_a_pass_must_beat_plain_decoding_by_the_margin():
     cost = measured(0.5)
     # One draft standing with chance c gives (1 + c) / 1.5 tokens per step: worth it above c = 0.575.

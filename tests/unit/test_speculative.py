@@ -79,6 +79,7 @@ def test_backoff_pauses_after_failures_and_never_shortens():
     ('{"method": "suffix", "suffix_decoding_max_tree_depth": 0}', "max_tree_depth must be an integer from 1"),
     ('{"method": "mtp", "num_speculative_tokens": 0}', "num_speculative_tokens"),
     ('{"method": "draft_model", "num_speculative_tokens": 1}', "needs a model"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "draft_length": "long"}', "measured or fixed"),
 ])
 def test_a_bad_config_says_what_is_wrong(text, says):
     with pytest.raises(ValueError, match=says):
@@ -93,6 +94,9 @@ def test_vllms_defaults():
     assert (suffix.num_speculative_tokens, suffix.suffix_decoding_max_tree_depth, suffix.suffix_decoding_max_cached_requests,
             suffix.suffix_decoding_max_spec_factor, suffix.suffix_decoding_min_token_prob) == (24, 24, 10000, 1.0, 0.1)
     assert SpeculativeConfig.parse('{"method": "mtp"}').num_speculative_tokens is None  # the checkpoint's own count
+    assert config.draft_length == "measured" and "draft_length" not in config.described()
+    fixed = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "draft_length": "fixed"}')
+    assert fixed.described()["draft_length"] == "fixed"
 
 
 def test_mtp_is_refused_for_a_model_without_a_drafter_of_its_own():
