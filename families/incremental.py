@@ -173,11 +173,13 @@ class IncrementalEncoder:
         """`marked` encoded whole, as transformers encodes a sanitized chat."""
         return self._encode(marked)
 
-    def keep(self, key: str | None, head: str, ids: list[int], text: str) -> int:
+    def keep(self, key: str | None, head: str, ids: list[int], text: str, base: Encoding | None = None) -> int:
         """Keeps a prompt built of ids rather than encoded from text (token continuity's): the next turn
         reads its ids and text, and a prompt encoded from text reuses nothing of it (it has no cuts).
-        Its serial."""
-        encoding = Encoding("", array("i", ids), text, array("q"), array("q"), None)
+        `base`: the kept encoding whose ids `ids` start with, copied as an array rather than converted
+        again (a turn costs what it adds). Its serial."""
+        kept = base.ids + array("i", ids[len(base.ids):]) if base is not None else array("i", ids)
+        encoding = Encoding("", kept, text, array("q"), array("q"), None)
         self.kept.put(key, head, encoding)
         return encoding.serial
 

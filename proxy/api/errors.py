@@ -86,6 +86,15 @@ def api_error(exc: Refused | Unavailable | BackendError) -> APIError:
                     code=exc.code)
 
 
+def answered(request: web.Request, exc: Refused | Unavailable | BackendError) -> APIError:
+    """api_error, and for a backend that failed (a 5xx: an upstream unreachable, cut, or sending what
+    cannot be read) one warning line: an operator must not find only a status code in the trace."""
+    if isinstance(exc, BackendError) and exc.status >= 500:
+        log.warning("%s %s: the backend failed with %d %s: %r", request.method, request.path, exc.status,
+                    exc.code, exc.message)  # %r: an upstream's text must not forge log lines
+    return api_error(exc)
+
+
 def failure_of(exc: BaseException) -> tuple[int, str]:
     """The HTTP status a failure ends its request with, and its kind, for traces and metrics."""
     if isinstance(exc, (Refused, Unavailable, BackendError)):
@@ -109,7 +118,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except APIError as err:
         return err.response(_shape_for(request))
     except (Refused, Unavailable, BackendError) as err:
-        return api_error(err).response(_shape_for(request))
+        return answered(request, err).response(_shape_for(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

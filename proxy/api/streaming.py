@@ -29,7 +29,7 @@ from looptrace.backends.base import BackendError
 from ..engine.generation import Generation
 from ..engine.request import Step
 from ..observe.telemetry import RequestTelemetry
-from .errors import APIError, ClientStoppedReading, api_error
+from .errors import APIError, ClientStoppedReading, answered
 
 log = logging.getLogger("looptrace")
 
@@ -242,7 +242,7 @@ async def relay(request: web.Request, generation: Generation, fmt: StreamFormat,
             end = fmt.finish(generation)
         except BackendError as err:
             trace.stream_failed(err.code)
-            end = fmt.failed(api_error(err), generation)
+            end = fmt.failed(answered(request, err), generation)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from looptrace.common.sequences import common_prefix
 from looptrace.families.base import Family, Rendered
 from looptrace.families.continuity import kept_tail, turns_closed
+from looptrace.families.incremental import Encoding
 
 from .request import GenerationRequest, PreviousTurn
 
@@ -101,22 +102,24 @@ def _kept(family: Family, request: GenerationRequest, messages: list[dict], tool
     # The marker that closes the answer is the model's own where it sampled it, else the template's.
     added = tail.ids[1:] if sampled and sampled[-1] == tail.marker else tail.ids
     ids = previous.prompt + sampled + added
-    before, base = _previous_text(family, request.conversation, previous)
+    kept = _previous_encoding(family, request.conversation, previous)
+    before = kept.text if kept is not None else family.encoder.decode_pieces([previous.prompt])[0]
+    base = kept.serial if kept is not None else 0
     context = previous.prompt[-CONTEXT_IDS:]
     lead, text = family.encoder.decode_pieces([context, context + sampled + added])
     text = before + (text[len(lead):] if text.startswith(lead) else family.encoder.decode_pieces([sampled + added])[0])
-    serial = family.encoder.keep(request.conversation, head, ids, text)
+    serial = family.encoder.keep(request.conversation, head, ids, text, base=kept)
     return Rendered(text=text, ids=ids, thinking=family.prompt_leaves_thinking(text),
                     history_length=len(ids) - family.transient_tail_length(text, ids), encoding=serial,
                     reused_from=base, reused_ids=len(previous.prompt) if base else 0,
                     reused_chars=len(before) if base else 0)
 
 
-def _previous_text(family: Family, conversation: str | None, previous: PreviousTurn) -> tuple[str, int]:
-    """The previous prompt's text and its encoding's serial, from the encoding this process kept of it;
-    else decoded from its ids (another process served it), serial 0."""
+def _previous_encoding(family: Family, conversation: str | None, previous: PreviousTurn) -> Encoding | None:
+    """The encoding this process kept of the previous prompt (its text and ids); None where another
+    process served it (then its text is decoded from its ids)."""
     kept = family.encoder.kept.get(conversation, "") if conversation else None
     if kept is not None and previous.encoding and kept.serial == previous.encoding \
             and len(kept.ids) == len(previous.prompt):
-        return kept.text, kept.serial
-    return family.encoder.decode_pieces([previous.prompt])[0], 0
+        return kept
+    return None

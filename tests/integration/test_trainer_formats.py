@@ -45,7 +45,7 @@ def rollout(qwen3_5_dir, tmp_path_factory):
     try:
         backend, answers = agent(app, "formats-1", "keep", headers={"X-Rollout-Group": "task-1"})
         app.call("POST", "/v1/rollouts/formats-1/reward", {"reward": 0.75})
-        app.stored("/v1/sessions/formats-1")
+        app.stored("/v1/sessions/formats-1", steps=3)
         steps = session_steps(app.app[TELEMETRY].store, "formats-1")
         yield app.runtime.settings.trace_db, steps, backend.read, [a["choices"][0]["token_ids"] for a in answers]
     finally:

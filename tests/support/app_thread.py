@@ -102,13 +102,15 @@ class AppThread:
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"null")
 
-    def stored(self, path: str, timeout: float = 10.0) -> object:
+    def stored(self, path: str, timeout: float = 10.0, steps: int = 0) -> object:
         """GET `path` until it answers 200, and for a trace until it is whole (`complete`: its server
-        span, the last to end, is written): the store writes spans a moment after the answer, in batches."""
+        span, the last to end, is written), for a session until it holds `steps` steps: the store writes
+        spans a moment after the answer, in batches."""
         deadline = time.monotonic() + timeout
         while True:
             status, body = self.call("GET", path)
             whole = status == 200 and (not isinstance(body, dict) or body.get("complete", True))
+            whole = whole and (not steps or len(body.get("steps") or ()) >= steps)
             if whole or time.monotonic() > deadline:
                 assert whole, body
                 return body

@@ -50,14 +50,15 @@ def test_the_openai_sdk_reads_through_the_keepalives(replay_app, monkeypatch):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_a_quick_refusal_keeps_its_status_code(replay_app):
+def test_a_quick_refusal_keeps_its_status_code(replay_app, caplog):
     replay_app.replay()  # nothing left to replay: the backend refuses at once, before the stream opens
     status, kind, data = chat_stream(replay_app)
     assert status == 500 and kind.startswith("application/json")
     assert json.loads(data)["error"]["code"] == "replay_exhausted"
+    assert any("the backend failed with 500 replay_exhausted" in r.getMessage() for r in caplog.records)
 
 
-def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeypatch):
+def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeypatch, caplog):
     monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     replay_app.runtime.backend = Wrapped(replay_app.replay("Never.<|im_end|>"), delay=0.5, fail_after=0)
     status, kind, data = chat_stream(replay_app)
@@ -65,3 +66,6 @@ def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeyp
     assert chat.KEEPALIVE in data
     error = next(e["error"] for e in sse_events(data) if isinstance(e, dict) and "error" in e)
     assert (error["code"], error["message"]) == ("upstream_error", "the upstream server went away")
+    # The operator hears of it too, in one line: the status alone would say nothing of why.
+    assert any("upstream_error: 'the upstream server went away'" in r.getMessage() for r in caplog.records
+               if r.levelname == "WARNING")

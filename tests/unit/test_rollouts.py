@@ -188,7 +188,7 @@ def test_a_reward_for_the_rollout_and_per_step_reads_back_and_bad_ones_are_refus
 
 def test_the_recorded_logprobs_uploaded_as_the_trainers_give_no_gap_and_others_do(app):
     agent(app, "gap-1", "keep", turns=2)
-    session = app.stored("/v1/sessions/gap-1")
+    session = app.stored("/v1/sessions/gap-1", steps=2)
     tokens = [app.stored(f"/v1/traces/{s['trace_id']}/tokens")["tokens"] for s in session["steps"]]
     recorded = [t["logprob"] for step in tokens for t in step]
     status, gap = app.call("POST", "/v1/rollouts/gap-1/trainer-logprobs", {"logprobs": recorded})
@@ -223,7 +223,7 @@ def test_k3_and_the_share_past_the_cap_are_those_of_truncated_importance_samplin
 def test_a_kept_rollout_exports_as_one_trajectory_in_every_trainers_format(app):
     backend, answers = agent(app, "export-1", "keep")
     app.call("POST", "/v1/rollouts/export-1/reward", {"reward": 2.0})
-    app.stored("/v1/sessions/export-1")
+    app.stored("/v1/sessions/export-1", steps=3)
     store = app.runtime.settings.trace_db
     steps = session_steps(app.app[TELEMETRY].store, "export-1")
     (row,) = rollout_rows([("export-1", steps)], "verl", "rollout", store)
