@@ -116,6 +116,17 @@ class AppThread:
                 return body
             time.sleep(0.05)
 
+    def metric(self, name: str, **labels: str) -> float:
+        """One series of /metrics, summed over the labels not given (0 when absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
+                total += float(value)
+        return total
+
     def post(self, body: dict, path: str = "/v1/responses") -> tuple[int, str, bytes]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -146,6 +157,31 @@ class Wrapped:
                 if tokens == self.fail_after:
                     raise BackendError("the upstream server went away", status=502, code="upstream_error")
                 tokens += 1
+            yield event
+
+    async def close(self) -> None:
+        return None
+
+
+class Reading:
+    """A backend that keeps the prompt ids of every request it is handed and the ids it wrote for it:
+    what the engine read and sampled, not looptrace's record of either."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.read, self.wrote = inner, [], []
+        self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
+        self.serving, self.upstreams, self.expands_media, self.media_refusal = True, (), False, ""
+
+    def health_details(self) -> dict:
+        return {}
+
+    async def generate(self, request):
+        self.read.append(list(request.prompt_ids))
+        wrote: list[int] = []
+        self.wrote.append(wrote)
+        async for event in self.inner.generate(request):
+            if event["type"] == "token":
+                wrote.append(event["id"])
             yield event
 
     async def close(self) -> None:

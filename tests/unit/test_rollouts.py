@@ -18,7 +18,7 @@ from looptrace.proxy.replay.read import session_steps
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.gap import figures
 
-from app_thread import AppThread
+from app_thread import AppThread, Reading
 
 CALL = ("<tool_call>\n<function=read_file>\n<parameter=path>\nnotes.txt\n</parameter>\n</function>\n</tool_call>"
         "<|im_end|>")
@@ -26,26 +26,6 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}}}}]
 ANSWERS = ("Let me  read it.\n</think>\n\n" + CALL, "It says   hi.\n</think>\n\nIt says hi.<|im_end|>",
            "Done.\n</think>\n\nOK.<|im_end|>")
-
-
-class Reading:
-    """The replay backend, keeping the prompt ids of every request it is handed: what the engine read."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.read = inner, []
-        self.name, self.route, self.running, self.waiting = "replay", None, 0, 0
-        self.serving, self.upstreams, self.expands_media, self.media_refusal = True, (), False, ""
-
-    def health_details(self) -> dict:
-        return {}
-
-    async def generate(self, request):
-        self.read.append(list(request.prompt_ids))
-        async for event in self.inner.generate(request):
-            yield event
-
-    async def close(self) -> None:
-        return None
 
 
 def text(app: AppThread, path: str) -> str:
