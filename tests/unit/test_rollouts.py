@@ -150,6 +150,7 @@ def test_the_ids_answered_are_those_the_engine_read_and_wrote_streamed_or_not(ap
         "model": "tiny", "messages": [{"role": "user", "content": "Read notes.txt"}], "tools": TOOLS, "stream": True,
         "return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True})
     assert chunks[0]["prompt_token_ids"] == backend.read[0]
+    assert "token_ids" not in chunks[0]["choices"][0]  # vLLM's opening chunk has none: its ids are the prompt's
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     ids = [i for c in chunks for choice in c["choices"] for i in choice.get("token_ids") or []]
     entries = [e for c in chunks for choice in c["choices"] for e in (choice.get("logprobs") or {}).get("content", [])]
