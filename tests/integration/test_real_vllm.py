@@ -8,6 +8,11 @@ looptrace in front; a third looptrace has both, and its test stops one of them, 
 Before the tiny Gemma 4 runs on a server of its own (a class of tests of its own, so that no more than
 two vLLM servers run at once).
 
+Rollouts (issue 36) run through a looptrace of their own, with --token-continuity keep, in front of
+`speculating` through a relay that keeps vLLM's own answers (recording_relay.py): each turn's prompt as
+vLLM echoes it (`prompt_token_ids`) is checked against the exported trajectory, and verifiers, an RL client
+library (rl_clients.py), parses looptrace's answers as it parses vLLM's.
+
 Exact equality is the point: the prompt ids are vLLM's own rendering of the messages, and the tokens,
 their logprobs and top fives are what vLLM computes for those ids. vLLM computes a prompt whose start
 it has cached in other shapes (a different result in the last bits), so each comparison starts with
@@ -167,8 +172,12 @@ def prompt_ids(trace: dict) -> list[int]:
 
 
 def streamed(front: Server, messages: list[dict], max_tokens: int = NEW_TOKENS) -> tuple[int, list]:
-    body = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
+    return streamed_body(front, {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": max_tokens,
+                                 "stream": True, "stream_options": {"include_usage": True}})
+
+
+def streamed_body(front: Server, body: dict) -> tuple[int, list]:
+    """A streamed Chat Completions answer's status and events."""
     connection = http.client.HTTPConnection("127.0.0.1", front.port, timeout=300)
     try:
         connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -472,6 +481,217 @@ def test_an_idle_connection_vllm_closed_is_no_failure(serve, scale_out):
             time.sleep(1)  # the connection this request used sits idle, kept by looptrace, closed by the relay
         assert any(line.startswith(b"POST ") for line in proxy.closed), (
             f"the relay closed no connection a request to vLLM came on: the test proves nothing ({proxy.closed})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollouts for RL (issue 36): what vLLM itself read, turn by turn, is the exported trajectory
+# ---------------------------------------------------------------------------------------------
+
+READ_FILE = {"type": "function", "function": {"name": "read_file", "description": "Read a text file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+FORCED = {"type": "function", "function": {"name": "read_file"}}
+ASK_CALL = ('Reply with exactly this and nothing else: <tool_call>\n{"name": "read_file", "arguments": {"path": '
+            '"PATH"}}\n</tool_call>')
+TOOL_RESULT = "buy milk, call Ann"
+
+
+@pytest.fixture(scope="module")
+def recorded(serve, speculating):
+    """looptrace (--token-continuity keep) in front of `speculating` (/v1/completions, where looptrace asks
+    for return_token_ids) through a relay that keeps vLLM's own answers: its echo of each prompt it read."""
+    from recording_relay import RecordingRelay
+
+    with RecordingRelay(speculating.url) as relay:
+        yield serve("--backend", "vllm", "--vllm-url", relay.url, "--token-continuity", "keep"), relay
+
+
+def agent_turns(front: Server, rollout: str) -> list[dict]:
+    """Four turns through /r/{rollout}/v1: a tool call (forced by tool_choice), its result, the model's next
+    answer (a call again, or text and then a user message asking for another call), a forced call, ... Each
+    answer with its ids and logprobs."""
+    messages = [{"role": "system", "content": "You are an agent that reads files."},
+                {"role": "user", "content": ASK_CALL.replace("PATH", "notes.txt")}]
+    answers = []
+    for turn in range(4):
+        body = {"model": MODEL, "messages": messages, "tools": [READ_FILE], "temperature": 0, "max_tokens": 40,
+                "return_token_ids": True, "logprobs": True, **({"tool_choice": FORCED} if turn % 2 == 0 else {})}
+        status, answer = front.post(f"/r/{rollout}/v1/chat/completions", body)
+        assert status == 200, answer
+        answers.append(answer)
+        message = answer["choices"][0]["message"]
+        # SmolLM2's template writes every message's content as a string, and knows nothing of calls: the call's
+        # text is lost from the rendered history, which is what keep is for.
+        messages = messages + [{"role": "assistant", "content": message["content"] or "",
+                                **({"tool_calls": message["tool_calls"]} if message.get("tool_calls") else {})}]
+        if message.get("tool_calls"):
+            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": TOOL_RESULT})
+        else:
+            messages.append({"role": "user", "content": ASK_CALL.replace("PATH", "todo.txt")})
+    return answers
+
+
+def vllm_read_and_wrote(exchanges: list) -> list[dict]:
+    """Per /v1/completions exchange, vLLM's own answer: the prompt it read (`prompt_token_ids`, in the first
+    chunk), the ids it sampled and their logprobs."""
+    out = []
+    for exchange in exchanges:
+        choices = [c for e in exchange.events() for c in e.get("choices", [])]
+        out.append({"read": choices[0]["prompt_token_ids"], "ids": [i for c in choices for i in c["token_ids"] or []],
+                    "logprobs": [lp for c in choices if c.get("logprobs") for lp in c["logprobs"]["token_logprobs"]]})
+    return out
+
+
+def exported(front: Server, rollout: str, steps: int, fmt: str, folder) -> list[dict]:
+    """`looptrace export` of the rollout, once its `steps` steps are in the store."""
+    import replays
+
+    deadline = time.monotonic() + 30
+    while len((front.get(f"/v1/sessions/{rollout}")[1] or {}).get("steps") or ()) < steps:
+        assert time.monotonic() < deadline, f"the store never held {steps} steps of {rollout}"
+        time.sleep(0.2)
+    out = folder / f"{rollout}-{fmt}.jsonl"
+    done = replays.looptrace("export", "--store", str(front.trace_db), "--session", rollout, "--format", fmt,
+                             "--out", str(out), timeout=120)
+    assert done.returncode == 0, replays.outcome(done)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_a_kept_rollouts_trajectory_is_what_vllm_read_turn_by_turn(recorded, tmp_path):
+    front, relay = recorded
+    before, kept = len(relay.generations()), metric(front, "looptrace_token_continuity_total", **{"class": "kept"})
+    answers = agent_turns(front, "real-vllm-keep")
+    calls = [bool(a["choices"][0]["message"].get("tool_calls")) for a in answers]
+    assert calls[0] and calls[2], calls  # forced (SmolLM2 greedy calls again unforced, as it was shown to)
+    vllm = vllm_read_and_wrote(relay.generations()[before:])
+    assert len(vllm) == 4
+    for i in range(1, 4):  # keep: each prompt vLLM read is the last one it read, the ids it sampled, then more
+        held = vllm[i - 1]["read"] + vllm[i - 1]["ids"]
+        assert vllm[i]["read"][:len(held)] == held and len(vllm[i]["read"]) > len(held), i
+    for answer, turn in zip(answers, vllm):  # return_token_ids answered what vLLM read and wrote
+        assert (answer["prompt_token_ids"], answer["choices"][0]["token_ids"]) == (turn["read"], turn["ids"])
+
+    (row,) = exported(front, "real-vllm-keep", 4, "verl", tmp_path)  # one row: the rollout, stitched
+    assert row["prompt_ids"] == vllm[0]["read"]
+    assert row["prompt_ids"] + row["response_ids"] == vllm[-1]["read"] + vllm[-1]["ids"]
+    sampled = [(i, lp) for i, lp, m in zip(row["response_ids"], row["response_logprobs"], row["response_mask"]) if m]
+    assert sampled == [(i, lp) for turn in vllm for i, lp in zip(turn["ids"], turn["logprobs"], strict=True)]
+    assert metric(front, "looptrace_token_continuity_total", **{"class": "kept"}) - kept == 3
+
+
+def test_enable_response_messages_answers_as_vllms_responses_route(recorded, speculating):
+    """vLLM's own Responses field for the ids: the same request to both gives the same raw messages, ids
+    and all, in the same shape."""
+    front, _ = recorded
+    body = {"model": MODEL, "input": QUESTION[0]["content"], "temperature": 0, "max_output_tokens": 12,
+            "enable_response_messages": True, "store": False}
+    reset_prefix_cache(speculating)
+    theirs = exchange(speculating.url, "/v1/responses", body)["body"]
+    status, mine = front.post("/v1/responses", body)
+    assert status == 200, mine
+    for name in ("input_messages", "output_messages"):
+        assert paths(mine[name]) == paths(theirs[name]), name
+        assert [m["tokens"] for m in mine[name]] == [m["tokens"] for m in theirs[name]], name
+    assert mine["output_messages"][0]["message"] == theirs["output_messages"][0]["message"]
+
+
+def test_verifiers_reads_looptrace_as_it_reads_vllm(recorded, speculating, tmp_path):
+    """verifiers (rl_clients.py) collects rollouts with its own client and parsing: one turn from vLLM and
+    from looptrace parses to the same ids and logprobs; a rollout of three turns through looptrace (keep)
+    parses, step by step, to the ids vLLM read and wrote and to looptrace's export."""
+    from rl_clients import verifiers_python, verifiers_rollout
+
+    try:
+        python = verifiers_python()
+    except RuntimeError as exc:
+        pytest.skip(f"verifiers does not install here: {exc}")
+    front, relay = recorded
+    sampling = {"temperature": 0, "max_tokens": 40, "logprobs": True, "extra_body": {"return_token_ids": True}}
+    parsed = []
+    for base_url in (speculating.url + "/v1", front.url + "/r/verifiers-one/v1"):
+        reset_prefix_cache(speculating)
+        rollout = verifiers_rollout(python, base_url, MODEL, "single", QUESTION[0]["content"], sampling)
+        assert rollout["error"] is None, rollout
+        (step,) = rollout["steps"]
+        parsed.append(step["tokens"])
+    assert parsed[0] is not None and parsed[1] == parsed[0]
+
+    before = len(relay.generations())
+    rollout = verifiers_rollout(python, front.url + "/r/verifiers-turns/v1", MODEL, "turns", QUESTION[0]["content"],
+                                sampling)
+    assert rollout["error"] is None, rollout
+    steps = rollout["steps"]
+    assert len(steps) == 3 and all(s["tokens"] and s["content"] for s in steps), steps
+    vllm = vllm_read_and_wrote(relay.generations()[before:])
+    (row,) = exported(front, "verifiers-turns", len(steps), "nemo-gym", tmp_path)
+    for step, turn, entry in zip(steps, vllm, row["output"], strict=True):
+        tokens = step["tokens"]
+        assert (tokens["prompt_ids"], tokens["completion_ids"]) == (turn["read"], turn["ids"])
+        assert tokens["completion_logprobs"] == turn["logprobs"]
+        assert (entry["prompt_token_ids"], entry["generation_token_ids"], entry["generation_log_probs"]) == (
+            tokens["prompt_ids"], tokens["completion_ids"], tokens["completion_logprobs"])
+    for earlier, later in zip(steps, steps[1:]):  # keep, as verifiers sees it
+        kept = earlier["tokens"]["prompt_ids"] + earlier["tokens"]["completion_ids"]
+        assert later["tokens"]["prompt_ids"][:len(kept)] == kept
+
+
+def paths(value, prefix: str = "") -> dict[str, str]:
+    """Every key path of a JSON value with its value's type; a list by its first item."""
+    if isinstance(value, dict):
+        return {p: t for k, v in value.items() for p, t in paths(v, f"{prefix}.{k}").items()} or {prefix: "dict"}
+    if isinstance(value, list):
+        return paths(value[0], prefix + "[]") if value else {prefix: "list"}
+    return {prefix: "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__}
+
+
+# What vLLM 0.32's Chat Completions answer has that looptrace's does not write: fields of features looptrace
+# does not have (prompt logprobs, KV transfer, audio, the deprecated function_call, a cache-write count), the
+# per-request speculation counts this server adds (--per-request-spec-decode-metrics), and an empty list of
+# calls (looptrace leaves `tool_calls` out when there is none, as OpenAI does). Null fields are left out too.
+VLLM_ONLY = (".prompt_logprobs", ".kv_transfer_params", ".system_fingerprint", ".service_tier", ".metrics.",
+             ".choices[].stop_reason", ".choices[].message.refusal", ".choices[].message.annotations",
+             ".choices[].message.audio", ".choices[].message.function_call", ".choices[].message.tool_calls",
+             ".choices[].message.reasoning", ".prompt_token_ids_details", ".usage.prompt_tokens_details.created_")
+
+
+def unlike_vllms(mine: dict, theirs: dict) -> dict:
+    """The key paths of vLLM's answer (less VLLM_ONLY) that looptrace's lacks or types otherwise: {path:
+    (vLLM's type, looptrace's)}."""
+    ours = paths(mine)
+    return {p: (t, ours.get(p)) for p, t in paths(theirs).items()
+            if t != "NoneType" and not p.startswith(VLLM_ONLY) and ours.get(p) != t}
+
+
+def test_return_token_ids_answers_in_vllms_own_shape_streamed_or_not(recorded, speculating):
+    """The same request to vLLM's chat route and to looptrace: the same ids, in the same fields (names and
+    types, down to each logprob entry), the answer whole and streamed."""
+    front, _ = recorded
+    body = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 12, "return_token_ids": True,
+            "logprobs": True, "top_logprobs": 2}
+    reset_prefix_cache(speculating)
+    theirs = exchange(speculating.url, "/v1/chat/completions", body)["body"]
+    status, mine = front.post("/v1/chat/completions", body)
+    assert status == 200, mine
+    assert mine["prompt_token_ids"] == theirs["prompt_token_ids"]
+    assert mine["choices"][0]["token_ids"] == theirs["choices"][0]["token_ids"]
+    assert unlike_vllms(mine, theirs) == {}
+
+    reset_prefix_cache(speculating)
+    theirs = exchange(speculating.url, "/v1/chat/completions", {**body, "stream": True})["events"][:-1]
+    status, mine = streamed_body(front, {**body, "stream": True})
+    mine = mine[:-1]
+    for chunks in (theirs, mine):  # the prompt's ids in the first chunk only
+        assert "prompt_token_ids" in chunks[0] and not any("prompt_token_ids" in c for c in chunks[1:])
+    # which chunks carry a choice's `token_ids`: the first, the middle ones, the finishing one
+    carry = [["token_ids" in c["choices"][0] for c in (chunks[0], chunks[1], chunks[-1])] for chunks in (mine, theirs)]
+    assert carry[0] == carry[1], carry
+    assert mine[0]["prompt_token_ids"] == theirs[0]["prompt_token_ids"]
+    assert [i for c in mine for i in c["choices"][0].get("token_ids") or ()] == \
+        [i for c in theirs for i in c["choices"][0].get("token_ids") or ()]
+    for at in (0, 1, -1):  # the opening chunk, one with text, the finishing one
+        unlike = unlike_vllms(mine[at], theirs[at])
+        if at == -1:  # vLLM's last token's text rides with the finish reason; looptrace's finish has a chunk of its own
+            unlike.pop(".choices[].delta.content", None)
+        assert unlike == {}, (at, mine[at], theirs[at])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -126,11 +126,69 @@ def test_the_ids_answered_are_those_the_engine_read_and_wrote_streamed_or_not(ap
         "model": "tiny", "messages": [{"role": "user", "content": "Read notes.txt"}], "tools": TOOLS, "stream": True,
         "return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True})
     assert chunks[0]["prompt_token_ids"] == backend.read[0]
+    assert "token_ids" not in chunks[0]["choices"][0]  # vLLM's opening chunk has none: its ids are the prompt's
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     ids = [i for c in chunks for choice in c["choices"] for i in choice.get("token_ids") or []]
     entries = [e for c in chunks for choice in c["choices"] for e in (choice.get("logprobs") or {}).get("content", [])]
     assert ids == choice["token_ids"]  # the same recorded answer: the same ids
     assert [e["token"] for e in entries] == [f"token_id:{i}" for i in ids]
+
+
+RESPONSES = {"model": "tiny", "input": "Read notes.txt", "tools": [{"type": "function", "name": "read_file",
+                                                                   "parameters": TOOLS[0]["function"]["parameters"]}]}
+MESSAGES = {"model": "tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "Read notes.txt"}],
+            "tools": [{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}]}
+
+
+def test_responses_give_the_ids_read_and_written_as_vllms_enable_response_messages_does(app):
+    """vLLM 0.32's Responses field: `input_messages` and `output_messages`, each one raw message (its text
+    and ids), in the response object: the non-streamed answer's, and the stream's response.completed."""
+    tokenizer = app.runtime.tokenizer
+    for streamed in (False, True):
+        app.runtime.backend = backend = Reading(app.replay(ANSWERS[0]))
+        body = {**RESPONSES, "enable_response_messages": True, "stream": streamed}
+        if streamed:
+            events = stream(app, "/v1/responses", body)
+            (response,) = [e["response"] for e in events if e["type"] == "response.completed"]
+            assert all("input_messages" not in e.get("response", {}) for e in events if e is not events[-1])
+        else:
+            status, response = app.call("POST", "/v1/responses", body)
+            assert status == 200, response
+        assert response["output"][-1]["type"] == "function_call"  # the call parsed as always
+        (read,), (wrote,) = response["input_messages"], response["output_messages"]
+        assert read == {"message": tokenizer.decode(backend.read[0]), "tokens": backend.read[0],
+                        "type": "raw_message_tokens"}
+        assert wrote == {"message": tokenizer.decode(backend.wrote[0], skip_special_tokens=True),
+                         "tokens": backend.wrote[0], "type": "raw_message_tokens"}
+    app.replay(ANSWERS[0])
+    status, response = app.call("POST", "/v1/responses", RESPONSES)
+    assert status == 200 and "input_messages" not in response and "output_messages" not in response
+    status, error = app.call("POST", "/v1/responses", {**RESPONSES, "enable_response_messages": "yes"})
+    assert status == 400 and error["error"]["param"] == "enable_response_messages"
+
+
+def test_messages_give_the_ids_read_and_written_with_return_token_ids(app):
+    """Anthropic's Messages, which vLLM gives no ids: `return_token_ids` (an extra body key to the SDKs)
+    puts `prompt_token_ids` and `token_ids` on the message; streamed, the prompt's on message_start's
+    message and the answer's, whole, on message_delta."""
+    for streamed in (False, True):
+        app.runtime.backend = backend = Reading(app.replay(ANSWERS[0]))
+        body = {**MESSAGES, "return_token_ids": True, "stream": streamed}
+        if streamed:
+            events = stream(app, "/v1/messages", body)
+            (start,) = [e["message"] for e in events if e["type"] == "message_start"]
+            (delta,) = [e for e in events if e["type"] == "message_delta"]
+            answer = {"prompt_token_ids": start["prompt_token_ids"], "token_ids": delta["token_ids"]}
+            assert sum("token_ids" in json.dumps(e) for e in events) == 2
+        else:
+            status, answer = app.call("POST", "/v1/messages", body)
+            assert status == 200 and answer["content"][-1]["type"] == "tool_use", answer
+        assert answer["prompt_token_ids"] == backend.read[0] and answer["token_ids"] == backend.wrote[0]
+    app.replay(ANSWERS[0])
+    status, answer = app.call("POST", "/v1/messages", MESSAGES)
+    assert status == 200 and "token_ids" not in answer and "prompt_token_ids" not in answer
+    status, error = app.call("POST", "/v1/messages", {**MESSAGES, "return_token_ids": 1})
+    assert status == 400 and error["type"] == "error" and "return_token_ids" in error["error"]["message"]
 
 
 def test_a_rollout_is_a_session_its_group_a_filter_and_its_id_is_bounded(app):

@@ -58,12 +58,15 @@ class MessageCollector:
     """The answer's content blocks in the order the model wrote them, consecutive text (or thinking)
     in one block."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, token_ids: bool = False) -> None:
         self.id = message_id()
         self.model = model
         self.blocks: list[dict] = []
+        self.ids: list[int] | None = [] if token_ids else None  # return_token_ids: every token's id
 
     def add(self, step: Step) -> None:
+        if self.ids is not None and step.token is not None:
+            self.ids.append(step.token["id"])
         if step.deltas:
             dispatch(step.deltas, self)
 
@@ -95,5 +98,8 @@ class MessageCollector:
             if block["type"] == "thinking":
                 block["signature"] = signature(block["thinking"])
         reason, sequence = stop_reason(generation)
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": self.blocks,
+        body = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": self.blocks,
                 "stop_reason": reason, "stop_sequence": sequence, "usage": usage(generation)}
+        if self.ids is not None:  # named as vLLM names them on Chat Completions; a message has no choices
+            body["prompt_token_ids"], body["token_ids"] = generation.prompt_ids, self.ids
+        return body

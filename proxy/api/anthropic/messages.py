@@ -25,10 +25,10 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                                     stream=options.stream)
         try:
             if options.stream:
-                stream = MessageStream(options.model)
+                stream = MessageStream(options.model, token_ids=options.token_ids)
                 trace.responded(stream.id)
                 return await relay(request, generation, stream, trace)
-            collector = MessageCollector(options.model)
+            collector = MessageCollector(options.model, token_ids=options.token_ids)
             async with aclosing(generation.run()) as steps:
                 async for step in steps:
                     collector.add(step)

@@ -22,6 +22,7 @@ TOOL_CHOICES = ("auto", "any", "tool", "none")
 class MessagesOptions:
     model: str
     stream: bool
+    token_ids: bool = False  # vLLM's return_token_ids, which Messages lacks there: the prompt's and the answer's ids
 
 
 def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationRequest, MessagesOptions]:
@@ -52,7 +53,8 @@ def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationReq
         top_k=top_k,
         stop=_stop_sequences(body.get("stop_sequences")),
     )
-    return request, MessagesOptions(model=model, stream=field(body, "stream", bool, "stream", default=False))
+    return request, MessagesOptions(model=model, stream=field(body, "stream", bool, "stream", default=False),
+                                    token_ids=field(body, "return_token_ids", bool, "return_token_ids", default=False))
 
 
 def _tools(tools: list | None, referenced: set[str]) -> list[dict] | None:

@@ -40,9 +40,10 @@ class MessageStream:
 
     name = "messages"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, token_ids: bool = False) -> None:
         self.id = message_id()
         self.model = model
+        self._ids: list[int] | None = [] if token_ids else None  # return_token_ids: every token's id
         self._index = -1  # the open block's, or the last one's
         self._open: str | None = None  # the open block's type
         self._thinking: list[str] = []  # the open thinking block's text, for its signature
@@ -54,6 +55,8 @@ class MessageStream:
         message_delta then carries output_tokens alone, so no client can add two splits together."""
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": {**usage(generation), "output_tokens": 0}}
+        if self._ids is not None:
+            message["prompt_token_ids"] = generation.prompt_ids
         return event("message_start", {"message": message}) + PING
 
     def keepalive(self) -> bytes:
@@ -63,6 +66,8 @@ class MessageStream:
         return error_event(anthropic_body(error))
 
     def frames(self, step: Step) -> bytes:
+        if self._ids is not None and step.token is not None:
+            self._ids.append(step.token["id"])
         deltas = step.deltas
         return b"".join(dispatch(deltas, self)) if deltas else b""
 
@@ -119,10 +124,11 @@ class MessageStream:
 
     def finish(self, generation: Generation) -> bytes:
         reason, sequence = stop_reason(generation)
-        return (self._close()
-                + event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": {"output_tokens": generation.completion_tokens}})
-                + event("message_stop", {}))
+        delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                 "usage": {"output_tokens": generation.completion_tokens}}
+        if self._ids is not None:  # the answer's ids once, whole: a block's deltas are text, not tokens
+            delta["token_ids"] = self._ids
+        return self._close() + event("message_delta", delta) + event("message_stop", {})
 
 
 def _compact(delta: ToolCallDelta) -> str:

@@ -73,23 +73,24 @@ class ChatStream:
         self._ids: list[int] | None = [] if token_ids else None  # ids since the last chunk
 
     def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None,
-               top: str = "") -> bytes:
+               top: str = "", ids: bool = True) -> bytes:
         body = delta if isinstance(delta, str) else dumps(delta)
         if self._ids is not None and logprobs is None and self._pending_logprobs:
             logprobs, self._pending_logprobs = self._pending_logprobs, []
         tail_logprobs = "null" if logprobs is None else dumps({"content": logprobs})
         tail_finish = "null" if finish_reason is None else f'"{finish_reason}"'
-        ids = ""
-        if self._ids is not None:
-            ids, self._ids = f',"token_ids":{dumps(self._ids)}', []
-        return (f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}{ids}}}]{top}}}'
+        token_ids = ""
+        if self._ids is not None and ids:
+            token_ids, self._ids = f',"token_ids":{dumps(self._ids)}', []
+        return (f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}{token_ids}}}]{top}}}'
                 '\n\n').encode()
 
     name = "chat"
 
     def start(self, generation: Generation | None = None) -> bytes:
         top = f',"prompt_token_ids":{dumps(generation.prompt_ids)}' if self._ids is not None and generation else ""
-        return self._chunk('{"role":"assistant","content":""}', top=top)
+        # As vLLM's: the opening chunk's choice has no token_ids (its ids are the prompt's, beside it).
+        return self._chunk('{"role":"assistant","content":""}', top=top, ids=False)
 
     def frames(self, step: Step) -> bytes:
         token = step.token

@@ -25,7 +25,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         generation_request, options, names = parse_responses(body, previous)
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
-        builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream)
+        builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream,
+                                  token_messages=options.token_messages)
         trace.responded(builder.id)
 
         async def keep() -> None:
@@ -39,7 +40,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             else:
                 async with aclosing(generation.run()) as steps:
                     async for step in steps:
-                        builder.add(step.deltas)
+                        builder.frames(step)
                 builder.finish(generation)
                 await keep()
                 response = web.json_response(builder.final)

@@ -79,6 +79,7 @@ class ResponsesOptions:
     store: bool
     items: list  # the conversation as Responses items (a previous response's included), for the store
     echo: dict = dc_field(default_factory=dict)  # request fields the response object repeats
+    token_messages: bool = False  # vLLM's enable_response_messages: the prompt's and the answer's ids
 
 
 def parse_responses(body: dict, previous_items: list | None = None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
@@ -124,7 +125,9 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
         "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
         "metadata": body.get("metadata") or {}, "prompt_cache_key": body.get("prompt_cache_key"), "store": store,
     }
-    options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo)
+    options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo,
+                               token_messages=field(body, "enable_response_messages", bool, "enable_response_messages",
+                                                    default=False))
     return request, options, names
 
 

@@ -45,7 +45,7 @@ class ResponseBuilder:
 
     name = "responses"
 
-    def __init__(self, model: str, names: ToolNames, echo: dict, *, stream: bool) -> None:
+    def __init__(self, model: str, names: ToolNames, echo: dict, *, stream: bool, token_messages: bool = False) -> None:
         self.id = new_id("resp_")
         self.names = names
         self.stream = stream
@@ -61,6 +61,7 @@ class ResponseBuilder:
         self._texts: list[str] = []
         self._delta_head = ""  # the open item's delta frame up to its sequence number
         self._delta_mid = ""  # … from after the sequence number up to the delta text
+        self._ids: list[int] | None = [] if token_messages else None  # every token's id, for output_messages
 
     # -- events --
 
@@ -189,10 +190,14 @@ class ResponseBuilder:
         closed = self._close("incomplete" if cut else "completed")
         self.status = "incomplete" if cut else "completed"
         body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation))
+        if self._ids is not None:
+            body.update(token_messages(generation, self._ids))
         self.final = body
         return closed + self._event(f"response.{self.status}", {"response": body})
 
     def frames(self, step: Step) -> bytes:
+        if self._ids is not None and step.token is not None:
+            self._ids.append(step.token["id"])
         return self.add(step.deltas)
 
     def failed(self, error: APIError, generation: Generation | None = None) -> bytes:
@@ -207,6 +212,17 @@ class ResponseBuilder:
                              usage=usage(generation) if generation is not None else None)
         self.final = body
         return self._event("response.failed", {"response": body})
+
+
+def token_messages(generation: Generation, ids: list[int]) -> dict:
+    """vLLM's `enable_response_messages` answer for a model without harmony: the prompt and the answer
+    each as one raw message, its text and its ids (vLLM 0.32's ResponseRawMessageAndToken), so a client
+    written for vLLM's Responses reads the ids the model read and wrote."""
+    rendered = generation.rendered
+    prompt = (rendered.text if rendered is not None else "") + generation.forced_text
+    answer = generation.runtime.tokenizer.decode(ids, skip_special_tokens=True)
+    return {"input_messages": [{"message": prompt, "tokens": generation.prompt_ids, "type": "raw_message_tokens"}],
+            "output_messages": [{"message": answer, "tokens": ids, "type": "raw_message_tokens"}]}
 
 
 def _custom_input(arguments: str) -> str:

@@ -1,0 +1,88 @@
+"""An HTTP relay in front of a server (a real vLLM) that keeps every exchange: what a test asks the
+server itself, not looptrace's record of it. Requests and answers pass through unchanged, streamed
+answers chunk by chunk; each exchange is kept as (method, path, request body, answer body).
+
+Used to read vLLM's own echo of the prompt it read (`prompt_token_ids`, asked for with
+`return_token_ids`, which looptrace's vLLM backend sends on /v1/completions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
+
+
+@dataclass
+class Exchange:
+    method: str
+    path: str
+    request: bytes
+    answer: bytes
+
+    def events(self) -> list[dict]:
+        """A streamed answer's `data:` payloads (JSON), `[DONE]` left out."""
+        return [json.loads(line[len("data: "):]) for line in self.answer.decode().splitlines()
+                if line.startswith("data: {")]
+
+
+class RecordingRelay:
+    """`with RecordingRelay(url) as relay:` relay.url serves what `url` serves; relay.exchanges grows."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.exchanges: list[Exchange] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> RecordingRelay:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        return self
+
+    async def _start(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def __exit__(self, *exc) -> None:
+        async def stop() -> None:
+            await self.runner.cleanup()
+            await self.session.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        async with self.session.request(request.method, self.target + request.path_qs, data=body or None,
+                                        headers=headers) as upstream:
+            response = web.StreamResponse(status=upstream.status, headers={
+                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+            await response.prepare(request)
+            answer = bytearray()
+            async for chunk in upstream.content.iter_any():
+                answer += chunk
+                await response.write(chunk)
+            await response.write_eof()
+        self.exchanges.append(Exchange(request.method, request.path, body, bytes(answer)))
+        return response
+
+    def generations(self) -> list[Exchange]:
+        """The exchanges that generated: POSTs to /v1/completions or /inference/v1/generate, in order."""
+        return [e for e in self.exchanges
+                if e.method == "POST" and e.path in ("/v1/completions", "/inference/v1/generate")]
