@@ -128,6 +128,8 @@ def test_a_process_killed_mid_answer_loses_only_that_answer(pair, start, double)
     messages = [{"role": "user", "content": "Tell me a story."}]
     status, answer, first = doomed.chat(conversation, messages, max_tokens=6)
     assert status == 200
+    # Written before the kill: spans leave in batches, and a kill takes what is not yet written with it.
+    wait_for(lambda: doomed.stored(first))
     messages.append(answer["choices"][0]["message"])
     double.arm(kind="delay", seconds=0.05)  # the next answer streams for seconds
     streaming = threading.Thread(target=doomed.stream_quietly, args=(conversation, messages + [

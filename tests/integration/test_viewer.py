@@ -152,14 +152,11 @@ def test_a_codex_session_opens_from_the_list_as_its_loop(codex_session, page):
 
 def test_nothing_in_a_trace_becomes_markup(codex_session, page):
     server, _ = codex_session
-    # A tool's own name is refused unless it is a name (proxy/api/validation.py); its description and
-    # the names in earlier calls are free text and reach the trace.
-    tools = [{"type": "function", "function": {"name": "<img src=q onerror=window.__pwned=6>", "description": HOSTILE,
+    # A tool's description and the names in earlier calls are free text and reach the trace; a tool's
+    # own name is refused unless it is a name (proxy/api/validation.py: below, after the page is read,
+    # so that the refused request's session is not the one the page opens).
+    tools = [{"type": "function", "function": {"name": "read_file", "description": HOSTILE,
                                                "parameters": {"type": "object", "properties": {}}}}]
-    status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                                         "tools": tools})
-    assert status == 400 and answer["error"]["param"] == "tools[0].function.name", answer
-    tools[0]["function"]["name"] = "read_file"
     messages = [{"role": "system", "content": HOSTILE}, {"role": "user", "content": HOSTILE},
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "type": "function", "function": {
                     "name": "<svg onload=window.__pwned=7>", "arguments": json.dumps({"<script>k</script>": HOSTILE})}}]},
@@ -186,6 +183,9 @@ def test_nothing_in_a_trace_becomes_markup(codex_session, page):
     assert p.locator("#detail img, #detail svg, #detail script, #detail iframe").count() == 0
     assert p.evaluate("[...document.querySelectorAll('a')].filter(a => /^\\s*javascript:/i.test(a.getAttribute('href'))).length") == 0
     assert p.locator("#detail b").count() == 0
+    tools[0]["function"]["name"] = "<img src=q onerror=window.__pwned=6>"
+    status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": tools})
+    assert status == 400 and answer["error"]["param"] == "tools[0].function.name", answer
 
 
 def test_the_key_is_needed_and_never_put_in_a_url(codex_session, page):
