@@ -134,7 +134,7 @@ def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pool
     moved = [c for c in CONVERSATIONS if home[c] is gone]
     for d in left:
         d.reset()
-    for c in CONVERSATIONS:
+    for c in moved + [c for c in CONVERSATIONS if c not in moved]:  # the stopped server's first
         status, body = turn(server, c, "after the stop")
         assert status == 200, body
     expected = {c: (rendezvous(c, left) if c in moved else home[c]) for c in CONVERSATIONS}
@@ -155,7 +155,9 @@ def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pool
             assert spans[-1]["attributes"]["looptrace.upstream.moved_from"] == f"127.0.0.1:{gone.port}"
     retried = [s for c in moved for s in decode_spans(server, c)
                if any(e["name"] == "looptrace.upstream.retry" for e in s.get("events", []))]
-    assert len(retried) == 1  # the first request after the stop found out; later ones were not sent there
+    # At most the first request after the stop found out (retried elsewhere); the pool's health probe may
+    # find out first, and then none is (the retry itself: test_a_failure_before_the_first_token_is_retried...).
+    assert len(retried) <= 1
 
     # Restarted on its port: its probes answer again, it rejoins, and its conversations come back.
     back = DoubleProcess(qwen3_5_dir, port=gone.port, log_path=gone.log_path.with_name("double-back.log"), fast=True,
@@ -175,11 +177,12 @@ def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pool
     assert wait_for(lambda: metric(prometheus, f'sum(looptrace_upstream_sessions_moved_total{{server="{name}"}})')
                     .get((), 0) == len(moved), timeout=15)
     errors = metric(prometheus, f'looptrace_upstream_errors_total{{server="{name}"}}')
-    assert [dict(k)["code"] for k in errors] == ["upstream_unreachable"] and sum(errors.values()) == 1
-    dashboard_queries_return_each_server(prometheus, [f"127.0.0.1:{d.port}" for d in doubles])
+    # Counted per request that met the stopped server: the one retried, if the probe did not find out first.
+    assert {dict(k)["code"] for k in errors} <= {"upstream_unreachable"} and sum(errors.values()) == len(retried)
+    dashboard_queries_return_each_server(prometheus, [f"127.0.0.1:{d.port}" for d in doubles], errors=bool(retried))
 
 
-def dashboard_queries_return_each_server(prometheus, servers: list[str]) -> None:
+def dashboard_queries_return_each_server(prometheus, servers: list[str], errors: bool = True) -> None:
     """The dashboard's per-server panels (the looptrace_upstream_ series, which the replayed server of
     test_dashboards cannot have) return a series for every server."""
     queries = [t for path in DASHBOARDS for t in promql_targets(json.loads(path.read_text()))
@@ -196,7 +199,7 @@ def dashboard_queries_return_each_server(prometheus, servers: list[str]) -> None
                 break
             time.sleep(0.5)
         if "errors" in expr:
-            assert found, query  # only servers that failed have error series
+            assert found or not errors, query  # only servers that failed have error series
         else:
             assert set(servers) <= found, (query["panel"], expr, found)
 
