@@ -146,3 +146,19 @@ def stores(request, tmp_path):
                               request.getfixturevalue("postgres_url") if request.param == "postgresql" else None)
     yield made
     made.close()
+
+
+@pytest.fixture(scope="session")
+def installed():
+    """The npm clients (codex, pi, Claude Code, opencode, qwen-code), installed once for every test
+    file that runs them."""
+    import os
+
+    import clients
+
+    try:
+        return clients.install()
+    except clients.MissingNpm as exc:
+        if os.environ.get("CI"):
+            raise  # CI installs npm: a missing one is a failure there, not a skip
+        pytest.skip(str(exc))

@@ -25,16 +25,6 @@ MODEL = "qwen3.5-tiny"
 ANSWER = "The command printed looptrace-ok."
 
 
-@pytest.fixture(scope="module")
-def installed() -> clients.Clients:
-    try:
-        return clients.install()
-    except clients.MissingNpm as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs npm: a missing one is a failure there, not a skip
-        pytest.skip(str(exc))
-
-
 def strace_log(tmp_path):
     """Where strace writes Claude Code's connects; None (the check skipped) where strace is missing,
     except in CI, which installs it (tests/run.sh)."""

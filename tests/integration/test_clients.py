@@ -23,16 +23,6 @@ API_KEY = "sk-looptrace-test"
 MODEL = "qwen3.5-tiny"
 
 
-@pytest.fixture(scope="module")
-def installed() -> clients.Clients:
-    try:
-        return clients.install()
-    except clients.MissingNpm as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs npm: a missing one is a failure there, not a skip
-        pytest.skip(str(exc))
-
-
 def replay_server(serve, qwen3_5_dir, tmp_path, *steps: str):
     path = tmp_path / "steps.jsonl"
     path.write_text("".join(json.dumps({"text": s}) + "\n" for s in steps))

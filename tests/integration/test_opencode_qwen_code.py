@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 
-import pytest
 
 import clients
 from messages_api import qwen_call
@@ -21,16 +20,6 @@ from messages_api import qwen_call
 API_KEY = "sk-looptrace-test"
 MODEL = "qwen3.5-tiny"
 ANSWER = "The command printed looptrace-ok."
-
-
-@pytest.fixture(scope="module")
-def installed() -> clients.Clients:
-    try:
-        return clients.install()
-    except clients.MissingNpm as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
 
 
 def replayed(serve, qwen3_5_dir, tmp_path, call: str):

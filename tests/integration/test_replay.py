@@ -14,27 +14,15 @@ pyarrow, and the compare page in Chromium marks the divergent tokens on both sid
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-import clients
 import replays
 import tiny_agent
 from looptrace.common import attributes as attr
 
 # The module's servers and its codex session are made in its first test: minutes on two busy cores.
 pytestmark = pytest.mark.timeout(1800)
-
-
-@pytest.fixture(scope="module")
-def installed() -> clients.Clients:
-    try:
-        return clients.install()
-    except clients.MissingNpm as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs npm: a missing one is a failure there, not a skip
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ continuation; docs/rollouts.md says what that does.)
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -37,16 +36,6 @@ API_KEY = "sk-looptrace-test"
 MODEL = "tiny"
 WORD = "looptrace"  # sampled one id per character in each tool call
 QUOTE = '<|"|>'  # Gemma 4's string delimiter
-
-
-@pytest.fixture(scope="module")
-def installed() -> clients.Clients:
-    try:
-        return clients.install()
-    except clients.MissingNpm as exc:
-        if os.environ.get("CI"):
-            raise  # CI installs npm: a missing one is a failure there, not a skip
-        pytest.skip(str(exc))
 
 
 def keeping(model, folder) -> AppThread:
