@@ -1,5 +1,5 @@
 """vLLM's `prompt_logprobs` as teacher-forced scoring: the request that asks for them and the reading
-of what comes back (no I/O here; vllm_scoring.py sends it for the vLLM backend, and `looptrace replay`
+of what comes back (no I/O here; vllm/scoring.py sends it for the vLLM backend, and `looptrace replay`
 for a vLLM target).
 
 The prompt and the answer go as one token-id prompt to /v1/completions with `prompt_logprobs: 1`,

@@ -2,7 +2,7 @@
 forward pass, the cache cut back to what was accepted. (The llama.cpp backend drafts with the same
 proposers and accepts with `judge` too, cutting llama.cpp's KV cache itself.)
 
-`--speculative-config` is shaped as vLLM's flag (speculative_config.py). Four ways to draft:
+`--speculative-config` is shaped as vLLM's flag (config.py). Four ways to draft:
   ngram        prompt lookup (PromptLookup): the tokens that followed the latest earlier occurrence
                of the output's last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in
                the prompt or the output so far. Any model; agents mostly write back what they read.

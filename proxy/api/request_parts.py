@@ -44,7 +44,7 @@ def media_note() -> str:
 def media_part(part: dict, param: str) -> dict:
     """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
-    rendering thread (families/media.py)."""
+    rendering thread (families/media/decode.py)."""
     kind = part.get("type")
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part

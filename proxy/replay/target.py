@@ -1,5 +1,5 @@
 """The server a session is replayed against, reached over HTTP: another looptrace (any backend it
-serves: POST /v1/score and /v1/generate, proxy/api/native/targets.py) or a vLLM server directly (scoring by
+serves: POST /v1/score and /v1/generate, proxy/api/native/score.py and generate.py) or a vLLM server directly (scoring by
 its `prompt_logprobs`, backends/prompt_logprobs.py: the same request and the same reading as the vLLM
 backend's own).
 

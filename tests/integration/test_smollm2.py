@@ -14,7 +14,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def smollm2(serve, smollm2_gguf_path):
-    # transformers, dequantizing the file (a .gguf gets llama.cpp by default: tests/test_llama_cpp.py);
+    # transformers, dequantizing the file (a .gguf gets llama.cpp by default: tests/integration/test_llama_cpp.py);
     # llama.cpp's quantized kernels answer this question otherwise.
     return serve(str(smollm2_gguf_path), "--backend", "local", "--served-model-name", "smollm2")
 

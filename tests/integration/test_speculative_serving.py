@@ -30,7 +30,7 @@ NEW_TOKENS = 48
 @pytest.fixture(scope="module")
 def speculating(serve, smollm2_gguf_path):
     # The local backend: what is compared is transformers' generate() (llama.cpp's own prompt lookup is
-    # tested in tests/test_llama_cpp.py).
+    # tested in tests/integration/test_llama_cpp.py).
     return serve(str(smollm2_gguf_path), "--backend", "local", "--served-model-name", MODEL, "--speculative-config",
                  CONFIG)
 

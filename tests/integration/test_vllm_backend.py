@@ -1,4 +1,4 @@
-"""The vLLM backend over the vLLM test double (tests/vllm_double.py): the same events as local
+"""The vLLM backend over the vLLM test double (tests/support/vllm_double.py): the same events as local
 decoding, both routes, trace context, speculative counts, and every failure as a clear error.
 
 One double serves the module; two `looptrace serve --backend vllm` processes sit in front of it,

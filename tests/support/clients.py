@@ -1,7 +1,7 @@
 """The real agent clients (codex, pi, Claude Code, opencode, qwen-code), installed from npm once per
 cache and run in isolated homes, with nothing that calls elsewhere than looptrace.
 
-`python tests/clients.py` installs them (CI does this before the tests); the tests install them on
+`python tests/support/clients.py` installs them (CI does this before the tests); the tests install them on
 first use too. They land in `<test cache>/npm-clients-<versions>`, built in a temporary folder under
 a file lock and renamed into place, like the test checkpoints.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_cache
 
-# The versions shared/clients/README.md was recorded with; bump both here and re-run the client tests.
+# The versions ../shared/clients/README.md was recorded with; bump both here and re-run the client tests.
 CODEX = "@openai/codex@0.169.0"
 PI = "@mariozechner/pi-coding-agent@0.73.1"
 # Claude Code (a native binary inside the npm package), opencode (likewise) and qwen-code.

@@ -20,7 +20,7 @@ CONVERSATION = "conv-dashboards-1"
 # Grafana's variables, as the test sets them: a concrete model and ranges Prometheus accepts.
 VARIABLES = {"model": MODEL, "conversation": CONVERSATION, "__rate_interval": "1m", "__interval": "15s",
              "__range": "10m"}
-EXEMPLAR_LABEL = "trace_id"  # the label looptrace's histogram exemplars carry (proxy/request_trace.py)
+EXEMPLAR_LABEL = "trace_id"  # the label looptrace's histogram exemplars carry (proxy/observe/metrics.py)
 
 
 def load_dashboards() -> list[dict]:

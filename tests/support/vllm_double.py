@@ -6,7 +6,7 @@ POST /v1/completions (token-id prompts, streamed) and POST /inference/v1/generat
 from a fixed cycle of ordinary tokens sent as fast as the event loop allows (for relay benchmarks:
 no model time). bench/_vllm_chat.py adds vLLM's /v1/chat/completions, for the relay benchmark.
 
-Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/test_vllm_protocol.py checks the
+Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/integration/test_vllm_protocol.py checks the
 chunks against the wheel), and so are the semantics, read from vLLM's serving code: a sampled
 token's rank counts the tokens at least as likely; `top_logprobs` hold the sampled token first,
 then the most likely; a stop token is in `token_ids` but not in `text`; usage (with cached prompt

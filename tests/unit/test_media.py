@@ -1,5 +1,5 @@
 """Images reach the model (issue 14, its first part): both APIs, the local backend, the tiny Qwen3.5
-and Gemma 4 with their real processors' image settings (tests/tiny_media.py).
+and Gemma 4 with their real processors' image settings (tests/support/tiny_media.py).
 
 An image request puts the processor's image tokens into the prompt and its pixels into prefill: the
 greedy answer equals `model.generate()` on the same processor inputs. Every bad item is a 400 that

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring (backends/scoring.py, vllm_scoring.py): each answer token's logprob, rank and
+"""Teacher-forced scoring (backends/scoring.py, vllm/scoring.py): each answer token's logprob, rank and
 the model's greedy choice, read in one prefill, equal what decoding that answer reported token by token."""
 
 from __future__ import annotations

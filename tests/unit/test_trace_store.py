@@ -182,7 +182,7 @@ def test_the_queue_is_bounded_by_spans(stores):
 
 def test_a_failed_batch_marks_its_traces_once_the_store_writes_again(stores, monkeypatch):
     # A batch the store refuses (a disk error in SQLite, bad data in PostgreSQL) is dropped and
-    # counted; one PostgreSQL cannot take for now is held instead (test_postgres_store.py).
+    # counted; one PostgreSQL cannot take for now is held instead (tests/integration/test_shared_store.py, the outage).
     store = stores.make()
     dropped = []
     processor = QueueingSpanProcessor(store, name="sqlite", on_dropped=lambda _, n: dropped.append(n),
