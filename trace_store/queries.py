@@ -3,7 +3,8 @@
 The same queries read either store (the trace API, the viewer and fork call nothing else): a store
 says how to open a connection for reading (`_reader`, a context manager whose connection runs
 `execute(sql, args)` with `?` placeholders and rows read by column name), where it is (`where`, for
-messages: never a password) and the few places where its SQL differs: how a trace's spans are
+messages: never a password), what it raises when it cannot answer (interface.StoreUnavailable,
+whatever its driver raised) and the few places where its SQL differs: how a trace's spans are
 ordered, how a session's text is searched, how a substring is found.
 
 SQLite: any thread may read; each query opens its own read-only connection, so readers never wait
@@ -12,13 +13,13 @@ for the writer (WAL mode). A store that does not exist yet reads as empty.
 
 from __future__ import annotations
 
-import sqlite3
 from contextlib import AbstractContextManager
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
 from .chains import make_whole
+from .interface import Row
 from .packing import restored
 from .records import OUTCOMES
 from .tokens import expand_events
@@ -236,7 +237,7 @@ WITH RECURSIVE v (v) AS (SELECT min({column}) FROM sessions
 SELECT v FROM v WHERE v IS NOT NULL LIMIT 100"""
 
 
-def _session(row: sqlite3.Row) -> dict:
+def _session(row: Row) -> dict:
     return {
         "key": row["key"], "conversation": row["conversation"], "model": row["model"], "client": row["client"],
         "client_version": row["client_version"], "first_ns": row["first_ns"], "last_ns": row["last_ns"],
@@ -246,7 +247,7 @@ def _session(row: sqlite3.Row) -> dict:
     }
 
 
-def _bare_step(row: sqlite3.Row) -> dict:
+def _bare_step(row: Row) -> dict:
     """A trace stored before step summaries existed: what its row says."""
     return {"trace_id": row["trace_id"], "start_ns": row["start_ns"], "end_ns": row["end_ns"],
             "endpoint": row["endpoint"], "model": row["model"], "status": row["status"],

@@ -161,3 +161,29 @@ def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
         return {"name": name}
     raise invalid("Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice",
                   code="invalid_type")
+
+
+def parse_tools(tools: list | None) -> list[dict] | None:
+    """Function tools in Chat Completions' shape (which looptrace's /v1/generate takes too), checked."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+        if tool.get("type", "function") != "function":
+            raise invalid(f"Invalid value for '{where}.type': {tool.get('type')!r}; only 'function' tools are "
+                          "supported here.", param=f"{where}.type")
+        function = field(tool, "function", dict, f"{where}.function", required=True)
+        name = field(function, "name", str, f"{where}.function.name", required=True)
+        if not name:
+            raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
+        spec = {"name": tool_name(name, f"{where}.function.name")}
+        description = field(function, "description", str, f"{where}.function.description")
+        if description is not None:
+            spec["description"] = description
+        parameters = field(function, "parameters", dict, f"{where}.function.parameters")
+        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": spec})
+    return out

@@ -1,12 +1,13 @@
 """Every file a docstring, a comment or the manual names exists: a module moved or split leaves no
 reader looking for the old one (13 docstrings named files that no longer existed after the second
-round of moves: `vllm_scoring.py`, `llama_cpp_reuse.py`, `families/media.py`, ...).
+round of moves: the old vllm_scoring, llama_cpp_reuse and families/media modules, ...).
 
 A name is checked when it ends in .py or .md and stands in a docstring or a comment (string literals
-in code are data: a test's `a.py`; comments of pyproject.toml, the scripts and configuration too) or in README.md and docs/ (outside code blocks, which show a
-user's own files; code spans are read). It resolves as a path from the repository's root, from the naming file's folder,
-or as the end of a tracked path (`vllm/kv_index.py` is backends/vllm/kv_index.py). Names of other
-projects' files say whose they are with a prefix from EXTERNAL."""
+in code are data: a test's `a.py`; the comments of pyproject.toml, the scripts and configuration too)
+or in README.md and docs/ (outside code blocks, which show a user's own files; code spans are read).
+It resolves as a path from the repository's root, from the naming file's folder, or as the end of a
+tracked path (`vllm/kv_index.py` is backends/vllm/kv_index.py). Names of other projects' files say
+whose they are with a prefix from EXTERNAL."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ SCRIPTS = (".toml", ".sh", ".yaml", ".yml")  # their comments too: pyproject.tom
 
 
 def tracked() -> list[str]:
-    return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    """The working tree's files git knows or would add: a file deleted but not yet committed is gone."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    return sorted({path for path in listed if (ROOT / path).is_file()})
 
 
 def prose_of_python(source: str) -> list[tuple[int, str]]:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from looptrace.backends import scoring
 from looptrace.backends.base import BackendError, DecodeRequest, SamplingParams
 from looptrace.backends.local.backend import LocalBackend
-from looptrace.backends.prompt_logprobs import read_scores, score_body
+from looptrace.backends.vllm.prompt_logprobs import read_scores, score_body
 
 import load_once
 from tiny_models import chat_prompt_ids

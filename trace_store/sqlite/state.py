@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from ..interface import StoreUnavailable
 from ..state import StateStore
 
 SQLITE_TABLES = """
@@ -63,7 +66,7 @@ class SQLiteState(StateStore):
         return self._conn
 
     def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
-        with self._lock:
+        with self._lock, _unavailable(self.path):
             conn = self._connection()
             conn.execute("BEGIN")
             try:
@@ -72,7 +75,7 @@ class SQLiteState(StateStore):
                 conn.execute("COMMIT")
 
     def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
-        with self._lock:
+        with self._lock, _unavailable(self.path):
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
             try:
@@ -88,6 +91,15 @@ class SQLiteState(StateStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+@contextmanager
+def _unavailable(path: Path) -> Iterator[None]:
+    """SQLite's errors (locked past the timeout, not a database, a full disk) as every store says them."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"{path}: {exc}") from exc
 
 
 def sqlite_state_path(trace_path: str | Path) -> Path:

@@ -14,9 +14,9 @@ from looptrace.trace_store.gap import DEFAULT_CAP, rollout_gap
 
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
+from ..stored import on_store, on_viewer_thread, read, store_of
 from ..validation import field, json_body
-from ..viewer.traces import on_viewer_thread, read, store_of
-from .store import on_store, rollout_key, rollouts_of, step_of
+from .store import rollout_key, rollouts_of, step_of
 
 MAX_VERSION_CHARS = 256
 

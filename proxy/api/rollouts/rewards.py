@@ -8,8 +8,9 @@ from aiohttp import web
 from looptrace.common.jsonio import dumps
 
 from ..errors import APIError, invalid
+from ..stored import on_store
 from ..validation import field, json_body
-from .store import info_of, on_store, rollout_key, rollouts_of, step_of
+from .store import info_of, rollout_key, rollouts_of, step_of
 
 MAX_STEPS = 100_000
 

@@ -1,10 +1,7 @@
 """What the rollout routes share: the rollouts' store, a rollout named in the path, and a step named
-by its place or its trace."""
+by its place or its trace (a query of the store runs through ../stored.py, as every API's does)."""
 
 from __future__ import annotations
-
-import asyncio
-import sqlite3
 
 from aiohttp import web
 
@@ -29,15 +26,6 @@ def rollouts_of(request: web.Request) -> Rollouts:
 def rollout_key(request: web.Request) -> str:
     key, _ = rollout_of(request.match_info, {})
     return key
-
-
-async def on_store(function, *args):
-    """A rollouts query off the event loop; a store that fails is a 503 that says why."""
-    try:
-        return await asyncio.to_thread(function, *args)
-    except (sqlite3.Error, OSError) as exc:
-        raise APIError(503, f"The rollouts store cannot be used: {exc}", type="server_error",
-                       code="trace_store_unreadable") from exc
 
 
 def info_of(value: object, param: str) -> dict | None:

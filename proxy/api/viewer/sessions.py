@@ -12,8 +12,9 @@ from looptrace.common.jsonio import dumps
 
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
+from ..query import bounded_int, cursor, timestamp
+from ..stored import on_viewer_thread, read, store_of
 from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
-from .traces import bounded_int, cursor, on_viewer_thread, read, store_of, timestamp
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}
 
