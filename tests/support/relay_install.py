@@ -5,7 +5,7 @@ cache, keyed by pyproject's dependency list, and looptrace itself taken out of i
 makes a fresh environment holding only the wheel built from this checkout, with the cached
 dependencies beside it (a .pth line: the fresh environment's own packages come first). `looptrace` is
 a namespace package, so no other copy of it may be on that path: a module the wheel lacks would be
-found there. bench/relay_install.py measures both installs' sizes (docs/benchmarks.md).
+found there. bench/install_size.py measures both installs' sizes (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def site_packages(python: Path) -> Path:
     return Path(found.stdout.strip())
 
 
-def installed(folder: Path, wheel: Path, extras: str = "") -> Path:
-    """A new environment in `folder` where `pip install 'WHEEL[extras]'` ran (from the index): its python."""
+def installed(folder: Path, requirement: str) -> Path:
+    """A new environment in `folder` where `pip install REQUIREMENT` ran (from the index): its python."""
     venv.create(folder, with_pip=True)
     python = folder / "bin" / "python"
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{wheel}{extras}"], capture_output=True,
-                          text=True, timeout=1800)
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], capture_output=True, text=True,
+                          timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
     return python
@@ -53,7 +53,7 @@ def dependencies() -> Path:
     requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
     def build(out: Path) -> dict:
-        python = installed(out / "venv", build_wheel(out / "wheel"))
+        python = installed(out / "venv", str(build_wheel(out / "wheel")))
         subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "looptrace"], check=True)
         listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "freeze"], capture_output=True,
                                 text=True, check=True).stdout.split()
