@@ -38,8 +38,13 @@ class Turn:
         return self.recorded.request
 
     def json(self, name: str) -> list:
+        """A JSON list attribute (messages, parts, tools); none where absent (--no-trace-content) or unreadable."""
         value = self.attributes.get(name)
-        return loads(value) if isinstance(value, str) else []
+        try:
+            found = loads(value) if isinstance(value, str) else []
+        except ValueError:
+            return []
+        return found if isinstance(found, list) else []
 
 
 @dataclass
