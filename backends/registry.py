@@ -39,6 +39,8 @@ class Option:
 class Needs:
     weights: bool = False  # the checkpoint's weights are fetched (else its tokenizer, template and config)
     model_runtime: bool = False  # torch and transformers' model code in this process
+    modules: tuple[str, ...] = ()  # what it imports that a relay's install lacks (torch)
+    extras: tuple[str, ...] = ()  # and the extras of `pip install 'looptrace[…]'` that install them
     gpu: bool = False  # a GPU at all (none does yet: each runs on a CPU, some faster on a GPU)
 
 
@@ -63,6 +65,14 @@ class BackendEntry:
     check: Callable[[Any], str | None] = lambda settings: None  # a reason to refuse the settings, or None
     default_model: bool = True  # MODEL defaults to the server's default checkpoint (vLLM: what the server serves)
     claims: Callable[[str], bool] = lambda model: False  # the default backend for such a MODEL
+
+    def missing(self) -> str | None:
+        """What this backend imports and is not installed, said with the one line that installs it; else None."""
+        absent = [name for name in self.needs.modules if importlib.util.find_spec(name) is None]
+        if not absent:
+            return None
+        return (f"--backend {self.name} decodes on this machine with {' and '.join(absent)}, not installed: "
+                f"pip install 'looptrace[{','.join(self.needs.extras)}]'")
 
     def load(self, settings, host) -> Any:
         """The backend's Loader for these settings (base.Loader), its module imported now."""
@@ -153,7 +163,8 @@ def _is_gguf_with_binding(model: str) -> bool:
 ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "local", "decode here with transformers", "looptrace.backends.local.loading:LocalLoader",
-        Needs(weights=True, model_runtime=True), Capabilities(fork=True, score=True, media=True, speculation=True),
+        Needs(weights=True, model_runtime=True, modules=("torch",), extras=("local",)),
+        Capabilities(fork=True, score=True, media=True, speculation=True),
         options=(
             Option("dtype", ("--dtype",), {"choices": ["auto", "float32", "bfloat16", "float16"],
                                            "help": "auto: float32 on CPU, bfloat16 on GPU"}),
@@ -167,7 +178,8 @@ ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "llama.cpp", "decode a .gguf here with llama.cpp (the default for a .gguf when looptrace[llama-cpp] is "
         "installed)", "looptrace.backends.llama_cpp.backend:LlamaCppLoader",
-        Needs(model_runtime=True), Capabilities(fork=True, score=True, speculation=True),
+        Needs(model_runtime=True, modules=("torch", "llama_cpp"), extras=("local", "llama-cpp")),
+        Capabilities(fork=True, score=True, speculation=True),
         options=(
             Option("threads", ("--threads",), {
                 "type": int, "metavar": "N",

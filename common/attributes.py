@@ -83,6 +83,9 @@ INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input m
 INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
 WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label (X-Weight-Version), as a trainer names them
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
+AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
+AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says
+AGENT_TYPE = "looptrace.agent.type"  # the subagent's kind, as the harness names it
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------

@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings) or store_refusal(settings.trace_db)
     if refused:
         parser.error(refused)
+    missing = registry.entry(settings.backend).missing()
+    if missing:  # a relay's install has no torch: the line that adds what this backend needs
+        print(f"looptrace serve: {missing}", file=sys.stderr)
+        sys.exit(2)
     worker = "" if args.worker_slot is None else f" [worker {args.worker_slot}]"
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")

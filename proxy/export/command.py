@@ -2,6 +2,8 @@
 
     looptrace export --store PATH_OR_URL (--session KEY | --since TIME) [--format jsonl|parquet] [--out FILE]
 
+(`--format atif`: a trajectory per session, atif.py; a trainer's format: rollouts.py.)
+
 One record per step (JSON Lines to standard output by default; Parquet through pyarrow,
 `pip install 'looptrace[export]'`):
 
@@ -30,6 +32,7 @@ from datetime import datetime, timezone
 from looptrace.common.sequences import common_prefix
 
 from ..replay.read import Recorded, ReplayError, open_reader, session_steps
+from .atif import trajectories
 from .formats import TRAINERS
 from .rollouts import rollout_rows
 
@@ -47,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
+        if args.format == "atif":
+            store = open_reader(args.store)
+            count = write(list(trajectories(store, _keys(store, args), args.store)), "jsonl", args.out)
+            print(f"looptrace export: {count} trajectories", file=sys.stderr)
+            return 0
         if trainer:
             store = open_reader(args.store)
             sessions = [(key, session_steps(store, key)) for key in _keys(store, args)]
