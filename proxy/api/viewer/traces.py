@@ -18,6 +18,7 @@ from looptrace.trace_store.records import request_span
 from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 from ..errors import APIError, invalid
+from ..validation import query_int, query_number
 from ..keys import RUNTIME, TELEMETRY
 from .prompt_view import AlternativeTexts, prompt_view, with_alternative_texts
 
@@ -25,7 +26,7 @@ from .prompt_view import AlternativeTexts, prompt_view, with_alternative_texts
 async def list_traces(request: web.Request) -> web.Response:
     store = store_of(request)
     query = request.query
-    limit = bounded_int(query.get("limit", "50"), "limit", 1, 1000)
+    limit = query_int(query.get("limit", "50"), "limit", 1, 1000)
     since = timestamp(query.get("since"), "since")
     before = cursor(query.get("before"))
     page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
@@ -112,16 +113,6 @@ def store_of(request: web.Request) -> SQLiteTraceStore:
     return store
 
 
-def bounded_int(value: str, name: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise invalid(f"'{name}' must be an integer.", param=name) from None
-    if not low <= number <= high:
-        raise invalid(f"'{name}' must be between {low} and {high}.", param=name)
-    return number
-
-
 def cursor(value: str | None) -> tuple[int, str] | None:
     """`?before=`: the `next` of a previous page, "NANOSECONDS:KEY"."""
     if not value:
@@ -139,10 +130,11 @@ def timestamp(value: str | None, name: str) -> int | None:
     """Unix seconds or an ISO 8601 time → nanoseconds."""
     if not value:
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
+    seconds = query_number(value, name)
+    if seconds is None:
         try:
+            if not value.isascii():  # fromisoformat reads other scripts' digits too
+                raise ValueError(value)
             seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         except (ValueError, OverflowError):
             raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name) from None
