@@ -5,8 +5,8 @@ large `info`s, as anyone who reaches the port may send them.
 
 A `looptrace serve` on the replay backend (the tiny Qwen3.5, its real vocabulary and template) with a
 SQLite store of its own; one rollout of ROLLOUT_STEPS requests through its base URL; then POSTS posts
-of STEPS steps each (steps 1 to STEPS of each post, as a client naming places), every step with an
-`info` of INFO_KB kilobytes. Reported: each post's status and answer size, the server's resident
+of STEPS steps each (each post the next STEPS places, so that posts add up; --same-steps: steps 1 to
+STEPS every time), every step with an `info` of INFO_KB kilobytes. Reported: each post's status and answer size, the server's resident
 memory (VmRSS, and its peak, VmHWM) before and after, the state file's size, and the GET of the
 reward (bytes, seconds). Before the bounds, the issue measured four posts of 1,000 × 60 KB: the state
 store 294 MB, RSS 214 MB → 1.2 GB, the GET 229 MB in 3 s. Prints a table, then one JSON object.
@@ -67,9 +67,10 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
         before = memory(service.process.pid)
         info = {"blob": "x" * (args.info_kb * 1000)}
         posts = []
-        for _ in range(args.posts):
+        for post in range(args.posts):
+            first = 1 + (0 if args.same_steps else post * args.steps)
             body = json.dumps({"steps": [{"step": n, "reward": 0.5, "info": info}
-                                         for n in range(1, args.steps + 1)]}).encode()
+                                         for n in range(first, first + args.steps)]}).encode()
             status, answer, seconds = call("POST", f"{url}/v1/rollouts/bench/reward", body)
             posts.append({"status": status, "sent_mb": round(len(body) / 1e6, 1), "answer_bytes": len(answer),
                           "seconds": round(seconds, 2), "said": json.loads(answer).get("error", {}).get("message")})
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="steps each post names, from 1")
     parser.add_argument("--info-kb", type=int, default=60, help="each step's info, in kilobytes")
     parser.add_argument("--rollout-steps", type=int, default=1, help="requests the rollout makes first")
+    parser.add_argument("--same-steps", action="store_true",
+                        help="every post names steps 1 to STEPS (replacing); by default each names the next STEPS")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         found = run(args, Path(folder))
