@@ -7,7 +7,7 @@ A `looptrace serve` on the replay backend (the tiny Qwen3.5, its real vocabulary
 SQLite store of its own; one rollout of ROLLOUT_STEPS requests through its base URL; then POSTS posts
 of STEPS steps each (each post the next STEPS places, so that posts add up; --same-steps: steps 1 to
 STEPS every time), every step with an `info` of INFO_KB kilobytes. Reported: each post's status and answer size, the server's resident
-memory (VmRSS, and its peak, VmHWM) before and after, the state file's size, and the GET of the
+memory (VmRSS, and its peak, VmHWM) before and after, the state file's size (with its write-ahead log), and the GET of the
 reward (bytes, seconds). Before the bounds, the issue measured four posts of 1,000 × 60 KB: the state
 store 294 MB, RSS 214 MB → 1.2 GB, the GET 229 MB in 3 s. Prints a table, then one JSON object.
 """
@@ -76,9 +76,9 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
                           "seconds": round(seconds, 2), "said": json.loads(answer).get("error", {}).get("message")})
         status, reward, seconds = call("GET", f"{url}/v1/rollouts/bench/reward")
         after = memory(service.process.pid)
-        state = store.with_name(f"{store.stem}.state{store.suffix}")
+        state = [store.with_name(f"{store.stem}.state{store.suffix}{wal}") for wal in ("", "-wal")]
         return {"benchmark": "rollout_rewards", "posts": posts, "before": before, "after": after,
-                "state_store_mb": round(state.stat().st_size / 1e6, 1),
+                "state_store_mb": round(sum(p.stat().st_size for p in state if p.exists()) / 1e6, 1),
                 "get": {"status": status, "mb": round(len(reward) / 1e6, 1), "seconds": round(seconds, 2)}}
     finally:
         service.stop()

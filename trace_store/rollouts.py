@@ -12,9 +12,9 @@ and must not wait behind it.
 
 Bounded, since anyone who reaches the port may post (issue 41, M1): an `info` is at most
 MAX_INFO_BYTES and a rollout's infos together MAX_ROLLOUT_INFO_BYTES (checked by the API before it
-writes: proxy/api/rollouts/); one post names at most MAX_STEPS steps; the newest MAX_ROLLOUTS rollouts
-are kept, and of those the newest that hold MAX_ROLLOUTS_BYTES together (infos and trainer
-logprobs), trimmed every PRUNE_EVERY writes; what belongs to those dropped goes with them.
+writes: proxy/api/rollouts/), and its rewards name at most MAX_STEPS steps; the newest MAX_ROLLOUTS
+rollouts are kept, and of those the newest that hold MAX_ROLLOUTS_BYTES together (infos, step
+rewards' rows and trainer logprobs), trimmed every PRUNE_EVERY writes; what belongs to those dropped goes with them.
 `info` is stored as ASCII JSON, so the databases' length() is its size in bytes.
 """
 
@@ -30,7 +30,7 @@ MAX_ROLLOUTS = 65536
 MAX_ROLLOUTS_BYTES = 512 * 1024**2  # what the kept rollouts hold together: infos and trainer logprobs
 MAX_INFO_BYTES = 65536  # one `info`, as JSON
 MAX_ROLLOUT_INFO_BYTES = 1024**2  # a rollout's `info` and its steps' together: 16 infos at their largest
-MAX_STEPS = 10_000  # steps one post names; and the highest step by place of a rollout the store does not hold
+MAX_STEPS = 10_000  # steps a rollout's rewards name; and the highest step by place of one the store does not hold
 PRUNE_EVERY = 256  # rollouts are trimmed to their bounds every this many writes
 
 NOTE = """
@@ -48,10 +48,11 @@ ON CONFLICT (trace_id) DO UPDATE SET key = excluded.key, logprobs = excluded.log
                                      weight_version = excluded.weight_version, noted_ns = excluded.noted_ns"""
 # What belongs to no kept rollout any more.
 ORPHANS = "DELETE FROM {table} WHERE key NOT IN (SELECT key FROM rollouts)"
+ROW_BYTES = 64  # a step reward's row besides its info (its key, step, reward, time and index entry), about
 # A rollout's size once written (its rows' infos are ASCII JSON: length() counts their bytes).
-SIZE = """
+SIZE = f"""
 UPDATE rollouts SET size = coalesce(length(info), 0)
-    + (SELECT coalesce(sum(coalesce(length(info), 0)), 0) FROM rollout_rewards WHERE key = ?)
+    + (SELECT coalesce(sum(coalesce(length(info), 0) + {ROW_BYTES}), 0) FROM rollout_rewards WHERE key = ?)
     + (SELECT coalesce(sum(length(logprobs)), 0) FROM trainer_logprobs WHERE key = ?)
 WHERE key = ?"""
 # Rollouts past the newest that fit in `?` bytes together.
@@ -126,7 +127,7 @@ class Rollouts:
         group, reward, info, updated = head[0]
         return {"rollout": key, "group": group, "reward": reward, "info": json.loads(info) if info else None,
                 "updated_ns": updated,
-                "steps": [{**({"step": int(s)} if s.isdigit() else {"trace_id": s}), "reward": r,
+                "steps": [{**({"step": int(s)} if len(s) != 32 else {"trace_id": s}), "reward": r,
                            "info": json.loads(i) if i else None} for s, r, i in steps]}
 
     def held(self, key: str) -> tuple[float | None, int, dict[str, int]] | None:

@@ -212,10 +212,17 @@ def test_l4_the_operator_may_allow_rewards_for_rollouts_never_seen(qwen3_5_dir, 
             "reward": 1.0, "steps": [{"step": 7, "reward": 0.5}]})
         assert status == 200, answer
         assert allowing.call("GET", "/v1/rollouts/judged-elsewhere/reward")[1]["steps"][0]["step"] == 7
-        # Still bounded: a step number no rollout reaches is refused.
+        # Still bounded: a step number no rollout reaches is refused, and so are more steps than a rollout
+        # may hold, though each post names fewer (trace ids, which a rollout never seen cannot be checked on).
         status, error = allowing.call("POST", "/v1/rollouts/judged-elsewhere/reward", {
             "steps": [{"step": stored_rollouts.MAX_STEPS + 1, "reward": 0.5}]})
         assert status == 400 and error["error"]["param"] == "steps[0].step", error
+        half = stored_rollouts.MAX_STEPS // 2 + 1
+        for post in range(2):
+            status, answer = allowing.call("POST", "/v1/rollouts/judged-elsewhere/reward", {"steps": [
+                {"trace_id": f"{post * half + n:032x}", "reward": 0.0} for n in range(half)]})
+            assert (status, answer.get("step_rewards")) == (200, half + 1) if post == 0 else status == 400, answer
+        assert answer["error"]["param"] == "steps" and f"{stored_rollouts.MAX_STEPS:,}" in answer["error"]["message"]
     finally:
         allowing.stop()
 
@@ -288,3 +295,24 @@ def test_l6_an_invalid_x_weight_version_is_refused(app, version):
     status, answer = app.call("POST", "/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": "Hi"}]}, {"X-Weight-Version": "step-40"})
     assert status == 200, answer
+
+
+def test_a_trace_id_of_digits_only_names_its_own_step_not_a_place(tmp_path):
+    """Found re-probing: one trace id in (10/16)^32 is all digits, and was read as a step's place
+    ("0…01": step 1), for trainer logprobs, rewards and the reward read back alike."""
+    from looptrace.proxy.api.rollouts.gap import _per_step
+    from looptrace.proxy.api.rollouts.rewards import _step
+
+    digits = "0" * 31 + "1"
+    steps = [{"trace_id": "a" * 32, "output_tokens": 2}, {"trace_id": digits, "output_tokens": 1}]
+    assert _per_step({"steps": [{"trace_id": digits, "logprobs": [-1.0]}]}, steps) == {digits: [-1.0]}
+    order = [s["trace_id"] for s in steps]
+    assert _step({"trace_id": digits, "reward": 1.0}, "steps[0]", order)[0] == digits
+    assert _step({"step": 2, "reward": 1.0}, "steps[0]", order)[0] == "2"
+    rollouts = stored_rollouts.Rollouts(open_state(str(tmp_path / "traces.sqlite3")))
+    try:
+        rollouts.set_reward("digits", None, None, [(digits, 1.0, None), ("2", 0.5, None)])
+        assert [{k: v for k, v in s.items() if k != "info"} for s in rollouts.get("digits")["steps"]] == [
+            {"trace_id": digits, "reward": 1.0}, {"step": 2, "reward": 0.5}]
+    finally:
+        rollouts.state.close()

@@ -59,7 +59,8 @@ def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
         if not isinstance(item, dict):
             raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
         step = step_of(item, param)
-        trace_id = order[int(step) - 1] if step.isdigit() and int(step) <= len(order) else step
+        by_place = item.get("step") is not None  # a trace id may be all digits
+        trace_id = order[int(step) - 1] if by_place and len(step) < 10 and int(step) <= len(order) else step
         if trace_id not in counts:
             raise invalid(f"'{param}' names no step of this rollout (it has {len(order)}).", param=param)
         values = _logprobs(item.get("logprobs"), f"{param}.logprobs")

@@ -36,7 +36,8 @@ async def post_reward(request: web.Request) -> web.Response:
                       param="info")
     listed = field(body, "steps", list, "steps") or []
     if len(listed) > MAX_STEPS:
-        raise invalid(f"'steps' names more than {MAX_STEPS:,} steps; post them in parts.", param="steps")
+        raise invalid(f"'steps' names more than {MAX_STEPS:,} steps; a rollout holds at most that many steps' "
+                      "rewards.", param="steps")
     order = await _trace_ids(request, key)
     steps = [_step(item, f"steps[{n}]", order) for n, item in enumerate(listed)]
     if reward is None and not steps:
@@ -66,12 +67,13 @@ def _step(item: object, param: str, order: list[str] | None) -> Step:
     """One entry of 'steps', its step one the rollout has (any up to MAX_STEPS when `order` is None)."""
     if not isinstance(item, dict):
         raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
-    step = step_of(item, param)
+    step, by_place = step_of(item, param), item.get("step") is not None  # a trace id may be all digits
     last = len(order) if order is not None else MAX_STEPS
-    if step.isdigit() and (len(step) > 9 or int(step) > last):
-        has = f"the rollout has {last} steps" if order is not None else f"at most step {MAX_STEPS:,} is taken"
+    if by_place and (len(step) > 9 or int(step) > last):
+        has = f"the rollout has {last} step{'' if last == 1 else 's'}" if order is not None else \
+            f"at most step {MAX_STEPS:,} is taken"
         raise invalid(f"'{param}.step' is past the rollout's end: {has}.", param=f"{param}.step")
-    if not step.isdigit() and order is not None and step not in order:
+    if not by_place and order is not None and step not in order:
         raise invalid(f"'{param}.trace_id' is not one of the rollout's {len(order)} steps.", param=f"{param}.trace_id")
     return step, field(item, "reward", float, f"{param}.reward", required=True), info_of(item.get("info"),
                                                                                         f"{param}.info")
@@ -91,7 +93,11 @@ def _bounded(reward: float | None, info: dict | None, steps: list[Step], held: t
         if total > MAX_ROLLOUT_INFO_BYTES:
             raise invalid(f"With '{param}' the rollout's infos would hold {total:,} bytes; a rollout's 'info' and its "
                           f"steps' hold at most {MAX_ROLLOUT_INFO_BYTES:,} bytes together.", param=param)
-    return {"step_rewards": len(held_steps.keys() | named.keys()), "info_bytes": total}
+    count = len(held_steps.keys() | named.keys())
+    if count > MAX_STEPS:  # a rollout the store does not hold, its steps named by trace ids post after post
+        raise invalid(f"With 'steps' the rollout would hold {count:,} steps' rewards; a rollout holds at most "
+                      f"{MAX_STEPS:,}.", param="steps")
+    return {"step_rewards": count, "info_bytes": total}
 
 
 async def get_reward(request: web.Request) -> web.Response:
