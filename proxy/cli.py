@@ -85,7 +85,7 @@ def _server_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
     serve.add_argument("--max-model-len", type=positive, help="context length to allow (default: the checkpoint's)")
-    serve.add_argument("--workers", type=positive, default=_default("workers"), metavar="N",
+    serve.add_argument("--workers", type=int, default=_default("workers"), metavar="N",
                        help="server processes on the one port, for a relay (--backend vllm or replay): each has an "
                        "event loop of its own; this process supervises them and holds no model")
     serve.add_argument("--worker-slot", type=int, help=argparse.SUPPRESS)  # set by the supervisor for its workers
