@@ -251,8 +251,11 @@ def test_l2_export_out_into_a_missing_folder_or_one_it_cannot_write_says_so(stor
      "each tcp://HOST:PORT"),
     (["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9", "--vllm-timeout", "nan"], "argument --vllm-timeout"),
     (["--backend", "replay", "--replay", "x.jsonl", "--threads", "2"], "--threads is for --backend llama.cpp"),
+    (["--trace-db", "/etc/hostname/traces.sqlite3"], "/etc/hostname is a file"),
+    (["--trace-db", "/tmp"], "--trace-db /tmp is a folder"),
 ], ids=["cache nan", "cache -1", "cache inf", "check every -1", "port", "trace mb nan", "fetch timeout 0",
-        "prefix cache nan", "kv events ipv6 unclosed", "kv events port", "vllm timeout nan", "other backend's"])
+        "prefix cache nan", "kv events ipv6 unclosed", "kv events port", "vllm timeout nan", "other backend's",
+        "store under a file", "store a folder"])
 def test_l3_each_serve_flag_error_is_one_line_and_exit_2_at_once(tmp_path, flags, says):
     began = time.monotonic()
     done = looptrace("serve", "--trace-db", str(tmp_path / "traces.sqlite3"), *flags, timeout=60)
