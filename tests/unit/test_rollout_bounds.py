@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store import rollouts as stored_rollouts
 from looptrace.trace_store.gap import figures
@@ -203,6 +204,15 @@ def test_l4_a_reward_for_a_rollout_that_never_made_a_request_is_refused(app):
     assert "--allow-unknown-rollout-rewards" in error["error"]["message"]
     assert app.call("GET", "/v1/rollouts/never-seen/reward")[0] == 404  # it took no slot
     assert "never-seen" not in [r["rollout"] for r in app.call("GET", "/v1/rollouts?limit=1000")[1]["data"]]
+
+
+def test_l4_a_rollout_noted_before_its_spans_are_stored_takes_its_reward(app):
+    """With --workers, the request's spans are written by the worker that served it, and the reward may
+    reach another before they are: the rollout's row, noted when its request arrived, is enough."""
+    app.app[TELEMETRY].rollouts.note("noted-only", "grp")  # as the serving worker did, its spans not written
+    status, answer = app.call("POST", "/v1/rollouts/noted-only/reward", {"reward": 1.0, "steps": [
+        {"step": 2, "reward": 0.5}]})
+    assert status == 200 and answer["step_rewards"] == 1, answer
 
 
 def test_l4_the_operator_may_allow_rewards_for_rollouts_never_seen(qwen3_5_dir, tmp_path):

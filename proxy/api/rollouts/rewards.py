@@ -38,25 +38,27 @@ async def post_reward(request: web.Request) -> web.Response:
     if len(listed) > MAX_STEPS:
         raise invalid(f"'steps' names more than {MAX_STEPS:,} steps; a rollout holds at most that many steps' "
                       "rewards.", param="steps")
-    order = await _trace_ids(request, key)
+    held = await on_store(rollouts.held, key)
+    order = await _trace_ids(request, key, noted=held is not None)
     steps = [_step(item, f"steps[{n}]", order) for n, item in enumerate(listed)]
     if reward is None and not steps:
         raise invalid("Give the rollout's 'reward', or 'steps' each with its own.", param="reward",
                       code="missing_required_parameter")
-    held = await on_store(rollouts.held, key) or (None, 0, {})
+    held = held or (None, 0, {})
     answer = {"rollout": key, "reward": reward if reward is not None else held[0],
               **_bounded(reward, info, steps, held)}
     await on_store(rollouts.set_reward, key, reward, info, steps)
     return web.json_response(answer, dumps=dumps)
 
 
-async def _trace_ids(request: web.Request, key: str) -> list[str] | None:
-    """The rollout's steps' trace ids in order; None for a rollout the store does not hold, where the
-    operator allows rewards for those; else a 404."""
+async def _trace_ids(request: web.Request, key: str, *, noted: bool) -> list[str] | None:
+    """The rollout's steps' trace ids in order. None where the trace store does not hold it yet but its
+    requests were noted (another worker's spans may not be written yet), or where the operator allows
+    rewards for rollouts never seen; else a 404."""
     steps = await rollout_steps(request, key)
     if steps is not None:
         return [s["trace_id"] for s in steps]
-    if request.app[RUNTIME].settings.allow_unknown_rollout_rewards:
+    if noted or request.app[RUNTIME].settings.allow_unknown_rollout_rewards:
         return None
     raise APIError(404, f"No rollout {key!r} in the trace store: a reward is for a rollout that made requests here "
                    "(it may not be written yet, or was retired); --allow-unknown-rollout-rewards takes others.",
