@@ -16,6 +16,9 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+
+from looptrace.common.option_values import amount, count, gpu_layers, seconds
 
 from .speculative.config import SpeculativeConfig
 
@@ -83,14 +86,14 @@ class BackendEntry:
 # -- options several backends share --
 
 MAX_QUEUE = Option("max_queue", ("--max-queue",), {
-    "type": int, "metavar": "N",
+    "type": count, "metavar": "N",
     "help": "requests that may wait for the model before a 429 (0: none wait; one runs at a time)"})
 PREFIX_CACHE_TOKENS = Option("prefix_cache_tokens", ("--prefix-cache-tokens",), {
-    "type": int, "metavar": "N",
+    "type": count, "metavar": "N",
     "help": "keep the model's state after recent prompts, up to N tokens in all, so a conversation's next turn "
             "prefills only what is new (0: off)"})
 PREFIX_CACHE_MB = Option("prefix_cache_mb", ("--prefix-cache-mb",), {
-    "type": float, "metavar": "MB", "help": "the prefix cache's bound in memory as well, its tensors counted"})
+    "type": amount, "metavar": "MB", "help": "the prefix cache's bound in memory as well, its tensors counted"})
 SPECULATIVE = Option("speculative_config", ("--speculative-config",), {
     "metavar": "JSON",
     "help": "speculative decoding, as vLLM's flag: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
@@ -147,11 +150,26 @@ def _check_kv_events(endpoints: list[str], urls: list[str]) -> str | None:
                 f"{len(endpoints)} for {len(urls)} servers")
     for spec in endpoints:
         parts = spec.split(",")
-        if spec != "none" and (len(parts) > 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts)):
+        if spec != "none" and (len(parts) > 2 or not all(_is_zmq_endpoint(p) for p in parts)):
             return f"--vllm-kv-events {spec!r}: give ENDPOINT[,REPLAY_ENDPOINT], each tcp://HOST:PORT or ipc://PATH"
     if any(spec != "none" for spec in endpoints) and not all(importlib.util.find_spec(n) for n in ("zmq", "msgpack")):
         return "--vllm-kv-events: reading vLLM's KV events needs pyzmq and msgpack: pip install 'looptrace[vllm]'"
     return None
+
+
+def _is_zmq_endpoint(text: str) -> bool:
+    """tcp://HOST:PORT (a name, an address, [an IPv6 one]) or ipc://PATH, as ZeroMQ connects to them:
+    read here, so that one it would refuse later (tcp://[::1, a port past 65535) is refused now."""
+    if text.startswith("ipc://"):
+        return len(text) > len("ipc://")
+    if not text.startswith("tcp://"):
+        return False
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError:
+        return False
+    return bool(url.hostname) and bool(port) and not (url.path or url.query or url.fragment or url.username)
 
 
 def _is_gguf_with_binding(model: str) -> bool:
@@ -185,7 +203,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                 "type": int, "metavar": "N",
                 "help": "threads that decode (default: one per physical core this process may use)"}),
             Option("n_gpu_layers", ("--n-gpu-layers",), {
-                "type": int, "metavar": "N",
+                "type": gpu_layers, "metavar": "N",
                 "help": "layers to offload to the GPU, for a build of llama-cpp-python with one (Metal, CUDA); "
                         "-1: all (default 0: the CPU only)"}),
             TOKENIZER, MAX_QUEUE, PREFIX_CACHE_TOKENS, PREFIX_CACHE_MB, SPECULATIVE),
@@ -201,7 +219,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                         "repeat it for several servers of one model: each conversation stays on one of them"}),
             Option("vllm_api_key", ("--vllm-api-key",), {"help": "the vLLM servers' API key (default: $VLLM_API_KEY)"}),
             Option("vllm_timeout", ("--vllm-timeout",), {
-                "type": float, "metavar": "SECONDS",
+                "type": seconds, "metavar": "SECONDS",
                 "help": "how long to wait for a server's first token, and between tokens"}),
             Option("routing", ("--routing",), {
                 "choices": list(ROUTING),
@@ -218,7 +236,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                         "in (default: 'vllm serve {model} --host 127.0.0.1 --port {port} --kv-events-config "
                         "{kv_events}')"}),
             Option("vllm_start_timeout", ("--vllm-start-timeout",), {
-                "type": float, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
+                "type": seconds, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
             TOKENIZER),
         check=_check_vllm, default_model=False,
     ),

@@ -32,6 +32,15 @@ def rollout_of(path_values: Mapping[str, str], headers: Mapping[str, str]) -> tu
     return found[0], found[1]
 
 
+def weight_version(headers: Mapping[str, str]) -> str | None:
+    """X-Weight-Version, the trainer's label for the weights serving the request (exported with each
+    step): a 400 for one that is empty, too long or holds control characters, never dropped unsaid."""
+    version = headers.get("X-Weight-Version")
+    if version is not None and (not version or len(version) > MAX_ROLLOUT_CHARS or not version.isprintable()):
+        raise invalid(f"X-Weight-Version is 1 to {MAX_ROLLOUT_CHARS} printable characters.", param="weight_version")
+    return version
+
+
 def conversation_id(headers: Mapping[str, str], body: dict | None) -> str | None:
     for name in CONVERSATION_HEADERS:
         value = headers.get(name)
@@ -78,7 +87,7 @@ def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> di
     """The server span's attributes about the HTTP request and its client."""
     attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **subagent_of(headers)}
     version = _label(headers.get("X-Weight-Version"))
-    if version:  # a trainer's label, else none
+    if version:  # a trainer's label; one that is not is refused (weight_version)
         attributes[attr.WEIGHT_VERSION] = version
     agent = headers.get("User-Agent")
     if agent:

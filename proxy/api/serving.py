@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from opentelemetry.propagate import extract
 
+from ..engine.continuity import MODES
 from ..engine.generation import Generation
 from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
-from ..engine.continuity import MODES
-from .clients import conversation_id, request_attributes, rollout_of
+from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
 from .keys import RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
@@ -40,6 +40,7 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn."""
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
+        weight_version(http.headers)
         request.conversation = rollout or conversation_id(http.headers, body)
         request.continuity = continuity_asked(http.headers, body)
         request.history = trace.previous_turn

@@ -34,6 +34,7 @@ from looptrace.common.sequences import common_prefix
 from ..replay.read import Recorded, ReplayError, open_reader, session_steps
 from .atif import trajectories
 from .formats import TRAINERS
+from .output import out_refusal, writing
 from .rollouts import rollout_rows
 
 FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
@@ -43,6 +44,10 @@ FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids"
 def run(args: argparse.Namespace) -> int:
     if args.format in ("parquet", "prime-rl") and not args.out:
         print(f"looptrace export: --format {args.format} writes Parquet, a file: give --out FILE", file=sys.stderr)
+        return 2
+    refused = out_refusal(args.out)
+    if refused:
+        print(f"looptrace export: {refused}", file=sys.stderr)
         return 2
     trainer = args.format in TRAINERS
     if args.per is not None and not trainer:
@@ -131,16 +136,18 @@ def session_records(key: str, steps: list[Recorded]) -> Iterator[dict]:
 
 
 def write(records: list[dict], fmt: str, out: str | None) -> int:
-    if fmt == "parquet":
-        _parquet(records, out)
-        return len(records)
-    stream = open(out, "w", encoding="utf-8") if out else sys.stdout
-    try:
-        for record in records:
-            stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
-    finally:
-        if out:
-            stream.close()
+    with writing(out):
+        if fmt == "parquet":
+            _parquet(records, out)
+            return len(records)
+        stream = open(out, "w", encoding="utf-8") if out else sys.stdout
+        try:
+            for record in records:
+                stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
+            stream.flush()
+        finally:
+            if out:
+                stream.close()
     return len(records)
 
 
@@ -176,5 +183,6 @@ def write_prime_rl(records: list[dict], out: str) -> int:
         ("target_lengths", pa.int32()), ("loss_mask", pa.list_(pa.int8())), ("looptrace", pa.string()),
     ])
     rows = [{**r, "looptrace": json.dumps(r["looptrace"])} for r in records]
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
+    with writing(out):
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
     return len(rows)

@@ -18,7 +18,7 @@ together take turns (concurrent CREATE … IF NOT EXISTS can fail).
 
 from __future__ import annotations
 
-VERSION = 3  # store_version.version
+VERSION = 4  # store_version.version
 LOCK = 0x6C6F6F70  # pg_advisory_xact_lock key: "loop"
 TEXT_PART = 65536
 
@@ -65,7 +65,7 @@ CREATE TABLE IF NOT EXISTS state_responses (
     created_ns bigint NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
-                                     weight_version text, updated_ns bigint NOT NULL);
+                                     weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,
                                             info text, noted_ns bigint NOT NULL, PRIMARY KEY (key, step));
 CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id text PRIMARY KEY, key text NOT NULL, logprobs bytea NOT NULL,
@@ -100,6 +100,8 @@ UPGRADES: dict[int, str] = {
     # How many of a conversation's seen ids are its prompt (token continuity); rollouts' rewards and the
     # trainer's logprobs (trace_store/rollouts.py).
     3: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_prompt bigint;""",
+    # What each rollout holds, in bytes: the rollouts are bounded by it (trace_store/rollouts.py).
+    4: """ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS size bigint;""",
 }
 
 

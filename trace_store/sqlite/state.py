@@ -26,7 +26,7 @@ CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversat
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
 CREATE TABLE IF NOT EXISTS rollouts (key TEXT PRIMARY KEY, grp TEXT, reward REAL, info TEXT, weight_version TEXT,
-                                     updated_ns INTEGER NOT NULL);
+                                     updated_ns INTEGER NOT NULL, size INTEGER);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key TEXT NOT NULL, step TEXT NOT NULL, reward REAL NOT NULL, info TEXT,
                                             noted_ns INTEGER NOT NULL, PRIMARY KEY (key, step));
 CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id TEXT PRIMARY KEY, key TEXT NOT NULL, logprobs BLOB NOT NULL,
@@ -37,9 +37,10 @@ CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
 """
 
 
-# Added to state_conversations after its first version: (column, type), for a file made before.
-ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"),
-                 ("seen_prompt", "INTEGER"))
+# Added to a table after its first version: (table, column, type), for a file made before.
+ADDED_COLUMNS = (("state_conversations", "seen_trace", "TEXT"), ("state_conversations", "encoding", "INTEGER"),
+                 ("state_conversations", "digests_trace", "TEXT"), ("state_conversations", "seen_prompt", "INTEGER"),
+                 ("rollouts", "size", "INTEGER"))
 
 
 class SQLiteState(StateStore):
@@ -58,10 +59,9 @@ class SQLiteState(StateStore):
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(SQLITE_TABLES)
-            have = {row[1] for row in conn.execute("PRAGMA table_info(state_conversations)")}
-            for column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
-                if column not in have:
-                    conn.execute(f"ALTER TABLE state_conversations ADD COLUMN {column} {kind}")
+            for table, column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
+                if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             self._conn = conn
         return self._conn
 

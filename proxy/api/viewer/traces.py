@@ -11,7 +11,7 @@ from looptrace.trace_store.records import request_span
 
 from ..errors import APIError
 from ..keys import RUNTIME
-from ..query import bounded_int, cursor, timestamp
+from ..query import cursor, query_int, timestamp
 from ..stored import on_viewer_thread, read, store_of, stored_trace
 from .prompt_view import prompt_view, with_alternative_texts
 
@@ -19,7 +19,7 @@ from .prompt_view import prompt_view, with_alternative_texts
 async def list_traces(request: web.Request) -> web.Response:
     store = store_of(request)
     query = request.query
-    limit = bounded_int(query.get("limit", "50"), "limit", 1, 1000)
+    limit = query_int(query.get("limit", "50"), "limit", 1, 1000)
     since = timestamp(query.get("since"), "since")
     before = cursor(query.get("before"))
     page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
