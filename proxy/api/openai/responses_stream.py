@@ -22,9 +22,11 @@ from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallD
 from ...engine.generation import Generation
 from ...engine.request import Step
 from ..errors import APIError
+from .response_fields import with_sampling
 from .responses_request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"
+DONE = b"data: [DONE]\n\n"
 
 
 def usage(generation: Generation) -> dict:
@@ -73,11 +75,19 @@ class ResponseBuilder:
         body = dumps({"type": kind, "sequence_number": number, **payload})
         return f"event: {kind}\ndata: {body}\n\n".encode()
 
-    def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None) -> dict:
-        return {**self.head, "status": self.status, "error": error, "incomplete_details": incomplete,
-                "output": self.output, **self.echo, "truncation": "disabled", "usage": usage}
+    def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None,
+                 completed_at: int | None = None) -> dict:
+        return {**self.head, "completed_at": completed_at, "status": self.status, "error": error,
+                "incomplete_details": incomplete, "output": self.output, **self.echo, "truncation": "disabled",
+                "usage": usage}
+
+    def sampled(self, generation: Generation) -> None:
+        """The sampling settings the prepared generation decodes with, echoed from here on."""
+        with_sampling(self.echo, generation.sampling)
 
     def start(self, generation: Generation | None = None) -> bytes:
+        if generation is not None:
+            self.sampled(generation)
         snapshot = self.response()
         return self._event("response.created", {"response": snapshot}) + self._event(
             "response.in_progress", {"response": snapshot})
@@ -189,11 +199,17 @@ class ResponseBuilder:
         cut = generation.finish_reason == "length"
         closed = self._close("incomplete" if cut else "completed")
         self.status = "incomplete" if cut else "completed"
-        body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation))
+        self.sampled(generation)
+        body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation),
+                             completed_at=None if cut else int(time.time()))
         if self._ids is not None:
             body.update(token_messages(generation, self._ids))
         self.final = body
-        return closed + self._event(f"response.{self.status}", {"response": body})
+        return closed + self._event(f"response.{self.status}", {"response": body}) + self._done()
+
+    def _done(self) -> bytes:
+        """The terminal `data: [DONE]` the specification's stream ends with (the openai SDKs stop on it)."""
+        return DONE if self.stream else b""
 
     def frames(self, step: Step) -> bytes:
         if self._ids is not None and step.token is not None:
@@ -211,7 +227,7 @@ class ResponseBuilder:
         body = self.response(error={"code": code, "message": error.message},
                              usage=usage(generation) if generation is not None else None)
         self.final = body
-        return self._event("response.failed", {"response": body})
+        return self._event("response.failed", {"response": body}) + self._done()
 
 
 def token_messages(generation: Generation, ids: list[int]) -> dict:
