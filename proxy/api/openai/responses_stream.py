@@ -58,6 +58,7 @@ class ResponseBuilder:
         self.status = "in_progress"
         self.sequence = 0
         self.final: dict | None = None  # the response object, once it ended
+        self.cancelled = False  # set by a cancel (running.py): the generation stops, the response ends "cancelled"
         self._item: dict | None = None  # the reasoning or message item being written
         self._index = 0  # its place in the output
         self._texts: list[str] = []
@@ -195,17 +196,30 @@ class ResponseBuilder:
     # -- the end --
 
     def finish(self, generation: Generation) -> bytes:
-        """`response.completed`, or `response.incomplete` when the token budget ran out."""
+        """`response.completed`, or `response.incomplete` when the token budget ran out; a response
+        cancelled (`POST /v1/responses/{id}/cancel`) ends as `cancelled`, with `response.failed`: the
+        stream events have none of its own."""
+        self.sampled(generation)
+        if self.cancelled:
+            closed = self._close("incomplete")
+            self.status = "cancelled"
+            self.final = self.response(usage=usage(generation))
+            return closed + self._event("response.failed", {"response": self.final}) + self._done()
         cut = generation.finish_reason == "length"
         closed = self._close("incomplete" if cut else "completed")
         self.status = "incomplete" if cut else "completed"
-        self.sampled(generation)
         body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation),
                              completed_at=None if cut else int(time.time()))
         if self._ids is not None:
             body.update(token_messages(generation, self._ids))
         self.final = body
         return closed + self._event(f"response.{self.status}", {"response": body}) + self._done()
+
+    def without_output(self) -> bytes:
+        """The end of a response that generates nothing (the WebSocket mode's `generate: false`)."""
+        self.status = "completed"
+        self.final = self.response(completed_at=int(time.time()))
+        return self._event("response.completed", {"response": self.final}) + self._done()
 
     def _done(self) -> bytes:
         """The terminal `data: [DONE]` the specification's stream ends with (the openai SDKs stop on it)."""
