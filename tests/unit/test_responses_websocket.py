@@ -6,7 +6,9 @@ counted as a request of its own."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 
 import openai
 import pytest
@@ -195,3 +197,67 @@ def test_a_socket_that_closes_stops_its_responses(replay_app):
     assert slow.closed.wait(10), "the generation went on after its socket closed"
     assert slow.tokens < 400
     assert len(replay_app.app[RUNNING]) == 0
+
+
+def websocket_and_stop_reading(app, session: str, tokens: int) -> socket.socket:
+    """A WebSocket on GET /v1/responses (the handshake by hand, on a socket with a small receive buffer),
+    a response.create for a long answer, its first events read, then nothing: the socket stays open."""
+    import base64
+    import os
+
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(("127.0.0.1", app.port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    client.sendall(f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nsession_id: {session}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += client.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    payload = json.dumps({"type": "response.create", "model": MODEL, "max_output_tokens": tokens, "store": False,
+                          "input": "Write for ever."}).encode()
+    mask = os.urandom(4)
+    length = (bytes([0x80 | 126]) + len(payload).to_bytes(2, "big") if len(payload) < 65536 else
+              bytes([0x80 | 127]) + len(payload).to_bytes(8, "big"))
+    client.sendall(bytes([0x81]) + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+    seen = b""
+    while b"response.output_text.delta" not in seen:
+        chunk = client.recv(1024)
+        assert chunk, seen
+        seen += chunk
+    return client  # and never read again
+
+
+
+def test_a_websocket_client_that_stops_reading_is_dropped_and_its_generation_stopped(replay_app, monkeypatch):
+    """As a stream's (test_unread_stream.py): a socket whose client takes nothing of a write for
+    --stream-write-timeout is aborted, its response's generation stopped, the request traced (499,
+    client_stopped_reading) and counted. The replay backend writes as fast as it can, so the socket's
+    buffers (the kernel's, megabytes on loopback) fill in seconds."""
+    long = 150_000
+    replay = replay_app.replay("\n</think>\n\n" + "word " * long + "<|im_end|>")
+    monkeypatch.setattr(replay_app.runtime.settings, "stream_write_timeout", 2.0)
+    unread = websocket_and_stop_reading(replay_app, "unread-socket", long + 10)
+    try:
+        deadline = time.monotonic() + 120
+        while replay.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert replay.running == 0, "the generation went on for a client that read nothing"
+        unread.settimeout(30)
+        while unread.recv(65536):  # its connection was aborted: what is left to read ends
+            pass
+    finally:
+        unread.close()
+    steps = replay_app.stored("/v1/sessions/unread-socket")["steps"]
+    trace = replay_app.stored(f"/v1/traces/{steps[0]['trace_id']}")
+    root = next(s for s in trace["spans"] if attr.ENDPOINT in s["attributes"])["attributes"]
+    assert (root[attr.HTTP_RESPONSE_STATUS_CODE], root[attr.ERROR_TYPE]) == (499, "client_stopped_reading"), root
+    assert root[attr.TRANSPORT] == "websocket"
+    decode = next(s for s in trace["spans"] if s["name"] == attr.SPAN_DECODE)
+    assert 0 < len(decode.get("tokens", [])) < long  # its generation stopped before the end
+    assert replay_app.metric("looptrace_requests_total", endpoint=attr.ENDPOINT_RESPONSES_WEBSOCKET,
+                             status="499") >= 1
+    replay_app.replay(FIRST)
+    with client(replay_app).responses.connect() as connection:  # and the server goes on
+        assert turn(connection, input="x", store=False)[-1]["type"] == "response.completed"
