@@ -261,3 +261,56 @@ def test_a_websocket_client_that_stops_reading_is_dropped_and_its_generation_sto
     replay_app.replay(FIRST)
     with client(replay_app).responses.connect() as connection:  # and the server goes on
         assert turn(connection, input="x", store=False)[-1]["type"] == "response.completed"
+
+
+def raw_socket(app):
+    """A WebSocket client that reads every message as it comes (websockets' own, not the SDK's)."""
+    from websockets.sync.client import connect
+
+    return connect(app.url.replace("http", "ws") + "/v1/responses", max_size=None)
+
+
+def test_a_message_past_the_limit_closes_the_socket(replay_app, monkeypatch):
+    from websockets.exceptions import ConnectionClosed
+
+    from looptrace.proxy.api.openai import websocket
+
+    monkeypatch.setattr(websocket, "MAX_MESSAGE_BYTES", 4096)  # read when a socket opens
+    with raw_socket(replay_app) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "x" * 8192}))
+        try:
+            ws.recv(timeout=10)
+        except ConnectionClosed as closed:
+            assert closed.rcvd.code == 1009, closed  # "message too big"
+        else:
+            raise AssertionError("the socket took a message past its limit")
+
+
+def test_lanes_past_the_limit_are_refused(replay_app, monkeypatch):
+    from looptrace.proxy.api.openai import websocket
+
+    monkeypatch.setattr(websocket, "MAX_LANES", 2)
+    slow = Slow(replay_app.replay(*["\n</think>\n\n" + "word " * 100 + "<|im_end|>"] * 2))
+    replay_app.runtime.backend = slow
+    with raw_socket(replay_app) as ws:
+        for lane in ("a", "b", "c"):
+            ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "x", "stream_id": lane,
+                                "store": False}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "error":
+            pass
+    assert (event["status"], event["error"]["code"], event["stream_id"]) == (429, "too_many_lanes", "c"), event
+
+
+def test_an_idle_socket_is_closed(replay_app, monkeypatch):
+    from websockets.exceptions import ConnectionClosed
+
+    from looptrace.proxy.api.openai import websocket
+
+    monkeypatch.setattr(websocket, "IDLE_SECONDS", 0.5)
+    with raw_socket(replay_app) as ws:
+        started = time.monotonic()
+        try:
+            ws.recv(timeout=10)
+        except ConnectionClosed as closed:
+            assert closed.rcvd.code == 1000 and closed.rcvd.reason == "idle", closed
+        assert time.monotonic() - started < 5
