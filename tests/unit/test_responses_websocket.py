@@ -104,6 +104,9 @@ def test_refusals_are_error_events_and_the_socket_goes_on(replay_app):
         connection.send_raw(json.dumps({"type": "response.create", "model": MODEL, "input": "x", "background": True}))
         error = json.loads(connection.recv_bytes())
         assert error["status"] == 400 and error["error"]["param"] == "background", error
+        connection.send_raw(json.dumps({"type": "response.create", "model": MODEL, "input": "x", "stream_id": "l" * 257}))
+        error = json.loads(connection.recv_bytes())
+        assert error["status"] == 400 and error["error"]["param"] == "stream_id", error
         connection.send({"type": "response.steer", "previous_response_id": "resp_1", "input": "faster"})
         steer = json.loads(connection.recv_bytes())
         SERVER_EVENT.validate_python(steer, strict=True)

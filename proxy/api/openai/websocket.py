@@ -52,6 +52,7 @@ log = logging.getLogger("looptrace")
 MAX_MESSAGE_BYTES = 256 * 1024**2  # as an HTTP body (app.py's client_max_size)
 MAX_LANES = 16
 MAX_QUEUED = 16
+MAX_LANE_ID = 256  # characters of a stream_id
 IDLE_SECONDS = 3600.0
 KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may name (its lanes' latest, and more)
 TRANSPORT_ONLY = ("type", "stream_id", "stream", "stream_options")  # the envelope, and HTTP's streaming switches
@@ -118,6 +119,9 @@ class Socket:
                 raise invalid(f"Unknown event type {kind!r}: this socket takes 'response.create' (and "
                               "'response.steer').", param="type", code="unknown_event")
             lane = field(event, "stream_id", str, "stream_id")
+            if lane is not None and not 0 < len(lane) <= MAX_LANE_ID:
+                # It is repeated in every event of the lane's responses: a long one would be copied thousands of times.
+                raise invalid(f"'stream_id' must be 1 to {MAX_LANE_ID} characters.", param="stream_id")
             self.queue(event, lane)
         except APIError as err:
             lane = event.get("stream_id")
