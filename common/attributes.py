@@ -19,6 +19,7 @@ from __future__ import annotations
 # A request's own (server) span is named "{endpoint} {model}", its endpoint one of these.
 ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
+ENDPOINT_RESPONSES_WEBSOCKET = "responses_websocket"  # a response.create on GET /v1/responses' WebSocket mode
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
@@ -73,6 +74,7 @@ SERVER_PORT = "server.port"  # and its port
 # -- looptrace.* on a request's span ---------------------------------------------------------------
 
 ENDPOINT = "looptrace.endpoint"  # the endpoint (ENDPOINT_*); set on the request's span only, which it marks
+TRANSPORT = "looptrace.transport"  # "websocket" on a turn of the Responses WebSocket mode (absent: its own HTTP request)
 CLIENT_NAME = "looptrace.client.name"  # the client, from its User-Agent (codex_exec, pi, …)
 CLIENT_VERSION = "looptrace.client.version"  # and its version
 USAGE_CACHED_TOKENS = "looptrace.usage.cached_tokens"  # prompt tokens served from a prefix cache

@@ -21,10 +21,14 @@ from .media_fetch import fetch_media
 
 
 @asynccontextmanager
-async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelemetry]:
-    """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued."""
-    trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers),
-                                              request_attributes(http.method, http.path, http.headers))
+async def traced(http: web.Request, endpoint: str, attributes: dict | None = None,
+                 continued: bool = True) -> AsyncIterator[RequestTelemetry]:
+    """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued.
+    `attributes`: more for the server span (a WebSocket turn's transport); `continued` False: a trace of
+    its own whatever the headers say (a WebSocket's turns, which share its upgrade's headers)."""
+    trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers) if continued else None,
+                                              {**request_attributes(http.method, http.path, http.headers),
+                                               **(attributes or {})})
     try:
         yield trace
     except BaseException as exc:
@@ -35,13 +39,14 @@ async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelem
 
 
 async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict, request: GenerationRequest, *,
-                   model: str, stream: bool) -> Generation:
+                   model: str, stream: bool, conversation: str | None = None) -> Generation:
     """The generation, rendered and checked against the context: ready to run. `trace` None: a prompt
-    prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn."""
+    prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn.
+    `conversation`: the conversation when the client names none (a WebSocket's lane)."""
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
         weight_version(http.headers)
-        request.conversation = rollout or conversation_id(http.headers, body)
+        request.conversation = rollout or conversation_id(http.headers, body) or conversation
         request.continuity = continuity_asked(http.headers, body)
         request.history = trace.previous_turn
         trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))

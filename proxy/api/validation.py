@@ -68,12 +68,21 @@ def _json_loads(text: str, raw: bytes) -> tuple[Any, bool]:
 
 
 async def json_body(request: web.Request) -> dict:
+    raw = await request.read()
     try:
-        raw = await request.read()
+        text = await request.text()
+    except UnicodeDecodeError as exc:
+        raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    return json_object(raw, text)
+
+
+def json_object(raw: bytes, text: str) -> dict:
+    """A JSON object read from a client (a request body, a WebSocket message), with the bounds every
+    one is held to: its count of values, its nesting, its numbers."""
+    try:
         if json_values(raw) > MAX_JSON_VALUES:
             raise invalid(f"The request body holds more than {MAX_JSON_VALUES:,} JSON values (arrays, objects and "
                           "the items in them); at most that many are read.", code="too_many_items")
-        text = await request.text()
         body, not_finite = _json_loads(text, raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", code="invalid_json") from exc

@@ -29,6 +29,7 @@ from ..request_parts import (
     warn_once,
 )
 from ..validation import describe, field, in_range, tool_name
+from .response_fields import echoed, penalties
 
 log = logging.getLogger("looptrace")
 
@@ -115,16 +116,12 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
         temperature=temperature,
         top_p=top_p,
     )
+    request.presence_penalty, request.frequency_penalty = penalties(body)
     stream = field(body, "stream", bool, "stream", default=False)
     store = field(body, "store", bool, "store", default=True)
-    echo = {
-        "instructions": instructions, "max_output_tokens": max_tokens, "parallel_tool_calls": parallel,
-        "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
-        "temperature": temperature, "top_p": top_p, "text": {"format": text.get("format") or {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "metadata": body.get("metadata") or {}, "prompt_cache_key": body.get("prompt_cache_key"), "store": store,
-    }
+    echo = echoed(body, instructions=instructions, max_output_tokens=max_tokens, parallel_tool_calls=parallel,
+                  reasoning={"effort": effort, "summary": reasoning.get("summary")}, temperature=temperature,
+                  top_p=top_p, text={"format": text.get("format") or {"type": "text"}}, store=store)
     options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo,
                                token_messages=field(body, "enable_response_messages", bool, "enable_response_messages",
                                                     default=False))
