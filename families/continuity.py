@@ -1,39 +1,38 @@
-"""Token continuity, the family's part: where the model's last answer ends in the template's rendering
-of the conversation that carries it, and what the template writes after it; and, at load, whether the
-template keeps what it wrote of a conversation when the conversation goes on (prefix preservation).
+"""Token continuity, the family's part: a turn's prompt built of the ids the model read and sampled on
+the turn before, then the template's rendering of only what follows the answer, where that is provably
+a splice of what the template renders now; and, at load, whether the template keeps what it wrote of a
+conversation when the conversation goes on (prefix preservation).
 
 A harness sends its whole conversation again each turn, the model's answers as text, and the template
 renders them again: Qwen3.5's drops an earlier answer's reasoning once a new user message comes,
 Gemma 4's leaves out the empty thought channel its generation prompt opened, and the same text can
 tokenize otherwise than the model wrote it. Token continuity (proxy/engine/continuity.py) keeps what
-the model read and wrote, as ids, and appends only the template's rendering of what came after the
-answer: cut at the turn-end marker that closes the answer (`Family.turn_end_tokens`), an added token,
-where a fast tokenizer splits its input first (incremental.py), so the ids after it are the ids a
-whole encoding gives.
+the model read and wrote, as ids, and appends the template's rendering from the turn-end marker that
+closes the answer (`Family.turn_end_tokens`): an added token, where a fast tokenizer splits its input
+first (incremental.py), so the ids after it are the ids a whole encoding gives.
 
-Where the answer ends: the template writes one turn-end marker per closed turn, and a client's text
-cannot hold one (sanitized, it is encoded as text), so the previous prompt holds as many marker ids as
-the turns before the answer, and the answer's end is the next marker the template writes.
+Where the answer ends is found by rendering, not by counting: the conversation is rendered a second
+time with a mark (a random word) at the end of each of the answer's fields (its text, reasoning and
+calls' names) and of each later message's text. The marker that closes the answer is the first one after
+the answer's last mark; the splice is made only when every later message's mark lies past it (Gemma 4
+writes a call's result inside the model's turn, before the turn's text: then no cut separates the two),
+the turns before it are as many as the kept prompt closed (a tools block or system turn that came or went
+would not line up), and both renderings hold the same markers (the marks change nothing else). The
+engine checks the rest before asking: the same messages, tools and settings, and the model's own answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from bisect import bisect_left
 from typing import Any
 
 from jinja2 import TemplateError
 
-from .base import Family, RenderError, merge_system_messages, token_id
-from .incremental import HEAD_CHARS
+from .base import Family, Rendered, RenderError, merge_system_messages, token_id
+from .incremental import HEAD_CHARS, Encoding
 
-
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """What the template writes from the turn-end marker that closes the answer: the marker's id and
-    the ids from it on (the marker first)."""
-
-    marker: int
-    ids: list[int]
+CONTEXT_IDS = 4  # ids before new text decoded with it, so that it decodes as it does in place
 
 
 def turn_end_ids(family: Family) -> frozenset[int]:
@@ -46,36 +45,128 @@ def turns_closed(family: Family, prompt_ids: list[int]) -> int:
     return sum(prompt_ids.count(i) for i in turn_end_ids(family))
 
 
-def tail_after(family: Family, marked: str, closed: int) -> Tail | None:
-    """The ids of `marked` (a whole conversation, as `Family.marked_chat` writes it) from the turn-end
-    marker after the first `closed` ones: the marker that closes the answer. None when the template
-    writes no such marker."""
-    found = markers(family, marked)
-    if closed >= len(found):
-        return None
-    ids = family.encoder.encode_marked(marked[found[closed]:])
-    return Tail(ids[0], ids) if ids else None
-
-
-def kept_tail(family: Family, messages: list[dict], tools: list[dict] | None, enable_thinking: bool | None,
-              closed: int) -> tuple[Tail, str] | None:
-    """The template's rendering of a conversation of text alone (as `Family.render` renders it) from the
-    marker that closes the answer after `closed` turns, and the rendering's opening (HEAD_CHARS: what
-    a request without a conversation is kept by). None where the template writes no such marker, or
-    the family has no added tokens to cut at. Raises RenderError as `Family.render` does."""
-    if family._control is None:
-        return None
+def continued(family: Family, messages: list[dict], answer_at: int, tools: list[dict] | None,
+              enable_thinking: bool | None, prompt: list[int], sampled: list[int], *, conversation: str | None,
+              encoding: int) -> tuple[Rendered, bool]:
+    """The turn's prompt of text alone, and whether it is spliced: `prompt` (the last turn's, which
+    `encoding` encoded) + `sampled` + the template's rendering of what follows `messages[answer_at]`
+    (the model's answer), where the splice is proven (above); else rendered as always (`Family.render`).
+    Raises RenderError as `Family.render` does."""
+    if family._control is None:  # no added tokens to cut at
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    if family.system_first_only:
-        messages, _ = merge_system_messages(messages)
+    nonce = secrets.token_hex(8)
+    marked_answer, answer_marks, later_marks = _with_marks(messages, answer_at, nonce)
     try:
-        marked = family.marked_chat(messages, tools, extra)
+        marked = _marked_chat(family, messages, tools, extra)
+        probe = _marked_chat(family, marked_answer, tools, extra)
     except TemplateError as exc:
         raise RenderError(exc.message or str(exc)) from exc
     except (ValueError, RecursionError) as exc:
         raise RenderError(str(exc) or "the chat template refused the conversation") from exc
-    tail = tail_after(family, marked, closed)
-    return (tail, marked[:HEAD_CHARS]) if tail is not None else None
+    cut = answer_end(family, marked, probe, answer_marks, later_marks, turns_closed(family, prompt))
+    if cut is None:
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
+    return _spliced(family, conversation, prompt, sampled, encoding, marked[cut:], marked[:HEAD_CHARS]), True
+
+
+def answer_end(family: Family, marked: str, probe: str, answer_marks: list[str], later_marks: list[str],
+               closed: int) -> int | None:
+    """Where the marker that closes the answer starts in `marked` (the conversation as the template writes
+    it), found in `probe` (the same, marked); None where the answer's place is not proven."""
+    ends, probe_ends = markers(family, marked), markers(family, probe)
+    found = [at for at in (probe.find(mark) for mark in answer_marks) if at >= 0]
+    if len(ends) != len(probe_ends) or not found:
+        return None
+    k = bisect_left(probe_ends, max(found))  # the first marker after the answer's last mark closes it
+    if k != closed or k >= len(ends):
+        return None  # the turns before the answer do not line up with the kept prompt's
+    if k and min(found) < probe_ends[k - 1]:
+        return None  # the answer is not one turn
+    if any(0 <= probe.find(mark) < probe_ends[k] for mark in later_marks):
+        return None  # a later message is written before the answer's end
+    return ends[k]
+
+
+def _with_marks(messages: list[dict], answer_at: int, nonce: str) -> tuple[list[dict], list[str], list[str]]:
+    """`messages` with a mark ending each of the answer's non-empty fields (its text, reasoning, calls'
+    names) and each later message's text; and the marks of each. Marks are letters and digits, which
+    no template escapes; an empty field stays empty (a template may write a turn otherwise without one)."""
+    out = list(messages)
+    count = iter(range(1 << 30))
+
+    def mark() -> str:
+        return f"LOOPTRACE{nonce}N{next(count)}Z"
+
+    answer = dict(messages[answer_at])
+    answer_marks: list[str] = []
+    for key in ("content", "reasoning_content"):
+        if key in answer:
+            answer[key] = _marked_text(answer[key], mark, answer_marks)
+    calls = []
+    for call in answer.get("tool_calls") or ():
+        function = dict(call.get("function") or {}) if isinstance(call, dict) else {}
+        if isinstance(function.get("name"), str):
+            answer_marks.append(mark())
+            function["name"] += answer_marks[-1]
+        calls.append({**call, "function": function} if isinstance(call, dict) else call)
+    if calls:
+        answer["tool_calls"] = calls
+    out[answer_at] = answer
+    later_marks: list[str] = []
+    for n in range(answer_at + 1, len(out)):
+        if "content" in out[n]:
+            out[n] = {**out[n], "content": _marked_text(out[n]["content"], mark, later_marks)}
+    return out, answer_marks, later_marks
+
+
+def _marked_text(content: Any, mark, marks: list[str]) -> Any:
+    if isinstance(content, str) and content:
+        marks.append(mark())
+        return content + marks[-1]
+    if isinstance(content, list):
+        texts = [n for n, p in enumerate(content) if isinstance(p, dict) and p.get("type") == "text" and p.get("text")]
+        if texts:
+            marks.append(mark())
+            content = list(content)
+            content[texts[-1]] = {**content[texts[-1]], "text": content[texts[-1]]["text"] + marks[-1]}
+    return content
+
+
+def _marked_chat(family: Family, messages: list[dict], tools: list[dict] | None, extra: dict) -> str:
+    """The conversation as `Family.render` renders a chat of text alone, before encoding."""
+    if family.system_first_only:
+        messages, _ = merge_system_messages(messages)
+    return family.marked_chat(messages, tools, extra)
+
+
+def _spliced(family: Family, conversation: str | None, prompt: list[int], sampled: list[int], encoding: int,
+             tail_text: str, head: str) -> Rendered:
+    """prompt + sampled + `tail_text` (the template's text from the marker that closes the answer)
+    encoded; the marker is the model's own where it sampled it. Kept as the conversation's encoding, so
+    that the next turn reads its text and ids rather than decoding them."""
+    tail = family.encoder.encode_marked(tail_text)
+    added = tail[1:] if sampled and tail and sampled[-1] == tail[0] else tail
+    ids = prompt + sampled + added
+    kept = _previous_encoding(family, conversation, encoding, len(prompt))
+    before = kept.text if kept is not None else family.encoder.decode_pieces([prompt])[0]
+    base = kept.serial if kept is not None else 0
+    context = prompt[-CONTEXT_IDS:]
+    lead, text = family.encoder.decode_pieces([context, context + sampled + added])
+    text = before + (text[len(lead):] if text.startswith(lead) else family.encoder.decode_pieces([sampled + added])[0])
+    serial = family.encoder.keep(conversation, head, ids, text, base=kept)
+    return Rendered(text=text, ids=ids, thinking=family.prompt_leaves_thinking(text),
+                    history_length=len(ids) - family.transient_tail_length(text, ids), encoding=serial,
+                    reused_from=base, reused_ids=len(prompt) if base else 0, reused_chars=len(before) if base else 0)
+
+
+def _previous_encoding(family: Family, conversation: str | None, encoding: int, length: int) -> Encoding | None:
+    """The encoding this process kept of the previous prompt (its text and ids); None where another
+    process served it (then its text is decoded from its ids)."""
+    kept = family.encoder.kept.get(conversation, "") if conversation else None
+    if kept is not None and encoding and kept.serial == encoding and len(kept.ids) == length:
+        return kept
+    return None
 
 
 def markers(family: Family, marked: str) -> list[int]:

@@ -16,7 +16,7 @@ from ..observe.telemetry import RequestTelemetry
 from ..engine.continuity import MODES
 from .clients import conversation_id, request_attributes, rollout_of
 from .errors import failure_of, invalid, model_not_found
-from .keys import RUNTIME, TELEMETRY
+from .keys import MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
 
@@ -42,7 +42,8 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
         rollout, group = rollout_of(http.match_info, http.headers)
         request.conversation = rollout or conversation_id(http.headers, body)
         request.continuity = continuity_asked(http.headers, body)
-        request.history = trace.previous_turn
+        if request.conversation is not None:  # its last turn is read while this one is prepared
+            request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
         trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()
