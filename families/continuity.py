@@ -11,14 +11,19 @@ the model read and wrote, as ids, and appends the template's rendering from the 
 closes the answer (`Family.turn_end_tokens`): an added token, where a fast tokenizer splits its input
 first (incremental.py), so the ids after it are the ids a whole encoding gives.
 
-Where the answer ends is found by rendering, not by counting: the conversation is rendered a second
-time with a mark (a random word) at the end of each of the answer's fields (its text, reasoning and
-calls' names) and of each later message's text. The marker that closes the answer is the first one after
-the answer's last mark; the splice is made only when every later message's mark lies past it (Gemma 4
-writes a call's result inside the model's turn, before the turn's text: then no cut separates the two),
-the turns before it are as many as the kept prompt closed (a tools block or system turn that came or went
-would not line up), and both renderings hold the same markers (the marks change nothing else). The
-engine checks the rest before asking: the same messages, tools and settings, and the model's own answer.
+Where the answer ends is found by rendering, not by counting. Beside the conversation as the template
+writes it now, the template renders a probe: a user message, then the answer and every later message,
+each of their texts (and the answer's reasoning and calls' names) ending with a mark, a random word.
+In the probe, the marker that closes the answer is the first one after the answer's marks; every later
+message's mark must lie past it (Gemma 4 writes a call's result inside the model's turn, before the
+turn's text: then no cut separates the answer from what follows). What the probe writes from there,
+its marks taken out, must be exactly how the conversation's rendering ends, from the marker as many
+markers before its end: then the rendering's tail is the template's writing of what follows the
+answer and nothing else (a later message written elsewhere, a system message moved first, would not
+match), and the turns the rendering closes before it must be as many as the kept prompt closed (a
+tools block or system turn that came or went would not line up). The probe is a few messages long,
+whatever the conversation's length. The engine checks the rest before asking: the same messages, tools
+and settings, and the model's own answer.
 """
 
 from __future__ import annotations
@@ -55,44 +60,55 @@ def continued(family: Family, messages: list[dict], answer_at: int, tools: list[
     if family._control is None:  # no added tokens to cut at
         return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    nonce = secrets.token_hex(8)
-    marked_answer, answer_marks, later_marks = _with_marks(messages, answer_at, nonce)
     try:
         marked = _marked_chat(family, messages, tools, extra)
-        probe = _marked_chat(family, marked_answer, tools, extra)
     except TemplateError as exc:
         raise RenderError(exc.message or str(exc)) from exc
     except (ValueError, RecursionError) as exc:
         raise RenderError(str(exc) or "the chat template refused the conversation") from exc
-    cut = answer_end(family, marked, probe, answer_marks, later_marks, turns_closed(family, prompt))
+    cut = answer_end(family, marked, messages, answer_at, tools, extra, turns_closed(family, prompt))
     if cut is None:
         return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
     return _spliced(family, conversation, prompt, sampled, encoding, marked[cut:], marked[:HEAD_CHARS]), True
 
 
-def answer_end(family: Family, marked: str, probe: str, answer_marks: list[str], later_marks: list[str],
-               closed: int) -> int | None:
-    """Where the marker that closes the answer starts in `marked` (the conversation as the template writes
-    it), found in `probe` (the same, marked); None where the answer's place is not proven."""
-    ends, probe_ends = markers(family, marked), markers(family, probe)
+def answer_end(family: Family, marked: str, messages: list[dict], answer_at: int, tools: list[dict] | None,
+               extra: dict, closed: int) -> int | None:
+    """Where the marker that closes `messages[answer_at]` starts in `marked` (`messages` as the template
+    writes them), proven by a probe (above); None where it is not."""
+    probe_messages, answer_marks, later_marks = _probe(messages, answer_at, secrets.token_hex(8))
+    try:
+        probe = _marked_chat(family, probe_messages, tools, extra)
+    except (TemplateError, ValueError, RecursionError, TypeError):
+        return None  # a template that refuses the probe proves nothing
+    probe_ends = markers(family, probe)
     found = [at for at in (probe.find(mark) for mark in answer_marks) if at >= 0]
-    if len(ends) != len(probe_ends) or not found:
-        return None
-    k = bisect_left(probe_ends, max(found))  # the first marker after the answer's last mark closes it
-    if k != closed or k >= len(ends):
-        return None  # the turns before the answer do not line up with the kept prompt's
-    if k and min(found) < probe_ends[k - 1]:
-        return None  # the answer is not one turn
-    if any(0 <= probe.find(mark) < probe_ends[k] for mark in later_marks):
+    if not found:
+        return None  # the template writes nothing of the answer: it has no place
+    k = bisect_left(probe_ends, max(found))  # the first marker after the answer's marks closes it
+    if k == 0 or k >= len(probe_ends) or min(found) < probe_ends[k - 1]:
+        return None  # no marker closes it, or it is not one turn
+    cut = probe_ends[k]
+    if any(0 <= probe.find(mark) < cut for mark in later_marks):
         return None  # a later message is written before the answer's end
-    return ends[k]
+    tail = probe[cut:]
+    for mark in answer_marks + later_marks:
+        tail = tail.replace(mark, "")
+    ends = markers(family, marked)
+    at = len(ends) - (len(probe_ends) - k)  # as many markers before the rendering's end as the probe's tail holds
+    if at != closed or at < 0 or not marked.endswith(tail) or len(marked) - len(tail) != ends[at]:
+        return None  # the turns before the answer do not line up with the kept prompt's, or the tails differ
+    return ends[at]
 
 
-def _with_marks(messages: list[dict], answer_at: int, nonce: str) -> tuple[list[dict], list[str], list[str]]:
-    """`messages` with a mark ending each of the answer's non-empty fields (its text, reasoning, calls'
-    names) and each later message's text; and the marks of each. Marks are letters and digits, which
-    no template escapes; an empty field stays empty (a template may write a turn otherwise without one)."""
-    out = list(messages)
+PROBE_ASK = {"role": "user", "content": "."}  # what the probe's answer follows: a template wants a user turn first
+
+
+def _probe(messages: list[dict], answer_at: int, nonce: str) -> tuple[list[dict], list[str], list[str]]:
+    """A user message, then `messages[answer_at:]`, with a mark ending each of the answer's fields (its
+    text, reasoning, calls' names) and each later message's text; and the marks of each. Marks are
+    letters and digits, which no template escapes, placed before a text's trailing whitespace (which a
+    template may trim); a field empty or blank stays so (a template may write a turn otherwise without one)."""
     count = iter(range(1 << 30))
 
     def mark() -> str:
@@ -112,24 +128,24 @@ def _with_marks(messages: list[dict], answer_at: int, nonce: str) -> tuple[list[
         calls.append({**call, "function": function} if isinstance(call, dict) else call)
     if calls:
         answer["tool_calls"] = calls
-    out[answer_at] = answer
     later_marks: list[str] = []
-    for n in range(answer_at + 1, len(out)):
-        if "content" in out[n]:
-            out[n] = {**out[n], "content": _marked_text(out[n]["content"], mark, later_marks)}
-    return out, answer_marks, later_marks
+    later = [{**m, "content": _marked_text(m["content"], mark, later_marks)} if "content" in m else m
+             for m in messages[answer_at + 1:]]
+    return [dict(PROBE_ASK), answer, *later], answer_marks, later_marks
 
 
 def _marked_text(content: Any, mark, marks: list[str]) -> Any:
-    if isinstance(content, str) and content:
+    if isinstance(content, str) and content.strip():
         marks.append(mark())
-        return content + marks[-1]
+        text = content.rstrip()
+        return text + marks[-1] + content[len(text):]
     if isinstance(content, list):
-        texts = [n for n, p in enumerate(content) if isinstance(p, dict) and p.get("type") == "text" and p.get("text")]
+        texts = [n for n, p in enumerate(content)
+                 if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                 and p["text"].strip()]
         if texts:
-            marks.append(mark())
             content = list(content)
-            content[texts[-1]] = {**content[texts[-1]], "text": content[texts[-1]]["text"] + marks[-1]}
+            content[texts[-1]] = {**content[texts[-1]], "text": _marked_text(content[texts[-1]]["text"], mark, marks)}
     return content
 
 

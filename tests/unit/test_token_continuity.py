@@ -239,7 +239,8 @@ def test_l5_a_tool_name_found_only_in_the_users_text_is_not_the_models_call(serv
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_l5_an_edited_earlier_message_is_a_fork(served, mode):
+def test_an_edited_earlier_message_stays_a_fork(served, mode):
+    """As before the digests: a history whose earlier message changed does not continue the last turn."""
     family, app = served
     rollout = new_rollout()
     ask = [{"role": "user", "content": "Say hello."}]
@@ -318,7 +319,8 @@ def test_a_gemma_answer_whose_text_the_template_moves_past_the_tools_result_is_n
 def test_h1_where_the_turns_before_the_answer_do_not_line_up_nothing_is_spliced(served):
     """The family's own check, whatever the engine compared first: the answer's place is found by
     rendering the conversation as it is asked now, and a kept prompt whose turns before the answer are
-    not as many (the tools' system turn gone) is never spliced, even with the same messages."""
+    not as many (the tools' system turn gone) is never spliced, even with the same messages; nor one
+    where a later message is written before the answer."""
     from looptrace.families.continuity import continued  # here: main before issue 41 had no such function
 
     family, app = served
@@ -336,6 +338,12 @@ def test_h1_where_the_turns_before_the_answer_do_not_line_up_nothing_is_spliced(
     assert spliced is not renders_tools
     if renders_tools:
         assert whole.ids == served_family.render(messages).ids
+    # A later system message the template moves before the answer (Qwen3.5's, joined into the first):
+    # what the rendering ends with is not what the template writes after the answer alone.
+    later_system = [*messages[:2], {"role": "system", "content": "NEW-SYSTEM-RULE"}, messages[2]]
+    _, spliced = continued(served_family, later_system, 1, [READ], None, first.read, first.wrote,
+                           conversation=None, encoding=0)
+    assert spliced is (family != "qwen3_5")
 
 
 def test_a_fork_says_why_on_its_render_span_and_in_the_session(apps):
@@ -350,3 +358,53 @@ def test_a_fork_says_why_on_its_render_span_and_in_the_session(apps):
     spans = app.stored(f"/v1/traces/{steps[1]['trace_id']}")["spans"]
     render = next(s for s in spans if s["name"] == attr.SPAN_RENDER)
     assert render["attributes"][attr.PROMPT_CONTINUITY_FORK] == "settings"
+
+
+CALL_THEN_ANSWERS = (call_output("qwen3_5", "read_file", {"path": "notes.txt"}), ANSWER["qwen3_5"], ANSWER["qwen3_5"])
+
+
+def kept_classes(app: AppThread, path: str, bodies) -> list[str | None]:
+    """The class of each turn of a loop an API's client runs (`bodies`: given each answer, the next
+    request's body, or None at the end), under `keep`."""
+    backend = Reading(app.replay(*CALL_THEN_ANSWERS))
+    app.runtime.backend = backend
+    kinds, answer = [], None
+    while (body := bodies(answer)) is not None:
+        before = app.metric("looptrace_token_continuity_total", **{"class": "kept"})
+        status, answer = app.call("POST", path, {"model": "tiny", "token_continuity": "keep", **body})
+        assert status == 200, answer
+        kinds.append("kept" if app.metric("looptrace_token_continuity_total", **{"class": "kept"}) > before else None)
+    return kinds
+
+
+def test_each_apis_client_sends_the_models_answer_back_as_the_models(apps):
+    """A Responses client sends the output items back as input items, an Anthropic one the content
+    blocks: each history reads as the model's own answer, and every turn is kept."""
+    app = apps("qwen3_5")
+    schema = READ["function"]["parameters"]
+    items: list = [{"role": "user", "content": "Read notes.txt"}]
+
+    def responses(answer):
+        nonlocal items
+        if answer is not None:
+            calls = [o for o in answer["output"] if o["type"] == "function_call"]
+            items = items + answer["output"] + ([{"type": "function_call_output", "call_id": calls[0]["call_id"],
+                                                  "output": "hello"}] if calls else
+                                                [{"role": "user", "content": "thanks"}])
+        return None if sum(1 for i in items if i.get("role") == "user") > 2 else {
+            "input": items, "tools": [{"type": "function", "name": "read_file", "parameters": schema}]}
+
+    assert kept_classes(app, f"/r/{new_rollout()}/v1/responses", responses) == [None, "kept", "kept"]
+    messages: list = [{"role": "user", "content": "Read notes.txt"}]
+
+    def anthropic(answer):
+        nonlocal messages
+        if answer is not None:
+            uses = [b for b in answer["content"] if b["type"] == "tool_use"]
+            follow = [{"type": "tool_result", "tool_use_id": uses[0]["id"], "content": "hello"}] if uses else "thanks"
+            messages = messages + [{"role": "assistant", "content": answer["content"]},
+                                   {"role": "user", "content": follow}]
+        return None if len(messages) > 5 else {"max_tokens": 64, "messages": messages,
+                                               "tools": [{"name": "read_file", "input_schema": schema}]}
+
+    assert kept_classes(app, f"/r/{new_rollout()}/v1/messages", anthropic) == [None, "kept", "kept"]
