@@ -220,3 +220,37 @@ def test_the_watch_finds_an_observer_that_writes(app, monkeypatch, where):
     writes = watch(monkeypatch, Meddling(where))
     tool_loop(app, f"meddled-{where}")
     assert writes and all(w.startswith("Meddling.") for w in writes), writes
+
+
+def test_a_turn_kept_on_one_process_continues_on_another(qwen3_5_dir, tmp_path):
+    """Two applications on one store stand for two processes (`--workers`, or machines behind a load
+    balancer): the engine's memory of a turn lives in the store's state, so a conversation's turns kept
+    on either build on what the model read and wrote on the other."""
+    placeholder = tmp_path / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    settings = Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder), served_model_name="tiny",
+                        trace_db=str(tmp_path / "traces.sqlite3"), token_continuity="keep")
+    a, b = AppThread(settings).start(), AppThread(settings).start()
+    try:
+        read, wrote = [], []
+        messages = [{"role": "user", "content": "Read notes.txt"}]
+        for n, (app, output) in enumerate(((a, CALL), (b, ANSWER), (a, ANSWER))):
+            backend = Reading(app.replay(output))
+            app.runtime.backend = backend
+            status, answer = app.call("POST", "/r/two-1/v1/chat/completions",
+                                      {"model": "tiny", "messages": messages, "tools": [READ]})
+            assert status == 200, answer
+            read.append(backend.read[0])
+            wrote.append(backend.wrote[0])
+            if n:  # what the model read and wrote on the other process, then more
+                assert read[n][:len(read[n - 1]) + len(wrote[n - 1])] == read[n - 1] + wrote[n - 1]
+            message = answer["choices"][0]["message"]
+            calls = message.get("tool_calls")
+            messages = messages + [message, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "hello"}
+                                   if calls else {"role": "user", "content": "thanks"}]
+        kinds = [a.metric("looptrace_token_continuity_total", **{"class": "kept"}),
+                 b.metric("looptrace_token_continuity_total", **{"class": "kept"})]
+        assert kinds == [1, 1]
+    finally:
+        a.stop()
+        b.stop()
