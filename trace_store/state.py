@@ -10,10 +10,10 @@
     state_responses      stored Responses (`previous_response_id`, GET / DELETE /v1/responses/{id})
 
 Bounded as the in-memory versions are (proxy/engine/memory.py, proxy/observe/conversations.py,
-response_store.py): the
-newest conversations, calls and responses are kept, the oldest deleted as new ones come. One round
-trip per request for each direction, never one per token: a conversation's state is read in one
-query (ids packed: 4 bytes a token) and written in one transaction.
+response_store.py): the newest conversations, calls and responses are kept, the oldest deleted as new
+ones come. Per request, one round trip for each owner and direction (the engine's memory, then
+observation's state; the two reads run at once), never one per token: each is read in one query (ids
+packed: 4 bytes a token) and written in one transaction.
 
 SQLite keeps these in a file of their own beside the traces (`traces.state.sqlite3`): the trace
 writer holds the traces file's one write lock for whole batches (and retention for longer), and a
