@@ -11,6 +11,7 @@ else is a FORK (or a REALIGN, rendered as always). What the engine read is the b
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 
 import pytest
@@ -79,9 +80,21 @@ class Turn:
 CLASSES = ("clean", "realign", "fork", "kept")
 
 
+def classes_counted(app: AppThread) -> dict[str, float]:
+    """looptrace_token_continuity_total by class, from one read of /metrics."""
+    with urllib.request.urlopen(app.url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    counts = dict.fromkeys(CLASSES, 0.0)
+    for line in text.splitlines():
+        if line.startswith("looptrace_token_continuity_total{"):
+            series, _, value = line.rpartition(" ")
+            counts[series.split('class="')[1].split('"')[0]] += float(value)
+    return counts
+
+
 def turn(app: AppThread, rollout: str, messages: list[dict], tools: list[dict] | None, output: str, *,
          mode: str, **body) -> Turn:
-    counts = {kind: app.metric("looptrace_token_continuity_total", **{"class": kind}) for kind in CLASSES}
+    counts = classes_counted(app)
     backend = Reading(app.replay(output))
     app.runtime.backend = backend
     request = {"model": "tiny", "messages": messages, "token_continuity": mode, **body}
@@ -89,7 +102,8 @@ def turn(app: AppThread, rollout: str, messages: list[dict], tools: list[dict] |
         request["tools"] = tools
     status, answer = app.call("POST", f"/r/{rollout}/v1/chat/completions", request)
     assert status == 200, answer
-    changed = [k for k in CLASSES if app.metric("looptrace_token_continuity_total", **{"class": k}) != counts[k]]
+    now = classes_counted(app)
+    changed = [k for k in CLASSES if now[k] != counts[k]]
     assert len(changed) <= 1, changed
     message = {k: v for k, v in answer["choices"][0]["message"].items()
                if k in ("role", "content", "tool_calls", "reasoning_content")}
