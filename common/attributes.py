@@ -141,6 +141,9 @@ PROMPT_CHECKED = "looptrace.prompt.checked"  # a whole encoding, done to check, 
 PROMPT_CONTINUITY = "looptrace.prompt.continuity"  # how it continues the last turn: clean, realign, fork or kept
 PROMPT_CONTINUITY_MODE = "looptrace.prompt.continuity_mode"  # the mode it was built in: check or keep
 PROMPT_CONTINUITY_DIFFERS_AT = "looptrace.prompt.continuity_differs_at"  # realign: the first id that differs
+# fork: why (history, answer, settings, system: an edited history, not the model's answer, other tools or
+# template settings, a later system message the template moves before the answer)
+PROMPT_CONTINUITY_FORK = "looptrace.prompt.continuity_fork"
 PROMPT_KEPT_TOKENS = "looptrace.prompt.kept_tokens"  # kept: the last answer's ids kept as the model sampled them
 PROMPT_MEDIA = "looptrace.prompt.media"  # JSON: each attached item (kind, MIME type, size, sha256, tokens, thumbnail)
 PROMPT_MEDIA_TOKENS = "looptrace.prompt.media.{kind}_tokens"  # prompt tokens the items of one kind became

@@ -6,7 +6,7 @@ JSON document per step instead of every prompt and token.
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
      "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
-     "continuity", "rollout_group", "fork_of", "route"}
+     "continuity", "continuity_fork", "rollout_group", "fork_of", "route"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
@@ -63,6 +63,7 @@ class StepGatherer:
             step["prefill"] = (start_ns, end_ns, attrs.get(attr.PREFILL_SECONDS), attrs.get(attr.PREFILL_CACHED_TOKENS))
         elif name == attr.SPAN_RENDER:
             step["continuity"] = attrs.get(attr.PROMPT_CONTINUITY)
+            step["continuity_fork"] = attrs.get(attr.PROMPT_CONTINUITY_FORK)
         elif name == attr.SPAN_DECODE:
             step["decode"] = attrs
         elif name.startswith(attr.SPAN_EXECUTE_TOOL):
@@ -107,7 +108,8 @@ class StepGatherer:
             "output": _json(attrs, attr.GEN_AI_OUTPUT_MESSAGES),
             "tool_calls": calls,
             "tools": tools,
-            "continuity": gathered.get("continuity"), "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
+            "continuity": gathered.get("continuity"), "continuity_fork": gathered.get("continuity_fork"),
+            "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
             "route": _route(decode),

@@ -16,7 +16,7 @@ from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
 from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
-from .keys import RUNTIME, TELEMETRY
+from .keys import MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
 
@@ -48,7 +48,8 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
         weight_version(http.headers)
         request.conversation = rollout or conversation_id(http.headers, body) or conversation
         request.continuity = continuity_asked(http.headers, body)
-        request.history = trace.previous_turn
+        if request.conversation is not None:  # its last turn is read while this one is prepared
+            request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
         trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()

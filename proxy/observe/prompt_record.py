@@ -36,6 +36,8 @@ def continuity_attributes(continuity: Continuity) -> dict:
     attributes = {attr.PROMPT_CONTINUITY: continuity.kind, attr.PROMPT_CONTINUITY_MODE: continuity.mode}
     if continuity.differs_at is not None:
         attributes[attr.PROMPT_CONTINUITY_DIFFERS_AT] = continuity.differs_at
+    if continuity.fork is not None:
+        attributes[attr.PROMPT_CONTINUITY_FORK] = continuity.fork
     if continuity.kept:
         attributes[attr.PROMPT_KEPT_TOKENS] = continuity.kept
     return attributes

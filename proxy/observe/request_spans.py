@@ -71,7 +71,6 @@ class RequestSpans(Observer):
         # adds to an event beside it. Events themselves are never written to.
         self._pending: list[tuple[TokenEvent, str, int]] = []
         self._recording = False
-        self._output_ids: list[int] = []
         self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
         self._predicted: int | None = None  # the routing's prediction of cached prompt tokens (vLLM)
 
@@ -117,10 +116,11 @@ class RequestSpans(Observer):
         content = content and self.content
         tokenizer = runtime.tokenizer
         results, links = self._tool_results(generation.request.messages, content)
-        seen = self.turn.seen()
-        # Where this prompt departs from what the conversation's model saw last (its prompt and answer),
-        # compared from where its encoding departed from that prompt: the ids before it are known equal.
-        _, encoding = self.turn.seen_from()
+        # Where this prompt departs from what the conversation's model saw last (its prompt and answer, as
+        # the engine remembers them), compared from where its encoding departed from that prompt: the ids
+        # before it are known equal.
+        previous = generation.previous
+        seen, encoding, base = (previous.ids, previous.encoding, previous.label) if previous else (None, 0, None)
         known = rendered.reused_ids if seen and rendered.reused_from and rendered.reused_from == encoding else 0
         new_at = known + common_prefix(seen[known:], ids[known:]) if seen else 0
         attributes = {
@@ -150,7 +150,7 @@ class RequestSpans(Observer):
             attributes[attr.PROMPT_NOT_KEPT] = "past_context"
         if content:
             new_text = tokenizer.decode(ids[new_at:]) if new_at else ""
-            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, *self.turn.seen_from()))
+            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, base, encoding))
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -164,7 +164,7 @@ class RequestSpans(Observer):
         since the conversation's last request: what a person reads as this step of the loop. Each
         message is encoded once; its JSON is also its digest for finding what is new."""
         request = generation.request
-        messages = self.turn.message_jsons or [dumps(genai.message(m)) for m in request.messages]
+        messages = [dumps(genai.message(m)) for m in request.messages]
         instructions, lead = genai.system_instructions(request.messages)
         new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
         attributes = {
@@ -261,8 +261,6 @@ class RequestSpans(Observer):
         if not pending:
             return
         self._pending = []
-        if self.conversation:  # what the conversation's model saw, for its next request's render span
-            self._output_ids += [event["id"] for event, _, _ in pending]
         if self._recording and self._decode_span is not None:
             events, channels, times = zip(*pending)
             group = token_columns(events, list(channels), list(times), self._pieces if self.content else None)
@@ -309,12 +307,8 @@ class RequestSpans(Observer):
             attr.SPEC_DRAFTED_TOKENS: done.get("drafted", 0),
             attr.SPEC_ACCEPTED_TOKENS: done.get("accepted", 0),
         })
-        if self.conversation:
-            self._flush_tokens()
         # Kept before the client hears the end: its next turn, on any process, finds this one.
-        self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None,
-                         generation.rendered.encoding if generation.rendered is not None else 0,
-                         len(generation.prompt_ids))
+        self.turn.finish()
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span

@@ -16,10 +16,9 @@ from looptrace.trace_store.location import open_state, open_store
 from looptrace.trace_store.provider import build_provider
 from looptrace.trace_store.rollouts import Rollouts
 
-from ..engine.request import PreviousTurn
 from ..settings import Settings
-from .conversations import Bounded, Conversations, StoredConversations
-from .history import previous_turn
+from ..engine.memory import Bounded
+from .conversations import Conversations, StoredConversations
 from .feed import LiveFeed
 from .metrics import Metrics
 from .request_metrics import RequestMetrics
@@ -100,10 +99,6 @@ class RequestTelemetry:
         self.metrics.requested(model)
         if rollout and conversation is not None:
             self.telemetry.note_rollout(conversation, group)
-
-    def previous_turn(self, messages: list[dict]) -> PreviousTurn | None:
-        """The conversation's previous turn, for token continuity (history.py)."""
-        return previous_turn(self.spans.turn, messages)
 
     def checked(self) -> None:
         """The model asked for is the one served: from here on it labels the request's metrics.

@@ -56,6 +56,10 @@ CREATE TABLE IF NOT EXISTS state_conversations (
     key text PRIMARY KEY, seen bytea, digests bytea, updated_ns bigint NOT NULL, seen_trace text, encoding bigint,
     digests_trace text, seen_prompt bigint
 );
+CREATE TABLE IF NOT EXISTS state_turns (
+    key text PRIMARY KEY, ids bytea NOT NULL, prompt_length bigint NOT NULL, encoding bigint, label text,
+    digests bytea, updated_ns bigint NOT NULL
+);
 CREATE TABLE IF NOT EXISTS state_calls (
     call_id text PRIMARY KEY, conversation text, trace_id text NOT NULL, span_id text NOT NULL, name text,
     noted_ns bigint NOT NULL
@@ -83,6 +87,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
 CREATE INDEX IF NOT EXISTS sessions_by_model ON sessions (model);
 CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);

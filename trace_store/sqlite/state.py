@@ -17,11 +17,14 @@ SQLITE_TABLES = """
 CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
                                                 updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
                                                 digests_trace TEXT, seen_prompt INTEGER);
+CREATE TABLE IF NOT EXISTS state_turns (key TEXT PRIMARY KEY, ids BLOB NOT NULL, prompt_length INTEGER NOT NULL,
+                                        encoding INTEGER, label TEXT, digests BLOB, updated_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
                                         span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
                                             size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);

@@ -18,8 +18,15 @@ const FIRST_PAGE = 50, PAGE = 200;
 const CONTINUITY = {
   clean: "clean: the prompt starts with the last prompt and the ids the model sampled",
   realign: "realign: the same conversation, other ids (the template or tokenizer rewrote what came before)",
-  fork: "fork: the history was edited (or the answer sent back is not the model's)",
+  fork: "fork: the turn does not continue the last",
   kept: "kept: the prompt is the last prompt and the ids the model sampled, then the new messages",
+};
+// Why a step is a fork (looptrace.prompt.continuity_fork).
+const FORKS = {
+  history: "the history was edited",
+  answer: "the answer sent back is not the model's as it wrote it",
+  settings: "the tools or template settings changed",
+  system: "a later system message, which the template moves before the answer",
 };
 const OUTCOMES = {valid: "valid", invalid_args: "invalid arguments", unknown_tool: "unknown tool", unparsed: "unparsed"};
 
@@ -234,8 +241,10 @@ export class SessionView {
       step.backend || "",
       step.route ? routeChip(step.route) : "",
     ].filter(Boolean);
+    const why = step.continuity_fork ? ` (${step.continuity_fork})` : "";
     const badge = step.continuity ? h("span", {class: `badge continuity ${step.continuity}`,
-      title: CONTINUITY[step.continuity] || step.continuity}, step.continuity) : "";
+      title: (CONTINUITY[step.continuity] || step.continuity) + (step.continuity_fork
+        ? `: ${FORKS[step.continuity_fork] || step.continuity_fork}` : "")}, step.continuity + why) : "";
     el.append(h("header", {},
       h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
       h("time", {}, when(step.start_ns)), badge,
