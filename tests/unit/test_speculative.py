@@ -69,6 +69,34 @@ def test_backoff_pauses_after_failures_and_never_shortens():
     assert [backoff.next_length() for _ in range(65)] == [0] * 64 + [4]  # at most 64 steps without drafting
 
 
+def test_a_rollback_puts_back_the_length_that_places_the_next_tokens(qwen3_5_dir):
+    # transformers 5.25 counts on each linear-attention layer the tokens it has read, and the cache's
+    # length, which gives the next token its position, is read from the first layer: a linear one in
+    # Qwen3.5. A rollback that put back the Gated DeltaNet state but not that count left every later
+    # rotary position ahead by the rejected drafts, and the verified output drifted from plain decoding's.
+    from looptrace.backends.speculative.drafting import Rollback
+
+    tokenizer = load_once.tokenizer(qwen3_5_dir)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    prompt = prompt_of(tokenizer)
+    last, drafts, following = prompt[-1], prompt[:3], prompt[3]  # what the tokens are does not matter here
+    with torch.inference_mode():
+        cache = model(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).cache
+        rollback = Rollback(cache)
+        rollback.before()
+        model(input_ids=torch.tensor([[last, *drafts]]), cache=cache, use_cache=True)  # a verification pass
+        assert rollback.after(4, 2) == 2  # `last` and one draft stand: the DeltaNet state is put back
+        model(input_ids=torch.tensor([[last, drafts[0]]]), cache=cache, use_cache=True)  # they go in again
+        assert cache.get_seq_length() == len(prompt) + 1
+        got = model(input_ids=torch.tensor([[following]]), cache=cache, use_cache=True).logits[0, -1]
+        fresh = model(input_ids=torch.tensor([[*prompt, drafts[0], following]])).logits[0, -1]
+    # The same tokens at the same positions, run in other pieces: equal but for float32 rounding (1e-5
+    # here); positions four ahead (the pass left counted) move them by tenths.
+    difference = float((got - fresh).abs().max())
+    print(f"largest logit difference from a fresh run: {difference:.2e}")
+    assert difference < 1e-3
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("{", "not JSON"), ("[]", "JSON object"), ('{"method": "eagle", "num_speculative_tokens": 2}', "method"),
     ('{"method": "ngram"}', "num_speculative_tokens"), ('{"method": "ngram", "num_speculative_tokens": 2, "x": 1}',
