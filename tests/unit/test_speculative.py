@@ -24,7 +24,17 @@ from looptrace.backends.local.backend import LocalBackend
 from looptrace.backends.speculative.drafting import Backoff, Drafting, PromptLookup, SpeculativeConfig
 
 import load_once
-from speculative_checks import NEW_TOKENS, NGRAM, Oracle, VerifiedDecodingChecks, collect, prompt_of, tokens
+from speculative_checks import (
+    NEW_TOKENS,
+    NGRAM,
+    Oracle,
+    RuleScores,
+    VerifiedDecodingChecks,
+    assert_verified_as_plain,
+    collect,
+    prompt_of,
+    tokens,
+)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
@@ -172,19 +182,21 @@ def nudged(folder, scale: float = 0.01):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
-def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family):
+def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family, monkeypatch):
     folder = request.getfixturevalue(f"{family}_dir")
     tokenizer = load_once.tokenizer(folder)
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompt = prompt_of(tokenizer)
     greedy = SamplingParams(temperature=0)
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(target, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset())))]
     asyncio.run(plain.close())
+    plain_scores = scores.take()
     spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=DRAFTING, drafter=nudged(folder))
     events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset()))
     got = tokens(events)
-    assert [e["id"] for e in got] == truth
+    assert_verified_as_plain(plain_scores, scores.take(), truth, [e["id"] for e in got])
     marks = "".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in got)
     assert "AAAA." in marks and "Ax" in marks, marks  # whole drafts stood, others were cut mid-way
     assert events[-1]["accepted"] == marks.count("A")
@@ -200,7 +212,7 @@ SUFFIX = SpeculativeConfig.parse('{"method": "suffix", "num_speculative_tokens":
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
-def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_output(request, family):
+def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_output(request, family, monkeypatch):
     # Each turn's prompt holds the turns before it and their answers, as an agent's does. The tiny
     # Qwen3.5 answers the second turn with its first answer again, which suffix decoding drafts from
     # the first turn, whole drafts standing; Gemma 4's answers repeat less, drafted where they do.
@@ -209,17 +221,21 @@ def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_out
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     greedy = SamplingParams(temperature=0)
     first = prompt_of(tokenizer)
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(target, load_once.vocabulary(tokenizer))
-    prompts, truths = [], []
+    prompts, truths, plain_scores = [], [], []
     for more in (first, first, first[:20]):  # the user's next message
         prompts.append([*prompts[-1], *truths[-1], *more] if prompts else more)
         truths.append([e["id"] for e in tokens(collect(plain, DecodeRequest(prompts[-1], 40, greedy, frozenset())))])
+        plain_scores.append(scores.take())
     asyncio.run(plain.close())
     spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=SUFFIX)
-    turns = [collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")) for prompt in prompts]
+    turns = []
+    for prompt, truth, rows in zip(prompts, truths, plain_scores):
+        turns.append(collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")))
+        assert_verified_as_plain(rows, scores.take(), truth, [e["id"] for e in tokens(turns[-1])])
     assert spec.health_details()["drafting"]["kept"]["sequences"] == 1  # each turn extended the one before's
     asyncio.run(spec.close())
-    assert [[e["id"] for e in tokens(events)] for events in turns] == truths
     marks = ["".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in tokens(events))
              for events in turns]
     assert all(events[-1]["draft_method"] == "suffix" for events in turns)
@@ -264,9 +280,11 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     def request():
         return DecodeRequest(rendered.ids, 40, greedy, frozenset(), media=rendered.media)
 
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(model, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, request()))]
     asyncio.run(plain.close())
+    plain_scores = scores.take()
 
     class Drafted(Drafting):
         def __init__(self, *args, **kwargs):
@@ -277,4 +295,5 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     spec = LocalBackend(model, load_once.vocabulary(tokenizer), speculative=NGRAM)
     events = collect(spec, request())
     asyncio.run(spec.close())
-    assert [e["id"] for e in tokens(events)] == truth and events[-1]["accepted"] > 10
+    assert_verified_as_plain(plain_scores, scores.take(), truth, [e["id"] for e in tokens(events)])
+    assert events[-1]["accepted"] > 10
