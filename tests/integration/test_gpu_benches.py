@@ -1,6 +1,6 @@
-"""The GPU benchmarks' CPU smoke runs (issue 46): bench/gpu_decode.py is written for a lent GPU, where device
-time is short; here it runs end to end on the toy-width model, every step of it, so that it cannot rot
-before a GPU is at hand. (gpu_decode.py's MTP step
+"""The GPU benchmarks' CPU smoke runs (issue 46): bench/gpu_decode.py and bench/gpu_serve.py are written for a
+lent GPU (bench/gpu_run.sh, docs/benchmarks.md), where device time is short; here each runs end to end on the
+toy-width model, every step of it, so that neither can rot before a GPU is at hand. (gpu_decode.py's MTP step
 had: its drafter handed 513 hidden states beside 512 tokens, a failure the GPU run would have met too.)
 """
 
@@ -48,3 +48,17 @@ def test_gpu_decode_runs_every_step_on_the_cpu(tokenizer, tmp_path):
     costs = result["mtp_draft_cost_vs_model_step"]
     assert list(costs) == ["1", "3"] and all(cost > 0 for cost in costs.values()), costs
 
+
+def test_gpu_serve_runs_every_step_on_the_cpu(tokenizer, tmp_path):
+    result = run("gpu_serve", tokenizer, tmp_path, "--prompt", "48", "--tokens", "12", "--runs", "1")
+    for mode in ("plain", "suffix"):
+        figures = result[mode]
+        for part in ("in_process", "served", "served_top5"):
+            measured = figures[part]
+            assert measured["decode_tok_s"] > 0 and measured["ttft_s"] > 0 and measured["tokens"] == [12], (mode, part)
+        assert figures["served"]["server_cpu_ms_per_token"] > 0 and figures["served_vs_in_process"] > 0
+        # The backend serve builds and the one built here, with the same settings, given the same prompt ids on
+        # the same CPU: the same operations in the same order, so the same greedy tokens. Serving must not
+        # change what the model reads.
+        assert figures["served_equals_in_process"], mode
+        assert figures["spans_dropped"] == 0, mode
