@@ -33,9 +33,9 @@ for step in "${steps[@]}"; do
               >"$out/gpu_decode.log" 2>&1 ;;
     serve) timeout 270 python3 bench/gpu_serve.py --tokenizer "$tokenizer" --out "$out/gpu_serve.json" \
              >"$out/gpu_serve.log" 2>&1 ;;
-    fla) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .device/fla/*.whl \
-           && PYTHONPATH=/tmp/fla:/tmp/site timeout 240 python3 bench/gpu_decode.py --tokenizer "$tokenizer" \
-              --out "$out/gpu_decode_fla.json" >"$out/gpu_decode_fla.log" 2>&1 ;;
+    fla) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla \
+           .device/fla/*.whl && PYTHONPATH=/tmp/fla:/tmp/site timeout 240 python3 bench/gpu_decode.py \
+              --tokenizer "$tokenizer" --out "$out/gpu_decode_fla.json" >"$out/gpu_decode_fla.log" 2>&1 ;;
     *) echo "unknown step $step (decode, serve, fla)"; false ;;
   esac
   echo "$step: exit $? after $((SECONDS - started)) s"
