@@ -4,9 +4,8 @@ installed there from the tree that travels).
 
     python bench/gpu_carry.py
 
-Writes `.whl/` (the wheels) and `.device/qwen3_5-tokenizer/`, both listed in the checkout's git exclude
-file (ignored, so that a run carries them by name: `carry=[".whl", ".device"]`), and prints their size
-against the 64 MiB a run may carry. The machine's image (Python 3.12) has torch, aiohttp, numpy,
+Writes `.whl/` (the wheels) and `.device/qwen3_5-tokenizer/`, both in .gitignore (so that a run carries them
+by name: `carry=[".whl", ".device"]`), and prints their size against the 64 MiB a run may carry. The machine's image (Python 3.12) has torch, aiohttp, numpy,
 tokenizers, safetensors, jinja2, prometheus-client and pillow (/work/.library/device/KINDS.md), and
 transformers 5.17: the versions carried are this environment's, the ones the tests ran with.
 flash-linear-attention (fla-core and its layers, pure Python on Triton, which the image has) comes too,
@@ -48,16 +47,6 @@ def download(requirements: list[str], folder: Path) -> None:
                     *requirements], check=True)
 
 
-def exclude(*names: str) -> None:
-    """The folders in this checkout's git exclude file (a worktree's own, where this is one)."""
-    path = Path(subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=ROOT, check=True,
-                               capture_output=True, text=True).stdout.strip())
-    path = path if path.is_absolute() else ROOT / path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = path.read_text().splitlines() if path.exists() else []
-    path.write_text("\n".join(lines + [f"/{name}/" for name in names if f"/{name}/" not in lines]) + "\n")
-
-
 def size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -65,7 +54,6 @@ def size(folder: Path) -> int:
 def main() -> None:
     import tiny_qwen3_5
 
-    exclude(".whl", ".device")
     shutil.rmtree(WHEELS, ignore_errors=True)
     shutil.rmtree(DEVICE, ignore_errors=True)
     download([f"{name}=={importlib.metadata.version(name)}" for name in CARRIED], WHEELS)
