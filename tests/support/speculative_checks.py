@@ -72,7 +72,7 @@ class Oracle:
 # How far a verification pass's scores may be from a plain step's at the same position: the same sums in
 # another order (a pass of several tokens against one-token steps; Qwen3.5's chunked Gated DeltaNet against
 # its recurrent form, the most: 2e-3 at one token of the image prompt) differ by 1e-5 to 2e-3 in float32 on
-# the CPUs measured; a wrong state moves them by tenths (0.07 to 0.19 for positions off by one pass).
+# the CPUs measured; a wrong state moves them by tenths (0.19 to 0.63 for a rollback that left positions ahead).
 ROUNDING = 1e-2
 # The winner must lead by more than twice the largest difference seen, times this: another CPU's rounding
 # several times this one's still could not pick another token.
@@ -121,7 +121,9 @@ def assert_verified_as_plain(plain: list[torch.Tensor], verified: list[torch.Ten
     print(f"largest difference from plain decoding's scores {differences[far]:.2e} (token {far}); "
           f"smallest lead of the winner {margins[low]:.2e} (token {low})")
     assert differences[far] < ROUNDING, f"token {far}: the verification's scores differ by {differences[far]:.3g}"
-    assert margins[low] > 2 * HEADROOM * differences[far], f"token {low}: a near-tie, which rounding could flip"
+    assert margins[low] > 2 * HEADROOM * differences[far], (
+        f"token {low}: a near-tie (a lead of {margins[low]:.3g} against differences up to {differences[far]:.3g}), "
+        "which rounding could flip")
     assert got == truth
 
 
