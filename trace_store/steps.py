@@ -6,13 +6,15 @@ JSON document per step instead of every prompt and token.
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
      "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
-     "continuity", "rollout_group", "fork_of", "route"}
+     "continuity", "rollout_group", "fork_of", "route", "compaction", "compactions_expanded"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
 the trace was recorded without content. `tools` counts the tool calls by outcome. `route` is the vLLM
 routing's receipt: the server, the policy and its reason, the cached tokens predicted and those the
-server then reported, and the runner-up.
+server then reported, and the runner-up. `compaction` marks a compaction step (how it was asked for, the
+summary's id, the input items it replaces); `compactions_expanded`, a step whose input held compaction
+items, each read as its summary.
 
 Spans of a request end before its server span, so they are gathered first and the summary is
 finished when the server span arrives.
@@ -111,6 +113,10 @@ class StepGatherer:
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
             "route": _route(decode),
+            "compaction": ({"how": attrs[attr.COMPACTION], "id": attrs.get(attr.COMPACTION_ID),
+                            "replaced_items": attrs.get(attr.COMPACTION_REPLACED_ITEMS)}
+                           if attr.COMPACTION in attrs else None),
+            "compactions_expanded": attrs.get(attr.COMPACTION_EXPANDED),
         }
         return {k: v for k, v in step.items() if v is not None}
 

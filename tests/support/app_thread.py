@@ -127,9 +127,9 @@ class AppThread:
                 total += float(value)
         return total
 
-    def post(self, body: dict, path: str = "/v1/responses") -> tuple[int, str, bytes]:
+    def post(self, body: dict, path: str = "/v1/responses", headers: dict | None = None) -> tuple[int, str, bytes]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as response:
                 return response.status, response.headers["Content-Type"], response.read()

@@ -11,9 +11,8 @@ from looptrace.common import attributes as attr
 from ..serving import prepared, traced
 from ..streaming import relay
 from ..validation import field, json_body
+from . import compact
 from .response_store import RESPONSE_STORE
-from .responses_request import parse_responses
-from .responses_stream import ResponseBuilder
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -22,15 +21,18 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         body = await json_body(request)
         previous_id = field(body, "previous_response_id", str, "previous_response_id")
         previous = await store.conversation(previous_id) if previous_id else None
-        generation_request, options, names = parse_responses(body, previous)
+        plan, generation_request, options, names = await compact.planned(request, trace, body, previous)
+        first = await compact.first(request, body, previous, plan, options)  # context_management
+        if first is not None:
+            generation_request, names = first.request, first.names
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
-        builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream,
-                                  token_messages=options.token_messages)
+        builder = compact.builder_for(request, plan, first, options, names, generation_request.conversation)
         trace.responded(builder.id)
 
         async def keep() -> None:
             # Before the client hears the end: its next turn may name this response at once, on any process.
+            await compact.kept(builder, trace, plan)
             if options.store and builder.status in ("completed", "incomplete"):
                 await store.put(builder.final, options.items)
 
