@@ -150,6 +150,19 @@ def test_the_summary_is_a_user_turn_in_place_of_the_turns_it_replaced(request, f
     assert "notes.txt" not in prompt.replace(SUMMARY, "") and "List first." not in prompt
 
 
+def test_a_stored_compaction_is_continued_by_previous_response_id(qwen):
+    script(qwen, ANSWERS["qwen"][0], ANSWERS["qwen"][1])
+    status, compaction = respond(qwen, [*HISTORY, {"type": "compaction_trigger"}], store=True)
+    assert status == 200, compaction
+    reading = script(qwen, ANSWERS["qwen"][1])
+    status, answer = respond(qwen, [{"type": "message", "role": "user", "content": "Go on."}],
+                             previous_response_id=compaction["id"])
+    assert status == 200, answer
+    # The stored conversation's trigger was a request once: it asks for nothing now; its item is the summary.
+    prompt = prompt_text(qwen, reading)
+    assert SUMMARY_HEADER + SUMMARY in prompt and COMPACTION_PROMPT not in prompt and "notes.txt\n" not in prompt
+
+
 def test_a_restarted_process_expands_what_it_signed_before(qwen3_5_dir, tmp_path):
     app = started(qwen3_5_dir, tmp_path)
     try:
