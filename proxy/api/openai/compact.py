@@ -113,7 +113,7 @@ async def _summarized(http: web.Request, trace: RequestTelemetry, body: dict, pr
     builder = builder_for(http, plan, None, options, names, request.conversation)
     trace.responded(builder.id)
     await _run(generation, builder)
-    if builder.status != "completed":
+    if builder.reference is None:  # failed: no summary to keep (one cut by its token budget is kept)
         error = (builder.final or {}).get("error") or {}
         raise APIError(500, error.get("message") or "The compaction did not complete.", type="server_error",
                        code="compaction_failed")

@@ -16,7 +16,7 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 
 from ...engine.generation import Generation
 from ..errors import APIError
-from .responses_stream import ResponseBuilder, usage
+from .responses_stream import ResponseBuilder
 from .summaries import Summaries, new_id as summary_id
 
 
@@ -62,11 +62,10 @@ class CompactionBuilder(ResponseBuilder):
         self.reference = self.summaries.sign(self.summary_id, summary)
         item = compaction_item(self.reference)
         self.output.append(item)
-        self.status = "completed"
-        self.final = self.response(usage=usage(generation))
+        # The response's end as any response's (its status, usage, what the base adds), after the item.
         return (self._event("response.output_item.added", {"output_index": 0, "item": item})
                 + self._event("response.output_item.done", {"output_index": 0, "item": item})
-                + self._event("response.completed", {"response": self.final}))
+                + super().finish(generation))
 
     async def keep(self, trace_id: str | None) -> None:
         """The summary, kept where every process finds it: before the client hears the end."""
