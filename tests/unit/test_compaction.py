@@ -307,3 +307,28 @@ def test_the_compaction_step_is_marked_in_its_trace_and_counted(qwen):
     with sqlite3.connect(f"{folder}/traces.state.sqlite3") as db:
         ids = [r[0] for r in db.execute("SELECT id FROM state_compactions")]
     assert compaction["compaction"]["id"] in ids
+
+
+def test_the_compaction_step_is_exported_like_any_step(qwen):
+    """`looptrace export`: the compaction is a step of the session, its answer the summary's tokens; the
+    next step's prompt holds the summary as a user turn, which the model did not write there (mask 0)."""
+    import argparse
+
+    from looptrace.proxy.export import command as export
+
+    headers = {"session-id": "compaction-export"}
+    script(qwen, ANSWERS["qwen"][0], ANSWERS["qwen"][1])
+    status, _, data = qwen.post({"model": MODEL, "input": [*HISTORY, {"type": "compaction_trigger"}], "tools": [EXEC]},
+                                headers=headers)
+    item = json.loads(data)["output"][0]
+    status, _, data = qwen.post({"model": MODEL, "input": [*HISTORY[:2], item], "tools": [EXEC]}, headers=headers)
+    assert status == 200, data
+    qwen.stored("/v1/sessions/compaction-export", steps=2)
+    args = argparse.Namespace(store=qwen.settings.trace_db, session="compaction-export", since=None)
+    compaction, after = export.exported(args)
+    decode = qwen.runtime.tokenizer.decode
+    assert SUMMARY in decode(compaction["completion_ids"])
+    prompt = decode(after["prompt_ids"])
+    at = prompt.index(SUMMARY_HEADER + SUMMARY)
+    held = len(qwen.runtime.tokenizer.encode(prompt[:at], add_special_tokens=False))
+    assert after["mask"][held:len(after["prompt_ids"])] == [0] * (len(after["prompt_ids"]) - held)
