@@ -21,13 +21,13 @@ import re
 
 import pytest
 
+from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
+from looptrace.proxy.settings import Settings
+
 import clients
 from app_thread import AppThread
 from codex_app_server import AppServer
 from compacting_agent import CompactingAgent
-
-from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
-from looptrace.proxy.settings import Settings
 
 API_KEY = "sk-looptrace-test"
 MODEL = "tiny"

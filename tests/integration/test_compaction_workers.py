@@ -9,10 +9,10 @@ import json
 import time
 import urllib.request
 
+from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
+
 from server import Server
 from server_workers import all_ready, children, counted_by_pid, metrics_dir
-
-from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
 
 MODEL = "fleet"
 SUMMARY = "SUMMARY: the notes were listed; read them next."

@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from looptrace.proxy.api.errors import APIError
-from looptrace.proxy.api.openai import compaction, summaries as summaries_module
+from looptrace.proxy.api.openai import compaction
+from looptrace.proxy.api.openai import summaries as summaries_module
 from looptrace.proxy.api.openai.summaries import SharedSummaries, Summaries, Unresolved, new_id
 from looptrace.trace_store import state as state_module
 

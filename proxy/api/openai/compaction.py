@@ -24,7 +24,8 @@ from aiohttp import web
 from ..errors import APIError, invalid
 from ..keys import SETTINGS, TELEMETRY
 from ..request_parts import warn_once
-from ..validation import describe, field as body_field
+from ..validation import describe
+from ..validation import field as body_field
 from .summaries import SUMMARIES, SharedSummaries, Summaries, Unresolved
 
 TRIGGER = "compaction_trigger"

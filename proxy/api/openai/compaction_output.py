@@ -17,7 +17,8 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 from ...engine.generation import Generation
 from ..errors import APIError
 from .responses_stream import ResponseBuilder
-from .summaries import Summaries, new_id as summary_id
+from .summaries import Summaries
+from .summaries import new_id as summary_id
 
 
 def compaction_item(reference: str) -> dict:
