@@ -10,8 +10,10 @@ altered in the store fails its check; one whose summary was pruned (the newest M
 kept) is unknown. Either is refused, never rendered as something else.
 
 With no store (`--trace-db off`) the summaries and the key are this process's own: its references mean
-nothing to another process, or to itself once restarted. With a store that does not answer, a summary
-is kept in this process's memory as well (and served from there), and said once in the log.
+nothing to another process, or to itself once restarted. A summary the store did not take (it did not
+answer) is kept in this process's memory instead, served from there, and said once in the log; the key
+is read from the store before a compaction runs, so one that does not answer refuses the compaction
+(a 503) rather than sign with a key no other process knows.
 """
 
 from __future__ import annotations
