@@ -192,6 +192,36 @@ def test_the_app_server_compacts_a_thread_on_demand(app, installed, tmp_path, se
     assert summary in _output(steps[2]) and summary in app.stored(f"/v1/traces/{steps[3]['trace_id']}/prompt")["text"]
 
 
+# -- the manual's snippets ----------------------------------------------------------------------------
+
+def codex_snippets() -> list[tuple[str, str]]:
+    """(page, TOML) of every codex configuration the manual shows, as a reader copies it."""
+    from manual import page
+
+    found = []
+    for name in ("clients.md", "rollouts.md"):
+        for block in re.findall(r"```toml\n(.*?)```", page(name), re.S):
+            text = "\n".join(line.strip() for line in block.splitlines())  # a list item's block is indented
+            if "model_providers" in text or "openai_base_url" in text:
+                found.append((name, text))
+    return found
+
+
+def test_every_codex_configuration_in_the_manual_runs_as_copied(app, installed, tmp_path):
+    # docs/rollouts.md's once lacked the provider's name, and codex refused it ("provider name must not be empty").
+    snippets = codex_snippets()
+    assert len(snippets) == 4, snippets  # clients.md's three provider settings, rollouts.md's rollout URL
+    for n, (name, text) in enumerate(snippets):
+        app.runtime.backend = CompactingAgent(app.runtime.vocab, [], ANSWER)
+        home, work = tmp_path / f"home-{n}", tmp_path / f"work-{n}"
+        (home / ".codex").mkdir(parents=True)
+        work.mkdir()
+        config = text.replace("http://127.0.0.1:8000", app.url).replace("Qwen/Qwen3.5-0.8B", MODEL)
+        (home / ".codex" / "config.toml").write_text(config)
+        done = clients.run_codex(installed, home, work, API_KEY, "Say done")
+        assert done.returncode == 0 and done.stdout.strip().endswith(ANSWER), f"{name}:\n{config}\n{outcome(done)}"
+
+
 # -- the viewer ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
