@@ -118,6 +118,27 @@ def test_a_compaction_not_streamed_is_a_response_of_one_item(qwen):
     assert [i["type"] for i in answer["output"]] == ["compaction"] and answer["status"] == "completed"
 
 
+def test_the_operator_replaces_the_compaction_prompt(qwen3_5_dir, tmp_path):
+    from looptrace.proxy.cli import build_parser
+
+    prompt = tmp_path / "compaction.txt"
+    prompt.write_text("Summarize for the next shift: what changed, what is left.\n")
+    app = started(qwen3_5_dir, tmp_path, compaction_prompt=str(prompt))
+    try:
+        reading = script(app, ANSWERS["qwen"][0])
+        status, answer = respond(app, [*HISTORY, {"type": "compaction_trigger"}])
+        assert status == 200, answer
+        text = prompt_text(app, reading)
+        assert text.endswith("<|im_start|>user\nSummarize for the next shift: what changed, what is left.<|im_end|>\n"
+                             "<|im_start|>assistant\n<think>\n") and COMPACTION_PROMPT not in text
+    finally:
+        app.stop()
+    (tmp_path / "empty.txt").write_text(" \n")
+    for bad in (tmp_path / "missing.txt", tmp_path / "empty.txt"):  # refused at start, saying why
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--compaction-prompt", str(bad)])
+
+
 def test_a_trigger_before_the_last_item_is_a_400(qwen):
     reading = script(qwen, ANSWERS["qwen"][0])
     status, error = respond(qwen, [*HISTORY[:2], {"type": "compaction_trigger"}, *HISTORY[2:]])
