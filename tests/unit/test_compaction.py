@@ -111,9 +111,11 @@ def test_a_compaction_trigger_is_answered_with_exactly_one_compaction_item(qwen)
 
 
 def test_a_compaction_not_streamed_is_a_response_of_one_item(qwen):
-    script(qwen, ANSWERS["qwen"][0])
-    status, answer = respond(qwen, [*HISTORY, {"type": "compaction_trigger"}])
+    reading = script(qwen, ANSWERS["qwen"][0])
+    # A call the client would force is not: the summary is text, and the prompt ends asking for it.
+    status, answer = respond(qwen, [*HISTORY, {"type": "compaction_trigger"}], tool_choice="required")
     assert status == 200, answer
+    assert prompt_text(qwen, reading).endswith(f"{COMPACTION_PROMPT}<|im_end|>\n<|im_start|>assistant\n<think>\n")
     Response.model_validate(answer, strict=True)
     assert [i["type"] for i in answer["output"]] == ["compaction"] and answer["status"] == "completed"
 

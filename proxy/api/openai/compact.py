@@ -48,7 +48,10 @@ async def planned(http: web.Request, trace: RequestTelemetry, body: dict,
     plan = await compaction.plan(http, body, previous)
     if plan.summaries:
         trace.expanded(len(plan.summaries))
-    return (plan, *parse_responses(body, previous, plan))
+    request, options, names = parse_responses(body, previous, plan)
+    if plan.trigger is not None and request.tool_choice not in ("auto", "none"):
+        request.tool_choice = "auto"  # a call forced would leave no room for the summary, which is text
+    return plan, request, options, names
 
 
 def builder_for(http: web.Request, plan: Plan, first: First | None, options: ResponsesOptions, names: ToolNames,
