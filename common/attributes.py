@@ -94,7 +94,7 @@ FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in 
 
 # -- looptrace.* of a compaction (on its request span) -----------------------------------------------
 
-COMPACTION = "looptrace.compaction"  # how the summary was asked for: trigger, compact (the endpoint), threshold
+COMPACTION = "looptrace.compaction"  # how the summary was asked for: trigger, compact, threshold, client (its own)
 COMPACTION_ID = "looptrace.compaction.id"  # the summary's id, as its references name it
 COMPACTION_REPLACED_ITEMS = "looptrace.compaction.replaced_items"  # the input items the summary replaces
 COMPACTION_EXPANDED = "looptrace.compaction.expanded"  # on any request: compaction items its input expanded

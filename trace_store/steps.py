@@ -113,9 +113,7 @@ class StepGatherer:
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
             "route": _route(decode),
-            "compaction": ({"how": attrs[attr.COMPACTION], "id": attrs.get(attr.COMPACTION_ID),
-                            "replaced_items": attrs.get(attr.COMPACTION_REPLACED_ITEMS)}
-                           if attr.COMPACTION in attrs else None),
+            "compaction": _compaction(attrs),
             "compactions_expanded": attrs.get(attr.COMPACTION_EXPANDED),
         }
         return {k: v for k, v in step.items() if v is not None}
@@ -127,6 +125,15 @@ _ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score"
           ("cached", attr.ROUTE_CACHED_TOKENS), ("runner_up", attr.ROUTE_RUNNER_UP),
           ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
           ("runner_up_predicted", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS))
+
+
+def _compaction(attrs: dict) -> dict | None:
+    """A compaction step's how, summary id (none for a client's own) and items replaced; None for another."""
+    if attr.COMPACTION not in attrs:
+        return None
+    found = {"how": attrs[attr.COMPACTION], "id": attrs.get(attr.COMPACTION_ID),
+             "replaced_items": attrs.get(attr.COMPACTION_REPLACED_ITEMS)}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _route(decode: dict) -> dict | None:

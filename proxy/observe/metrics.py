@@ -99,7 +99,7 @@ class Metrics:
         """Compactions (api/openai/compaction.py): the summaries written, and the items that named them."""
         r = self.registry
         self.compactions = Counter(attr.METRIC_COMPACTIONS, "Summaries the model wrote for compactions, by how they "
-                                   "were asked for (trigger, compact, threshold).", ["model", "how"], registry=r)
+                                   "were asked for (trigger, compact, threshold; client: the client's own).", ["model", "how"], registry=r)
         self.compaction_items = Counter(attr.METRIC_COMPACTION_ITEMS, "Compaction items in requests, by result: "
                                         "expanded, or refused as malformed, tampered or unknown (expired, or "
                                         "another server's).", ["result"], registry=r)

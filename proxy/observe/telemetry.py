@@ -113,8 +113,9 @@ class RequestTelemetry:
     def responded(self, response_id: str) -> None:
         self.spans.responded(response_id)
 
-    def compacted(self, how: str, summary_id: str, replaced: int) -> None:
-        """This request was a compaction (how: trigger, compact, threshold): its summary replaces `replaced` items."""
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        """This request was a compaction (how: trigger, compact, threshold; client: the client's own, whose
+        summary it keeps): its summary replaces `replaced` items."""
         self.spans.compacted(how, summary_id, replaced)
         self.metrics.compacted(how)
 

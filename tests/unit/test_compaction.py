@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import uuid
 
 import pytest
 from openai.types.responses import CompactedResponse, Response, ResponseStreamEvent
@@ -355,3 +356,21 @@ def test_the_compaction_step_is_exported_like_any_step(qwen):
     at = prompt.index(SUMMARY_HEADER + SUMMARY)
     held = len(qwen.runtime.tokenizer.encode(prompt[:at], add_special_tokens=False))
     assert after["mask"][held:len(after["prompt_ids"])] == [0] * (len(after["prompt_ids"]) - held)
+
+
+@pytest.mark.parametrize(("metadata", "marked"), [
+    ({"x-codex-turn-metadata": json.dumps({"request_kind": "compaction", "compaction": {"implementation": "responses"}})},
+     True),
+    ({"x-codex-turn-metadata": json.dumps({"request_kind": "turn"})}, False),
+    ({"x-codex-turn-metadata": '{"request_kind": "compaction"'}, False),  # not JSON: nothing is said
+    ({"x-codex-turn-metadata": ["compaction"]}, False),
+])
+def test_a_clients_own_compaction_is_marked_as_it_says(qwen, metadata, marked):
+    """codex with a custom provider compacts on its own side, in an ordinary request its metadata names."""
+    conversation = "client-compaction-" + uuid.uuid4().hex
+    script(qwen, ANSWERS["qwen"][0])
+    status, _, data = qwen.post({"model": MODEL, "input": HISTORY, "client_metadata": metadata},
+                                headers={"session-id": conversation})
+    assert status == 200, data
+    (step,) = qwen.stored(f"/v1/sessions/{conversation}", steps=1)["steps"]
+    assert step.get("compaction") == ({"how": "client", "replaced_items": len(HISTORY) - 1} if marked else None)

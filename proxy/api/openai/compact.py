@@ -72,6 +72,8 @@ async def kept(builder: ResponseBuilder, trace: RequestTelemetry, plan: Plan, ho
     if isinstance(builder, CompactionBuilder) and builder.reference is not None:
         await builder.keep(trace.trace_id)
         trace.compacted(how, builder.summary_id, plan.replaced)
+    elif plan.client:
+        trace.compacted("client", None, plan.replaced)
 
 
 # -- context_management: compacted first, when the prompt is past the threshold --

@@ -12,10 +12,13 @@ threshold) and how the `compaction` items it carries are read.
   A reference that cannot be expanded is a 400 naming the item: nothing is rendered without it.
 - `context_management: [{"type": "compaction", "compact_threshold": N}]`: when the rendered prompt
   passes N tokens, the server compacts first (compact.py).
+- A client that compacts on its own side (codex with a custom provider) sends an ordinary request; one
+  whose metadata says it is a compaction is only marked as one in its trace (how: `client`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +86,7 @@ class Plan:
     thresholded: bool = False  # context_management asked for compaction (threshold None: THRESHOLD_SHARE)
     summaries: dict[str, str] = field(default_factory=dict)  # each compaction item's reference → its summary
     replaced: int = 0  # for a trigger: the items before it, which its summary replaces
+    client: bool = False  # the client compacts on its own side and says this request is it (codex's metadata)
 
     def render(self, item: dict, out) -> None:
         """A compaction item or trigger, said in `out` (responses_request.py's messages being gathered)."""
@@ -123,6 +127,8 @@ async def plan(http: web.Request, body: dict, previous: list | None) -> Plan:
             found.trigger, found.replaced = item, len(items) - 1
         elif kind in ITEMS:
             await _expand(http, summaries, item, where, found)
+    if found.trigger is None and _client_compaction(body):
+        found.client, found.replaced = True, len(items) - 1  # all but its last message, which asks for the summary
     if found.trigger is not None or found.thresholded:
         await _key(summaries)  # a compaction is signed at its end: the key is read now, while it can refuse
     return found
@@ -172,3 +178,17 @@ def _context_management(body: dict, found: Plan) -> None:
         if threshold is not None and threshold < 1:
             raise invalid(f"'{where}.compact_threshold' must be at least 1.", param=f"{where}.compact_threshold")
         found.thresholded, found.threshold = True, threshold
+
+
+def _client_compaction(body: dict) -> bool:
+    """Whether the client says this request is a compaction of its own: codex's turn metadata does
+    (`request_kind` "compaction": a custom provider's local compaction). Read only to mark the step."""
+    metadata = body.get("client_metadata")
+    turn = metadata.get("x-codex-turn-metadata") if isinstance(metadata, dict) else None
+    if not isinstance(turn, str) or '"compaction"' not in turn:  # the common case: nothing parsed
+        return False
+    try:
+        said = json.loads(turn)
+    except ValueError:
+        return False
+    return isinstance(said, dict) and said.get("request_kind") == "compaction"
