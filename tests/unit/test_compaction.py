@@ -364,6 +364,7 @@ def test_the_compaction_step_is_exported_like_any_step(qwen):
     ({"x-codex-turn-metadata": json.dumps({"request_kind": "turn"})}, False),
     ({"x-codex-turn-metadata": '{"request_kind": "compaction"'}, False),  # not JSON: nothing is said
     ({"x-codex-turn-metadata": ["compaction"]}, False),
+    ({"x-codex-turn-metadata": "[" * 20000 + '"compaction"' + "]" * 20000}, False),  # nested past the parser
 ])
 def test_a_clients_own_compaction_is_marked_as_it_says(qwen, metadata, marked):
     """codex with a custom provider compacts on its own side, in an ordinary request its metadata names."""

@@ -33,6 +33,7 @@ from .summaries import SUMMARIES, SharedSummaries, Summaries, Unresolved
 
 TRIGGER = "compaction_trigger"
 ITEMS = ("compaction", "compaction_summary")  # OpenAI's name, and the one some clients use
+METADATA_CHARS = 65536  # codex's turn metadata is about 1 KB: longer is not read
 THRESHOLD_SHARE = 0.8  # a compaction entry without compact_threshold: this share of the model's context
 
 # What the model is asked when a compaction is triggered (docs/clients.md, "Compaction").
@@ -185,10 +186,10 @@ def _client_compaction(body: dict) -> bool:
     (`request_kind` "compaction": a custom provider's local compaction). Read only to mark the step."""
     metadata = body.get("client_metadata")
     turn = metadata.get("x-codex-turn-metadata") if isinstance(metadata, dict) else None
-    if not isinstance(turn, str) or '"compaction"' not in turn:  # the common case: nothing parsed
-        return False
+    if not isinstance(turn, str) or '"compaction"' not in turn or len(turn) > METADATA_CHARS:
+        return False  # the common case: nothing parsed
     try:
         said = json.loads(turn)
-    except ValueError:
+    except (ValueError, RecursionError):  # a client's string: whatever it holds, it only fails to say so
         return False
     return isinstance(said, dict) and said.get("request_kind") == "compaction"
