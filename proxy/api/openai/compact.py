@@ -55,11 +55,12 @@ async def planned(http: web.Request, trace: RequestTelemetry, body: dict,
 
 
 def builder_for(http: web.Request, plan: Plan, first: First | None, options: ResponsesOptions, names: ToolNames,
-                conversation: str | None) -> ResponseBuilder:
+                conversation: str | None, stream: bool | None = None) -> ResponseBuilder:
     """What formats the answer: one compaction item (a trigger), the compaction item then the answer (a
-    request compacted first), or an ordinary response."""
+    request compacted first), or an ordinary response. `stream`: streamed whatever the body says (a
+    transport that always streams); None: as it says."""
     args = (options.model, names, options.echo)
-    kwargs = {"stream": options.stream, "token_messages": options.token_messages}
+    kwargs = {"stream": options.stream if stream is None else stream, "token_messages": options.token_messages}
     if plan.trigger is not None:
         return CompactionBuilder(*args, summaries=http.app[SUMMARIES], conversation=conversation, **kwargs)
     if first is not None:
