@@ -20,6 +20,7 @@ from __future__ import annotations
 ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
 ENDPOINT_RESPONSES_WEBSOCKET = "responses_websocket"  # a response.create on GET /v1/responses' WebSocket mode
+ENDPOINT_RESPONSES_COMPACT = "responses_compact"  # POST /v1/responses/compact
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
@@ -95,6 +96,13 @@ LINK = "looptrace.link"  # on a link: what the linked span is to this one ("fork
 FORK_TRACE_ID = "looptrace.fork.trace_id"  # the trace this request runs again
 FORK_INDEX = "looptrace.fork.index"  # the generated token it replaced, and went on from
 FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in its place
+
+# -- looptrace.* of a compaction (on its request span) -----------------------------------------------
+
+COMPACTION = "looptrace.compaction"  # how the summary was asked for: trigger, compact, threshold, client (its own)
+COMPACTION_ID = "looptrace.compaction.id"  # the summary's id, as its references name it
+COMPACTION_REPLACED_ITEMS = "looptrace.compaction.replaced_items"  # the input items the summary replaces
+COMPACTION_EXPANDED = "looptrace.compaction.expanded"  # on any request: compaction items its input expanded
 
 # -- looptrace.* of a replayed step (`looptrace replay`, on its request span) ----------------------
 
@@ -256,6 +264,8 @@ METRIC_SPEC_DECODE_DRAFTS = "looptrace_spec_decode_drafts"  # draft proposals ma
 METRIC_MEDIA_ITEMS = "looptrace_media_items"  # attached items that reached the model, by kind
 METRIC_MEDIA_TOKENS = "looptrace_media_tokens"  # prompt tokens those items became, by kind
 METRIC_TOOL_CALLS = "looptrace_tool_calls"  # tool calls the model made, by outcome
+METRIC_COMPACTIONS = "looptrace_compactions"  # summaries written for compactions, by how they were asked for
+METRIC_COMPACTION_ITEMS = "looptrace_compaction_items"  # compaction items in requests, by result (expanded, refused)
 METRIC_UPSTREAM_REQUESTS = "looptrace_upstream_requests"  # requests sent to each vLLM server
 METRIC_UPSTREAM_ERRORS = "looptrace_upstream_errors"  # requests a vLLM server failed, by error code
 METRIC_UPSTREAM_GENERATION_TOKENS = "looptrace_upstream_generation_tokens"  # tokens each vLLM server generated

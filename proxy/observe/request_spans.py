@@ -97,6 +97,13 @@ class RequestSpans(Observer):
     def responded(self, response_id: str) -> None:
         self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
 
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        self.span.set_attributes({attr.COMPACTION: how, attr.COMPACTION_REPLACED_ITEMS: replaced,
+                                  **({attr.COMPACTION_ID: summary_id} if summary_id else {})})
+
+    def expanded(self, compactions: int) -> None:
+        self.span.set_attribute(attr.COMPACTION_EXPANDED, compactions)
+
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         """This request runs a stored one again from its token `index`: linked to it, and saying where."""
         root = request_span(original["spans"])

@@ -108,6 +108,16 @@ class RequestTelemetry:
     def responded(self, response_id: str) -> None:
         self.spans.responded(response_id)
 
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        """This request was a compaction (how: trigger, compact, threshold; client: the client's own, whose
+        summary it keeps): its summary replaces `replaced` items."""
+        self.spans.compacted(how, summary_id, replaced)
+        self.metrics.compacted(how)
+
+    def expanded(self, compactions: int) -> None:
+        """This request's input held compaction items, each rendered as its summary."""
+        self.spans.expanded(compactions)
+
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         self.spans.forked(original, index, replacement)
 
