@@ -16,7 +16,6 @@ from looptrace.proxy.settings import Settings
 from looptrace.trace_store.chains import DELTA_KEYS
 from looptrace.trace_store.otlp import OutgoingSpans
 from looptrace.trace_store.processor import QueueingSpanProcessor
-from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 import load_once
 from traced_app import App, run
@@ -203,10 +202,10 @@ class Clock:
         return self.now
 
 
-def recorded_session(qwen3_5_dir, tmp_path, turns: int) -> tuple[App, list]:
+def recorded_session(qwen3_5_dir, tmp_path, turns: int, **extra) -> tuple[App, list]:
     """A tool conversation of `turns` requests, its spans as they ended (no OTLP sink)."""
     async def session():
-        async with App(settings_for(qwen3_5_dir, tmp_path, STEPS)) as app:
+        async with App(settings_for(qwen3_5_dir, tmp_path, STEPS, **extra)) as app:
             await tool_conversation(app, turns)
             assert app.telemetry.flush()
             return app
@@ -246,12 +245,13 @@ def test_held_tool_spans_are_bounded_and_all_go_at_shutdown(qwen3_5_dir, tmp_pat
     assert without_content.take([tool]) == [tool]  # no result would ever be added: sent at once
 
 
-def test_a_result_another_process_brought_is_read_from_the_shared_store(qwen3_5_dir, tmp_path):
+def test_a_result_another_process_brought_is_read_from_the_shared_store(qwen3_5_dir, tmp_path, stores):
     # Turn 1 on one process, turn 2 on another (--workers: the kernel spreads connections): the first
     # holds its tool span, and finds the result the second stored.
-    first, spans = recorded_session(qwen3_5_dir, tmp_path, 1)
+    setting = stores.setting()
+    first, spans = recorded_session(qwen3_5_dir, tmp_path, 1, trace_db=setting)
     (tool,) = [s for s in spans if s.name.startswith(attr.SPAN_EXECUTE_TOOL)]
-    store = SQLiteTraceStore(first.settings.trace_db)
+    store = stores.make(setting)
     clock = Clock()
     outgoing = OutgoingSpans(lookup=store.tool_results, lookup_every=5, clock=clock)
     assert outgoing.take([tool]) == []
