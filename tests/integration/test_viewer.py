@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 import urllib.request
@@ -275,7 +276,7 @@ def test_a_tokens_tooltip_shows_the_text_it_adds_with_its_piece_beside(serve, qw
 
     def hover(i: int) -> tuple[str, str]:
         shown.locator(f".tok[data-i='{i}']").hover()
-        p.wait_for_function(f"document.querySelector('#tip .tip-raw')?.innerText.includes('id {tokens[i]['id']}')")
+        tip.locator(".tip-raw", has_text=re.compile(rf"id {tokens[i]['id']}$")).wait_for(timeout=10_000)
         return tip.locator(".tip-text").inner_text(), tip.locator(".tip-raw").inner_text()
 
     text, raw = hover(newline)
