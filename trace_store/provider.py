@@ -25,7 +25,8 @@ def otlp_traces_url(endpoint: str) -> str:
 
 def build_provider(*, store=None, otlp_endpoint: str | None,
                    on_dropped: Callable[[str, int], None], service_name: str = "looptrace",
-                   attributes: dict | None = None, content: bool = True) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
+                   attributes: dict | None = None,
+                   content: bool = True) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
     """`content`: whether spans hold what was said (--trace-content); without it no tool result is
     waited for before an execute_tool span is exported."""
     # With no sink at all, spans are not recorded: no per-token work is done for a trace nobody keeps.

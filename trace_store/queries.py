@@ -138,8 +138,8 @@ class TraceQueries:
         with self._reader() as db:
             for start in range(0, len(ids), RESULTS_AT_ONCE):
                 chunk = ids[start:start + RESULTS_AT_ONCE]
-                rows = db.execute("SELECT t.call_id, t.trace_id, t.span_id, s.attributes FROM tool_calls t JOIN spans s "
-                                  "ON s.trace_id = t.trace_id AND s.span_id = t.span_id "
+                rows = db.execute("SELECT t.call_id, t.trace_id, t.span_id, s.attributes FROM tool_calls t "
+                                  "JOIN spans s ON s.trace_id = t.trace_id AND s.span_id = t.span_id "
                                   f"WHERE t.call_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
                 for r in rows:
                     attrs = loads(r["attributes"]) if calls[r["call_id"]] == (r["trace_id"], r["span_id"]) else {}

@@ -66,7 +66,8 @@ def conversation(client: OpenAI) -> list[dict]:
     calls.append(second)
     items = [{"role": "user", "content": QUESTION}]
     for made, result in zip(calls, RESULTS):
-        items += [{"type": "function_call", "call_id": made["id"], "name": made["name"], "arguments": made["arguments"]},
+        items += [{"type": "function_call", "call_id": made["id"], "name": made["name"],
+                   "arguments": made["arguments"]},
                   {"type": "function_call_output", "call_id": made["id"], "output": result}]
     tools = [{"type": "function", "name": t["function"]["name"], "parameters": CITY} for t in TOOLS]
     events = list(client.responses.create(model="qwen", input=items, tools=tools, stream=True, extra_headers=headers))
@@ -246,7 +247,8 @@ def test_phoenix_trace_list_and_session_view_show_each_turns_input_and_answer(ex
     page = Page(browser, width=1400, height=1250)
     try:
         p = page.page
-        for where, picture in (("projects/default", "phoenix-traces.png"), (f"sessions/{SESSION}", "phoenix-session.png")):
+        for where, picture in (("projects/default", "phoenix-traces.png"),
+                               (f"sessions/{SESSION}", "phoenix-session.png")):
             p.goto(f"{phoenix.url}/redirects/{where}")
             for text in shown:
                 p.get_by_text(text, exact=False).first.wait_for(timeout=30_000)

@@ -114,7 +114,8 @@ def test_spans_sent_over_otlp_are_whole_from_the_second_turn_on(qwen3_5_dir, tmp
         render = spans[attr.SPAN_RENDER].attributes
         assert list(render[attr.PROMPT_IDS]) == whole[attr.SPAN_RENDER][attr.PROMPT_IDS]
         assert render[attr.PROMPT_TEXT] == whole[attr.SPAN_RENDER][attr.PROMPT_TEXT]
-        assert tokenizer(render[attr.PROMPT_TEXT], add_special_tokens=False)["input_ids"] == list(render[attr.PROMPT_IDS])
+        ids = list(render[attr.PROMPT_IDS])
+        assert tokenizer(render[attr.PROMPT_TEXT], add_special_tokens=False)["input_ids"] == ids
         assert render[attr.PROMPT_TOKENS] == answers[n]["usage"]["prompt_tokens"]
     # The store keeps each later turn as what it adds, and nothing only the export needs.
     with sqlite3.connect(app.settings.trace_db) as db:
