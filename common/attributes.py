@@ -52,7 +52,9 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"  # prompt tokens
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"  # generated tokens
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # of which in the thinking channel
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prompt tokens from a prefix cache
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # prompt tokens added to one
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # prompt tokens added to one
+# Its name until the GenAI conventions v1.41, which Phoenix 20.26 still reads:
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON: the leading system messages, as parts
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: the rest of the conversation, role and parts per message
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: the answer (reasoning, text, tool calls, finish reason)
@@ -61,6 +63,20 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # the function a tool call names
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"  # a tool call's id, which its result quotes back
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"  # always "function"
 GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # the call's arguments, as JSON text
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # what the tool returned (over OTLP, once it came back)
+
+# -- OpenInference's names (Arize Phoenix), on spans exported over OTLP only -------------------------
+# Phoenix derives its own names from the gen_ai.* ones (messages, model, tokens, session); these are
+# what it cannot derive. Never llm.input_messages.*: one written by us would stop that derivation.
+
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"  # PROMPT (render), CHAIN (prefill, decode)
+INPUT_VALUE = "input.value"  # a request's input as a person reads it: the messages after the model's last answer
+INPUT_MIME_TYPE = "input.mime_type"  # text/plain
+OUTPUT_VALUE = "output.value"  # its answer: the text, then each tool call made
+OUTPUT_MIME_TYPE = "output.mime_type"  # text/plain
+LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING = "llm.token_count.completion_details.reasoning"  # reasoning tokens
+EXPORTED_ONLY = (OPENINFERENCE_SPAN_KIND, INPUT_VALUE, INPUT_MIME_TYPE, OUTPUT_VALUE, OUTPUT_MIME_TYPE,
+                 LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING)  # what the trace store leaves out
 
 # -- other OpenTelemetry conventions ---------------------------------------------------------------
 
