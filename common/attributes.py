@@ -20,6 +20,7 @@ from __future__ import annotations
 ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
 ENDPOINT_RESPONSES_WEBSOCKET = "responses_websocket"  # a response.create on GET /v1/responses' WebSocket mode
+ENDPOINT_RESPONSES_COMPACT = "responses_compact"  # POST /v1/responses/compact
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
@@ -51,7 +52,9 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"  # prompt tokens
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"  # generated tokens
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # of which in the thinking channel
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prompt tokens from a prefix cache
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # prompt tokens added to one
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # prompt tokens added to one
+# Its name until the GenAI conventions v1.41, which Phoenix 20.26 still reads:
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON: the leading system messages, as parts
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: the rest of the conversation, role and parts per message
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: the answer (reasoning, text, tool calls, finish reason)
@@ -60,6 +63,20 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # the function a tool call names
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"  # a tool call's id, which its result quotes back
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"  # always "function"
 GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # the call's arguments, as JSON text
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # what the tool returned (over OTLP, once it came back)
+
+# -- OpenInference's names (Arize Phoenix), on spans exported over OTLP only -------------------------
+# Phoenix derives its own names from the gen_ai.* ones (messages, model, tokens, session); these are
+# what it cannot derive. Never llm.input_messages.*: one written by us would stop that derivation.
+
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"  # PROMPT (render), CHAIN (prefill, decode)
+INPUT_VALUE = "input.value"  # a request's input as a person reads it: the messages after the model's last answer
+INPUT_MIME_TYPE = "input.mime_type"  # text/plain
+OUTPUT_VALUE = "output.value"  # its answer: the text, then each tool call made
+OUTPUT_MIME_TYPE = "output.mime_type"  # text/plain
+LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING = "llm.token_count.completion_details.reasoning"  # reasoning tokens
+EXPORTED_ONLY = (OPENINFERENCE_SPAN_KIND, INPUT_VALUE, INPUT_MIME_TYPE, OUTPUT_VALUE, OUTPUT_MIME_TYPE,
+                 LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING)  # what the trace store leaves out
 
 # -- other OpenTelemetry conventions ---------------------------------------------------------------
 
@@ -95,6 +112,13 @@ LINK = "looptrace.link"  # on a link: what the linked span is to this one ("fork
 FORK_TRACE_ID = "looptrace.fork.trace_id"  # the trace this request runs again
 FORK_INDEX = "looptrace.fork.index"  # the generated token it replaced, and went on from
 FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in its place
+
+# -- looptrace.* of a compaction (on its request span) -----------------------------------------------
+
+COMPACTION = "looptrace.compaction"  # how the summary was asked for: trigger, compact, threshold, client (its own)
+COMPACTION_ID = "looptrace.compaction.id"  # the summary's id, as its references name it
+COMPACTION_REPLACED_ITEMS = "looptrace.compaction.replaced_items"  # the input items the summary replaces
+COMPACTION_EXPANDED = "looptrace.compaction.expanded"  # on any request: compaction items its input expanded
 
 # -- looptrace.* of a replayed step (`looptrace replay`, on its request span) ----------------------
 
@@ -256,6 +280,8 @@ METRIC_SPEC_DECODE_DRAFTS = "looptrace_spec_decode_drafts"  # draft proposals ma
 METRIC_MEDIA_ITEMS = "looptrace_media_items"  # attached items that reached the model, by kind
 METRIC_MEDIA_TOKENS = "looptrace_media_tokens"  # prompt tokens those items became, by kind
 METRIC_TOOL_CALLS = "looptrace_tool_calls"  # tool calls the model made, by outcome
+METRIC_COMPACTIONS = "looptrace_compactions"  # summaries written for compactions, by how they were asked for
+METRIC_COMPACTION_ITEMS = "looptrace_compaction_items"  # compaction items in requests, by result (expanded, refused)
 METRIC_UPSTREAM_REQUESTS = "looptrace_upstream_requests"  # requests sent to each vLLM server
 METRIC_UPSTREAM_ERRORS = "looptrace_upstream_errors"  # requests a vLLM server failed, by error code
 METRIC_UPSTREAM_GENERATION_TOKENS = "looptrace_upstream_generation_tokens"  # tokens each vLLM server generated

@@ -49,6 +49,16 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (--help lists the options)\n")
 
 
+def _text_file(path: str) -> str:
+    try:
+        text = open(os.path.expanduser(path), encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r} as UTF-8 text: {exc}") from exc
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{path!r} is empty")
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="looptrace",
                             description="An OpenAI-compatible server that traces what the model does.")
@@ -107,6 +117,9 @@ def _prompt_options(serve: argparse.ArgumentParser) -> None:
                        "check classifies each turn (clean, realign, fork), keep builds the prompt of them and "
                        "renders only the new messages (agent RL); a request may ask for its own with the "
                        "X-Token-Continuity header or a token_continuity field")
+    group.add_argument("--compaction-prompt", type=_text_file, metavar="FILE",
+                       help="a file holding the prompt a compaction asks the model for its summary with, in place of "
+                       "looptrace's own (docs/clients.md)")
 
 
 def _media_options(serve: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from .records import OUTCOMES
 from .tokens import expand_events
 
 FORK_LIMIT = 50  # forks listed per step
+RESULTS_AT_ONCE = 500  # call ids asked for in one statement
 
 
 class TraceQueries:
@@ -129,6 +130,22 @@ class TraceQueries:
                  "tokens": expand_events(restored(loads(decode["events"]), decode["tokens"])) if decode else []}
         if lost is not None:
             found["lost_spans"] = lost[0]
+        return found
+
+    def tool_results(self, calls: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
+        """The results joined to these calls (call id → the trace and span id of its execute_tool span):
+        call id → (the result, the trace of the request that brought it), for the calls that have one."""
+        found, ids = {}, list(calls)
+        with self._reader() as db:
+            for start in range(0, len(ids), RESULTS_AT_ONCE):
+                chunk = ids[start:start + RESULTS_AT_ONCE]
+                rows = db.execute("SELECT t.call_id, t.trace_id, t.span_id, s.attributes FROM tool_calls t "
+                                  "JOIN spans s ON s.trace_id = t.trace_id AND s.span_id = t.span_id "
+                                  f"WHERE t.call_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                for r in rows:
+                    attrs = loads(r["attributes"]) if calls[r["call_id"]] == (r["trace_id"], r["span_id"]) else {}
+                    if isinstance(attrs.get(attr.TOOL_RESULT), str):
+                        found[r["call_id"]] = (attrs[attr.TOOL_RESULT], attrs.get(attr.TOOL_RESULT_TRACE_ID))
         return found
 
     def generated_ids(self, trace_id: str) -> list[int]:

@@ -8,6 +8,8 @@
                          trace); its `seen` columns are no longer written (state_turns holds those ids)
     state_calls          tool calls waiting for their result to come back in a later request
     state_responses      stored Responses (`previous_response_id`, GET / DELETE /v1/responses/{id})
+    state_compactions    the summaries compactions wrote, which a `compaction` item names (its reference)
+    state_secrets        keys every process serving the store shares (the one compaction references are signed with)
 
 Bounded as the in-memory versions are (proxy/engine/memory.py, proxy/observe/conversations.py,
 response_store.py): the newest conversations, calls and responses are kept, the oldest deleted as new
@@ -31,6 +33,7 @@ from .records import storable
 
 MAX_CONVERSATIONS = 1024
 MAX_CALLS = 8192
+MAX_COMPACTIONS = 4096  # summaries kept; a reference to one pruned since is refused as expired
 PRUNE_EVERY = 64  # conversations and calls are trimmed to their bound every this many writes
 COMPRESS_FROM = 1024  # a stored response's JSON is compressed past this size
 
@@ -200,6 +203,24 @@ class StateStore:
 
     def delete_response(self, response_id: str) -> bool:
         return self._write([("DELETE FROM state_responses WHERE id = ?", (response_id,))])[0] > 0
+
+    def put_compaction(self, compaction_id: str, summary: str, conversation: str | None, trace_id: str | None) -> None:
+        self._write([
+            ("INSERT INTO state_compactions VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+             (compaction_id, pack_json(summary), conversation, trace_id, time.time_ns())),
+            (PRUNE.format(table="state_compactions", key="id", time="created_ns", all=self.ALL), (MAX_COMPACTIONS,))])
+
+    def get_compaction(self, compaction_id: str) -> str | None:
+        """A compaction's summary, or None: never written, or pruned since."""
+        (rows,) = self._read([("SELECT summary FROM state_compactions WHERE id = ?", (compaction_id,))])
+        return unpack_json(rows[0][0]) if rows else None
+
+    def secret(self, name: str, made: bytes) -> bytes:
+        """The key called `name` that every process serving this store shares: `made` when none was kept
+        yet (the first process to ask keeps its own), else the one kept; a restart finds it again."""
+        self._write([("INSERT INTO state_secrets VALUES (?, ?) ON CONFLICT (name) DO NOTHING", (name, made))])
+        (rows,) = self._read([("SELECT value FROM state_secrets WHERE name = ?", (name,))])
+        return bytes(rows[0][0])
 
     def count_responses(self) -> tuple[int, int]:
         (rows,) = self._read([("SELECT count(*), coalesce(sum(size), 0) FROM state_responses", ())])

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
@@ -38,20 +38,22 @@ from looptrace.trace_store.tokens import columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
-from . import genai
+from . import genai, openinference
 from .conversations import Conversations, Turn
 from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
-from .tool_spans import tool_call_span
+from .tool_spans import arriving_results, tool_call_span
 
 log = logging.getLogger("looptrace")
 
 
 class RequestSpans(Observer):
     def __init__(self, tracer: Tracer, conversations: Conversations, *, content: bool, endpoint: str,
-                 parent: Context | None, attributes: dict) -> None:
+                 parent: Context | None, attributes: dict, exported: bool = False) -> None:
         self.tracer = tracer
         self.conversations = conversations
         self.content = content
+        # Spans go over OTLP too: each whole (the store keeps deltas) and with what Phoenix reads.
+        self.exported = exported
         self.endpoint = endpoint
         self.model = ""
         self.conversation: str | None = None
@@ -97,6 +99,13 @@ class RequestSpans(Observer):
     def responded(self, response_id: str) -> None:
         self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
 
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        self.span.set_attributes({attr.COMPACTION: how, attr.COMPACTION_REPLACED_ITEMS: replaced,
+                                  **({attr.COMPACTION_ID: summary_id} if summary_id else {})})
+
+    def expanded(self, compactions: int) -> None:
+        self.span.set_attribute(attr.COMPACTION_EXPANDED, compactions)
+
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         """This request runs a stored one again from its token `index`: linked to it, and saying where."""
         root = request_span(original["spans"])
@@ -115,7 +124,7 @@ class RequestSpans(Observer):
         runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
         content = content and self.content
         tokenizer = runtime.tokenizer
-        results, links = self._tool_results(generation.request.messages, content)
+        results, links = arriving_results(self.turn, generation.request.messages, content)
         # Where this prompt departs from what the conversation's model saw last (its prompt and answer, as
         # the engine remembers them), compared from where its encoding departed from that prompt: the ids
         # before it are known equal.
@@ -150,7 +159,10 @@ class RequestSpans(Observer):
             attributes[attr.PROMPT_NOT_KEPT] = "past_context"
         if content:
             new_text = tokenizer.decode(ids[new_at:]) if new_at else ""
-            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, base, encoding))
+            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, base, encoding,
+                                            whole=self.exported))
+        if self.exported:
+            attributes.update(openinference.PROMPT)
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -171,10 +183,13 @@ class RequestSpans(Observer):
             attr.INPUT_NEW_FROM: new_from,
             attr.INPUT_NEW_MESSAGES: "[" + ",".join(messages[new_from:]) + "]",
         }
-        if base and new_from > lead:  # the same system messages lead both: stored as what it adds (chains.py)
+        continues = base and new_from > lead
+        if continues:  # the same system messages lead both: stored as what it adds (chains.py)
             attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
-        else:
+        if not continues or self.exported:  # exported whole; the store leaves it out (chains.compacted)
             attributes[attr.GEN_AI_INPUT_MESSAGES] = "[" + ",".join(messages[lead:]) + "]"
+        if self.exported:
+            attributes.update(openinference.turn_input(request.messages))
         if instructions:
             attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = dumps(instructions)
         if request.tools:
@@ -196,6 +211,8 @@ class RequestSpans(Observer):
         attributes = {attr.BACKEND: backend.name}
         if backend.route:
             attributes[attr.BACKEND_ROUTE] = backend.route
+        if self.exported:
+            attributes.update(openinference.CHAIN)
         span = self._decode_span = self.tracer.start_span(attr.SPAN_DECODE, context=self._context,
                                                           start_time=self._submitted_ns, attributes=attributes)
         self._pieces = generation.runtime.vocab.pieces
@@ -244,6 +261,8 @@ class RequestSpans(Observer):
                             event["upstream_prompt_tokens"], event["prompt_tokens"], event["upstream_differs_at"])
         if cached is not None:
             attributes[attr.PREFILL_CACHED_TOKENS] = cached
+        if self.exported:
+            attributes.update(openinference.CHAIN)
         span = self.tracer.start_span(attr.SPAN_PREFILL, context=self._context, start_time=self._submitted_ns,
                                       attributes=attributes)
         span.end(end_time=self._prefill_ns)
@@ -285,12 +304,18 @@ class RequestSpans(Observer):
             attr.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: generation.reasoning_tokens,
             attr.USAGE_CACHED_TOKENS: generation.cached_tokens,
             attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: generation.cached_tokens,
+            attr.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: generation.cache_write_tokens,
             attr.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: generation.cache_write_tokens,
         })
+        if self.exported:
+            self.span.set_attribute(attr.LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING, generation.reasoning_tokens)
         if self.content:
-            answer = genai.output_message("".join(generation.reasoning), "".join(generation.text),
-                                          generation.tool_calls, generation.finish_reason)
+            text = "".join(generation.text)
+            answer = genai.output_message("".join(generation.reasoning), text, generation.tool_calls,
+                                          generation.finish_reason)
             self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
+            if self.exported:
+                self.span.set_attributes(openinference.answer(text, generation.tool_calls))
         self._end_prefill(generation.cached_tokens)
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
         if self._predicted is not None:  # the receipt's other half: what the server then said it had cached
@@ -338,26 +363,6 @@ class RequestSpans(Observer):
         self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
         self.span.end()
         self.turn.end()
-
-    # -- helpers --
-
-    def _tool_results(self, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
-        """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
-        results, links = [], []
-        answered = [m for m in messages if m.get("role") == "tool"]
-        waiting = self.turn.take_results([m.get("tool_call_id") for m in answered]) if answered else {}
-        for message in answered:
-            pending = waiting.get(message.get("tool_call_id"))
-            if pending is None:
-                continue
-            context, name = pending
-            result = {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"], attr.GEN_AI_TOOL_NAME: name}
-            if content:
-                text = message.get("content")
-                result[attr.TOOL_RESULT] = text if isinstance(text, str) else str(text)
-            results.append(result)
-            links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
-        return results, links
 
 
 # The routing receipt's fields (backends/vllm/routing.py's Route.receipt) and the attributes they become.

@@ -102,15 +102,22 @@ def client_env(home: Path, api_key: str, **extra: str) -> dict:
             API_KEY_ENV: api_key, **extra}
 
 
-def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = None) -> Path:
+def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = None, *, name: str | None = "looptrace",
+               settings: dict | None = None) -> Path:
+    """codex's config: a custom provider called `name` (docs/clients.md's is "looptrace"; one named
+    "OpenAI" or "Azure" compacts remotely), or with `name` None the built-in `openai` provider pointed at
+    `base_url` (`openai_base_url`; the key in OPENAI_API_KEY). `settings`: more top-level keys."""
     codex = home / ".codex"
     codex.mkdir(parents=True, exist_ok=True)
-    lines = [f'model = "{model}"', 'model_provider = "looptrace"']
+    lines = [f'model = "{model}"']
+    lines += [f'openai_base_url = "{base_url}"'] if name is None else ['model_provider = "looptrace"']
     if catalog is not None:
         lines.append(f'model_catalog_json = "{catalog}"')
-    lines += ["", "[model_providers.looptrace]", 'name = "looptrace"', f'base_url = "{base_url}"',
-              f'env_key = "{API_KEY_ENV}"', 'wire_api = "responses"', "request_max_retries = 0",
-              "stream_max_retries = 0"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (settings or {}).items()]
+    if name is not None:
+        lines += ["", "[model_providers.looptrace]", f'name = "{name}"', f'base_url = "{base_url}"',
+                  f'env_key = "{API_KEY_ENV}"', 'wire_api = "responses"', "request_max_retries = 0",
+                  "stream_max_retries = 0"]
     (codex / "config.toml").write_text("\n".join(lines) + "\n")
     return codex
 
@@ -127,7 +134,8 @@ def codex_catalog(path: Path, model: str) -> Path:
 def run_codex(clients: Clients, home: Path, workdir: Path, api_key: str, prompt: str, *args: str,
               timeout: float = 60) -> subprocess.CompletedProcess:
     command = [str(clients.codex), "exec", "--skip-git-repo-check", "--ephemeral", "-C", str(workdir), *args, prompt]
-    env = client_env(home, api_key, CODEX_HOME=str(home / ".codex"))
+    # OPENAI_API_KEY: the built-in provider's key (codex_home with name None); the others read API_KEY_ENV.
+    env = client_env(home, api_key, CODEX_HOME=str(home / ".codex"), OPENAI_API_KEY=api_key)
     return subprocess.run(command, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -119,6 +119,7 @@ class SilentState:
         raise ConnectionError("connection refused")
 
     load = calls = save = load_turn = save_turn = put_response = get_response = delete_response = _fail
+    put_compaction = get_compaction = secret = _fail
 
     def close(self) -> None:
         pass

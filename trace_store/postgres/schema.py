@@ -68,6 +68,10 @@ CREATE TABLE IF NOT EXISTS state_responses (
     id text PRIMARY KEY, conversation bytea NOT NULL, response bytea NOT NULL, size bigint NOT NULL,
     created_ns bigint NOT NULL
 );
+CREATE TABLE IF NOT EXISTS state_compactions (
+    id text PRIMARY KEY, summary bytea NOT NULL, conversation text, trace_id text, created_ns bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_secrets (name text PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
                                      weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,
@@ -91,6 +95,7 @@ CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts (grp, updated_ns);
 CREATE INDEX IF NOT EXISTS rollouts_by_time ON rollouts (updated_ns);
 CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);

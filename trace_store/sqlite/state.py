@@ -23,6 +23,10 @@ CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation T
                                         span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
                                             size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_compactions (id TEXT PRIMARY KEY, summary BLOB NOT NULL, conversation TEXT,
+                                              trace_id TEXT, created_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
 CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);

@@ -9,6 +9,7 @@ from aiohttp import web
 from ..errors import APIError, invalid
 from ..serving import prepared
 from ..validation import field, json_body
+from . import compaction
 from .response_store import RESPONSE_STORE
 from .responses_request import parse_responses
 from .running import RUNNING
@@ -23,7 +24,8 @@ async def input_tokens(request: web.Request) -> web.Response:
     body = await json_body(request)
     previous_id = field(body, "previous_response_id", str, "previous_response_id")
     previous = await request.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
-    generation_request, options, _ = parse_responses(body, previous)
+    # Compaction items counted as the summaries the model reads for them.
+    generation_request, options, _ = parse_responses(body, previous, await compaction.plan(request, body, previous))
     generation = await prepared(request, None, body, generation_request, model=options.model, stream=False)
     return web.json_response({"object": "response.input_tokens", "input_tokens": generation.prompt_tokens})
 

@@ -14,9 +14,8 @@ from ...observe.telemetry import RequestTelemetry
 from ..serving import prepared, traced
 from ..streaming import relay
 from ..validation import field, json_body
+from . import compact
 from .response_store import RESPONSE_STORE
-from .responses_request import parse_responses
-from .responses_stream import ResponseBuilder
 from .running import RUNNING
 
 
@@ -33,18 +32,24 @@ async def respond(request: web.Request, trace: RequestTelemetry, body: dict, pre
                   kept: Callable[[dict, list], None] | None = None) -> web.StreamResponse:
     """One response: `previous` is the conversation it continues. With `sink` (a WebSocket's) it is
     streamed there, whatever `stream` says; `conversation` names it when the client does not; `kept`
-    is told of the response once it ended as answers do (a WebSocket keeps its lane's last one)."""
+    is told of the response once it ended as answers do (a WebSocket keeps its lane's last one).
+    Compaction (compact.py) on either transport: its items expanded, a trigger answered with one
+    compaction item, context_management's compaction made first."""
     store = request.app[RESPONSE_STORE]
-    generation_request, options, names = parse_responses(body, previous)
+    plan, generation_request, options, names = await compact.planned(request, trace, body, previous)
+    first = await compact.first(request, body, previous, plan, options)  # context_management
+    if first is not None:
+        generation_request, names = first.request, first.names
     stream = options.stream or sink is not None
     generation = await prepared(request, trace, body, generation_request, model=options.model, stream=stream,
                                 conversation=conversation)
-    builder = ResponseBuilder(options.model, names, options.echo, stream=stream,
-                              token_messages=options.token_messages)
+    builder = compact.builder_for(request, plan, first, options, names, generation_request.conversation,
+                                  stream=stream)
     trace.responded(builder.id)
 
     async def keep() -> None:
         # Before the client hears the end: its next turn may name this response at once, on any process.
+        await compact.kept(builder, trace, plan)
         if builder.status in ("completed", "incomplete"):
             if options.store:
                 await store.put(builder.final, options.items)

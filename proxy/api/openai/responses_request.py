@@ -83,8 +83,10 @@ class ResponsesOptions:
     token_messages: bool = False  # vLLM's enable_response_messages: the prompt's and the answer's ids
 
 
-def parse_responses(body: dict, previous_items: list | None = None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
-    """`previous_items`: the stored conversation of `previous_response_id`, its output included."""
+def parse_responses(body: dict, previous_items: list | None = None,
+                    compacting=None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
+    """`previous_items`: the stored conversation of `previous_response_id`, its output included;
+    `compacting`: what the request asks of compaction, its compaction items expanded (compaction.py's Plan)."""
     model = field(body, "model", str, "model", required=True)
     instructions = field(body, "instructions", str, "instructions")
     items = previous_items + _input(body) if previous_items else _input(body)
@@ -102,7 +104,7 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
     for name, kind in (("prompt_cache_key", str), ("include", list), ("client_metadata", dict), ("metadata", dict)):
         field(body, name, kind, name)  # accepted, typed, otherwise unused
 
-    messages = to_messages(items, instructions, names)
+    messages = to_messages(items, instructions, names, compacting)
     if not messages:
         raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     request = GenerationRequest(
@@ -235,7 +237,7 @@ def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> 
 
 # -- input items → messages --
 
-def to_messages(items: list, instructions: str | None, names: ToolNames) -> list[dict]:
+def to_messages(items: list, instructions: str | None, names: ToolNames, compacting=None) -> list[dict]:
     """Responses items → Hugging Face messages.
 
     System and developer messages before the first other item, with `instructions` first, become
@@ -256,6 +258,8 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
             out.output(item, where)
         elif kind == "reasoning":
             out.reasoning(reasoning_text(item))
+        elif kind in ("compaction_trigger", "compaction", "compaction_summary") and compacting is not None:
+            compacting.render(item, out)  # a summary asked for, or one given back: compaction.py
         else:
             text = _loose_text(item)
             if not text:

@@ -3,6 +3,7 @@
 // token by token, its tool calls, why it stopped, and how long each part took.
 
 import {get, sessionPath} from "./api.js";
+import {compactionBadges} from "./compaction.js";
 import {sessionLinks} from "./compare-links.js";
 import {forkPanel} from "./fork.js";
 import {promptView} from "./prompt.js";
@@ -247,7 +248,7 @@ export class SessionView {
         ? `: ${FORKS[step.continuity_fork] || step.continuity_fork}` : "")}, step.continuity + why) : "";
     el.append(h("header", {},
       h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
-      h("time", {}, when(step.start_ns)), badge,
+      h("time", {}, when(step.start_ns)), badge, ...compactionBadges(step),
       h("ul", {class: "chips"}, chips.map((c) => typeof c === "string" ? h("li", {}, c) : h("li", {title: c.title}, c.text)))));
     if (step.error || (step.http_status && step.http_status >= 400)) {
       el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));
