@@ -4,7 +4,7 @@ kernels of the machine they ran on.
     python bench/kernel_matrix.py [--tests unit|integration|all] [--only NAME ...] [-- PYTEST ARGS]
 
 Each row runs the speculative and MTP tests (tests/unit/test_speculative*.py; `--tests integration`, SmolLM2's
-in tests/integration/test_speculative.py) in a fresh process with one change: torch's thread count
+in tests/integration/test_speculative_smollm2.py) in a fresh process with one change: torch's thread count
 (1, 2, 3), ATen's kernels forced to another instruction set (ATEN_CPU_CAPABILITY), MKL's BLAS to SSE4.2 or
 to its bitwise-reproducible path (MKL_ENABLE_INSTRUCTIONS, MKL_CBWR), oneDNN to SSE4.1
 (ONEDNN_MAX_CPU_ISA), or oneDNN off (torch.backends.mkldnn). Each changes how float32 sums are ordered,
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 from speculative_checks import HEADROOM, ROUNDING  # noqa: E402
 UNIT = ["tests/unit/test_speculative.py", "tests/unit/test_speculative_mtp.py",
         "tests/unit/test_speculative_sampling.py", "tests/unit/test_speculative_suffix.py"]
-INTEGRATION = ["tests/integration/test_speculative.py"]
+INTEGRATION = ["tests/integration/test_speculative_smollm2.py"]
 TESTS = {"unit": UNIT, "integration": INTEGRATION, "all": UNIT + INTEGRATION}
 # What assert_verified_as_plain prints (tests/support/speculative_checks.py); a check past ROUNDING in a row that
 # passed is a mutant's, which must fail it, and is left out of the figures.

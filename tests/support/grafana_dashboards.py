@@ -1,5 +1,5 @@
 """grafana/ read as Grafana reads it, for the dashboard tests (tests/unit/test_dashboards.py,
-tests/integration/test_dashboards.py) and the several-servers test (tests/integration/test_vllm_pool.py):
+tests/integration/test_dashboards_prometheus.py) and the several-servers test (tests/integration/test_vllm_pool_processes.py):
 the provisioned dashboards and datasources, their PromQL with Grafana's variables set, the links into
 looptrace's trace viewer.
 """
@@ -74,7 +74,7 @@ def is_vllm(expr: str) -> bool:
 
 
 def is_upstream(expr: str) -> bool:
-    """looptrace's per-server series exist only in front of vLLM servers: tests/integration/test_vllm_pool.py checks
+    """looptrace's per-server series exist only in front of vLLM servers: tests/integration/test_vllm_pool_processes.py checks
     those panels against a real Prometheus scraping looptrace in front of three vLLM doubles."""
     return "looptrace_upstream_" in expr
 

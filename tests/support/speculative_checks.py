@@ -1,6 +1,6 @@
 """Speculative decoding's checks on one model, run on every architecture: the local backend's verified
 output is the plain decoder's, token for token (tests/unit/test_speculative.py runs them on the tiny
-Qwen3.5 and Gemma 4, tests/integration/test_speculative.py on SmolLM2).
+Qwen3.5 and Gemma 4, tests/integration/test_speculative_smollm2.py on SmolLM2).
 
 Prompt lookup's verification and rollback are checked with an oracle drafter: it proposes the plain
 decoder's own next tokens with mistakes put in on purpose (a rejection mid-way, a first draft wrong, all

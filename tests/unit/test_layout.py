@@ -1,6 +1,6 @@
 """The layer contracts in pyproject.toml hold, checked by import-linter in this process (`lint-imports`
 by hand). That the installed `looptrace` namespace lives beside other packages, proxy.py's `proxy` among
-them, is checked by building and installing the wheel: tests/integration/test_layout.py."""
+them, is checked by building and installing the wheel: tests/integration/test_wheel_layout.py."""
 
 from __future__ import annotations
 

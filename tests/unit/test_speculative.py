@@ -4,7 +4,7 @@ Prompt lookup's verification and rollback are checked with an oracle drafter (te
 it proposes the plain decoder's own next tokens with mistakes put in on purpose (a rejection mid-way, a
 first draft wrong, all right), so every path runs on every architecture: here the tiny Qwen3.5 (its Gated
 DeltaNet state put back and the accepted tokens run again) and the tiny Gemma 4 well past its 32-token
-sliding window; SmolLM2 (plain attention, a real model) in tests/integration/test_speculative.py. Greedy
+sliding window; SmolLM2 (plain attention, a real model) in tests/integration/test_speculative_smollm2.py. Greedy
 output must be the plain decoder's token for token. Prompt lookup itself, on real copying, is checked end
 to end with SmolLM2 (tests/integration/test_speculative_serving.py). A draft model is checked with the
 tiny model drafting for itself, its weights nudged so that it mostly agrees: its own cache is cut back too.
