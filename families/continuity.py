@@ -21,7 +21,9 @@ its marks taken out, must be exactly how the conversation's rendering ends, from
 markers before its end: then the rendering's tail is the template's writing of what follows the
 answer and nothing else (a later message written elsewhere, a system message moved first, would not
 match), and the turns the rendering closes before it must be as many as the kept prompt closed (a
-tools block or system turn that came or went would not line up). The probe is a few messages long,
+tools block or system turn that came or went would not line up). An answer the template writes
+nothing of (SmolLM2's writes a call-only answer as an empty turn) is given a place by a second probe,
+its empty text a mark, which must change nothing else the probe writes. The probe is a few messages long,
 whatever the conversation's length. The engine checks the rest before asking: the same messages, tools
 and settings, and the model's own answer.
 """
@@ -81,10 +83,13 @@ def answer_end(family: Family, marked: str, messages: list[dict], answer_at: int
         probe = _marked_chat(family, probe_messages, tools, extra)
     except (TemplateError, ValueError, RecursionError, TypeError):
         return None  # a template that refuses the probe proves nothing
-    probe_ends = markers(family, probe)
     found = [at for at in (probe.find(mark) for mark in answer_marks) if at >= 0]
-    if not found:
-        return None  # the template writes nothing of the answer: it has no place
+    if not found:  # the template writes nothing of the answer (SmolLM2's: a call-only one): give it a place
+        probe, filler = _filled(family, probe, probe_messages, tools, extra, secrets.token_hex(8))
+        if filler is None:
+            return None
+        answer_marks, found = [filler], [probe.find(filler)]
+    probe_ends = markers(family, probe)
     k = bisect_left(probe_ends, max(found))  # the first marker after the answer's marks closes it
     if k == 0 or k >= len(probe_ends) or min(found) < probe_ends[k - 1]:
         return None  # no marker closes it, or it is not one turn
@@ -99,6 +104,25 @@ def answer_end(family: Family, marked: str, messages: list[dict], answer_at: int
     if at != closed or at < 0 or not marked.endswith(tail) or len(marked) - len(tail) != ends[at]:
         return None  # the turns before the answer do not line up with the kept prompt's, or the tails differ
     return ends[at]
+
+
+def _filled(family: Family, probe: str, probe_messages: list[dict], tools: list[dict] | None, extra: dict,
+            nonce: str) -> tuple[str, str | None]:
+    """The probe again, the answer's empty text a mark: proof of where the template writes the answer,
+    if that is all it changes (a template that writes an empty turn otherwise, or not at all, differs
+    elsewhere). (probe, None) where it is not."""
+    filler = f"LOOPTRACE{nonce}E"
+    content = probe_messages[1].get("content")
+    if content not in (None, ""):
+        return probe, None  # text the template chose not to write: no place to give it
+    filled = [probe_messages[0], {**probe_messages[1], "content": filler}, *probe_messages[2:]]
+    try:
+        again = _marked_chat(family, filled, tools, extra)
+    except (TemplateError, ValueError, RecursionError, TypeError):
+        return probe, None
+    if again.count(filler) != 1 or again.replace(filler, "") != probe:
+        return probe, None
+    return again, filler
 
 
 PROBE_ASK = {"role": "user", "content": "."}  # what the probe's answer follows: a template wants a user turn first

@@ -287,8 +287,8 @@ def test_an_answer_sent_back_as_the_model_wrote_it_is_kept_and_the_rest_is_the_t
     tokenizer = app.runtime.tokenizer
     rollout = new_rollout()
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Read notes.txt"}]
-    # SmolLM2's template writes no calls, nor so where a call-only answer is: its loop is answers alone.
-    called = ANSWER[family] if family == "chatml" else call_output(family, "read_file", {"path": "notes.txt"})
+    # SmolLM2's template writes nothing of a call-only answer but its empty turn: kept all the same.
+    called = call_output(family, "read_file", {"path": "notes.txt"})
     outputs = [called, ANSWER[family], ANSWER[family]]
     previous = None
     for n, output in enumerate(outputs):
@@ -300,8 +300,8 @@ def test_an_answer_sent_back_as_the_model_wrote_it_is_kept_and_the_rest_is_the_t
             rest = after_answer(app, now, previous)
             whole = tokenizer.decode(rendered_as_always(app, messages, [READ]))
             assert whole.endswith(rest) and rest.count(messages[-1]["content"]) == 1
-            if family == "chatml":
-                assert tokenizer.decode(now.read) == whole
+            if family == "chatml":  # and the call its template drops is in the kept prompt, as written
+                assert tokenizer.decode(now.read) == whole.replace("assistant\n<|im_end|>", "assistant\n" + called, 1)
         messages = messages + [now.message]
         if now.message.get("tool_calls"):
             messages.append({"role": "tool", "tool_call_id": now.message["tool_calls"][0]["id"],
@@ -358,6 +358,33 @@ def test_h1_where_the_turns_before_the_answer_do_not_line_up_nothing_is_spliced(
     _, spliced = continued(served_family, later_system, 1, [READ], None, first.read, first.wrote,
                            conversation=None, encoding=0)
     assert spliced is (family != "qwen3_5")
+
+
+def test_a_call_only_answer_is_placed_only_where_the_template_writes_its_empty_turn(apps, monkeypatch):
+    """SmolLM2's template writes a call-only answer as an empty turn: the answer's place is proven by
+    giving its empty text a mark, which must change nothing else. A template that writes no turn for
+    an empty answer gives no such proof: nothing is spliced."""
+    from looptrace.families.continuity import continued
+
+    app = apps("chatml")
+    ask = [{"role": "user", "content": "Read notes.txt"}]
+    first = turn(app, new_rollout(), ask, [READ], call_output("chatml", "read_file", {"path": "notes.txt"}),
+                 mode="keep")
+    assert first.message["content"] == "" and first.message["tool_calls"]
+    messages = [*ask, first.message, {"role": "tool", "tool_call_id": first.message["tool_calls"][0]["id"],
+                                      "content": "TOOL-SAID-HELLO"}]
+    family = app.runtime.family
+    kept, spliced = continued(family, messages, 1, [READ], None, first.read, first.wrote, conversation=None,
+                              encoding=0)
+    assert spliced and kept.ids[:len(first.read) + len(first.wrote)] == first.read + first.wrote
+    assert app.runtime.tokenizer.decode(kept.ids[len(first.read) + len(first.wrote):]).count("TOOL-SAID-HELLO") == 1
+    skips_empty = ("{% for m in messages %}{% if m.role != 'assistant' or m.content %}<|im_start|>{{ m.role }}\n"
+                   "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    monkeypatch.setattr(family.tokenizer, "chat_template", skips_empty)
+    whole, spliced = continued(family, messages, 1, [READ], None, first.read, first.wrote, conversation=None,
+                               encoding=0)
+    assert not spliced and "<|im_start|>assistant\n<|im_end|>" not in whole.text
 
 
 def test_a_fork_says_why_on_its_render_span_and_in_the_session(apps):
