@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from .base import CONTENT, THOUGHT, Family, Parser
+from .deltas import Delta
 from .gemma4_values import QUOTE, parse_arguments
 from .parsing import BAD, DONE, NEED, CallBuilder, Markers, StreamParser, expect_exact
 
