@@ -157,20 +157,22 @@ def speculative_counts(metrics: dict | None) -> tuple[int, int, int] | None:
 _CACHE_LABEL = re.compile(r'\b(block_size|num_gpu_blocks)="(\d+)"')
 
 
-def metrics_load(text: str) -> tuple[int | None, int | None, int | None]:
-    """From a vLLM server's /metrics (Prometheus text): its requests running and waiting (summed over its
-    engines), and its prefix cache's block size and number of blocks (`vllm:cache_config_info`'s labels);
-    None for what it does not say."""
-    in_flight = block_size = blocks = None
+def metrics_load(text: str) -> tuple[tuple[int, int] | None, int | None, int | None]:
+    """From a vLLM server's /metrics (Prometheus text): its requests (running, waiting), each summed over its engines,
+    and its prefix cache's block size and number of blocks (`vllm:cache_config_info`'s labels); None for what it
+    does not say."""
+    counts: dict[str, int] | None = None
+    block_size = blocks = None
     for line in text.splitlines():
         if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
             value = line.rpartition("}")[2].split() if "}" in line else line.split()[1:]
-            in_flight = (in_flight or 0) + int(float(value[0]))
+            counts = counts or {"running": 0, "waiting": 0}
+            counts["running" if line.startswith("vllm:num_requests_running") else "waiting"] += int(float(value[0]))
         elif line.startswith("vllm:cache_config_info") and block_size is None:
             labels = dict(_CACHE_LABEL.findall(line))
             block_size = int(labels["block_size"]) if "block_size" in labels else None
             blocks = int(labels["num_gpu_blocks"]) if "num_gpu_blocks" in labels else None
-    return in_flight, block_size, blocks
+    return (counts["running"], counts["waiting"]) if counts else None, block_size, blocks
 
 
 _second = operator.itemgetter(1)

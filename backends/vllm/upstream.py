@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from . import protocol
+from .cost import ServerCost
 from .kv_index import Holdings
 from .load import Load
 
@@ -61,6 +62,7 @@ class Upstream:
         # What its prefix cache holds: read from its KV events (vllm/kv_events.py) when the loader gives it
         # them, else estimated from what was sent to it.
         self.holdings = Holdings()
+        self.cost = ServerCost()  # what a request would wait there for its first token, as measured (cost.py)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -162,9 +164,9 @@ class Upstream:
                     text = await response.text()
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise Unreachable(f"cannot read the /metrics of the vLLM server at {self.url}: {describe(exc)}") from exc
-        in_flight, block_size, blocks = protocol.metrics_load(text)
-        if load and in_flight is not None:
-            self.load.report(in_flight)
+        counts, block_size, blocks = protocol.metrics_load(text)
+        if load and counts is not None:
+            self.load.report(*counts)
         if block_size:
             self.holdings.sent.resize(block_size, blocks)
 
@@ -205,6 +207,7 @@ class Upstream:
         if self.error:
             body["error"] = self.error
         body.update(self.holdings.health())
+        body["cost"] = self.cost.health()
         return body
 
     async def close(self) -> None:

@@ -1,0 +1,176 @@
+"""What a request would wait for its first token on one vLLM server, in seconds: the price `--routing cache-aware`
+compares the servers by (routing.py).
+
+    expected TTFT = overhead + (prefill + queued + others × per_request) / rate + per_decoding × decoding
+
+    prefill       the prompt tokens the request would compute there: its length less what the server is predicted to
+                  hold of it (kv_index.py), at least its last token (vLLM always computes that one again)
+    queued        the uncached prompt tokens looptrace sent there and has not had a first token for: each request's
+                  as priced when it was sent, less what the server is taken to have read of them since (at `rate`,
+                  oldest first)
+    others        vLLM's own waiting requests beyond looptrace's (its /metrics: another looptrace process's, another
+                  client's), each taken at `per_request`, the mean uncached prompt of this server's recent requests
+    decoding      the requests it is decoding: looptrace's past their first token, or vLLM's running count beyond
+                  looptrace's unanswered ones, whichever is larger
+    rate, overhead, per_decoding
+                  measured: fitted to each request the server answered, its time to first token against the tokens
+                  it waited for (the queued and others' tokens when it was sent, plus its own uncached prompt as vLLM
+                  counted it) and the requests decoding when it was sent
+
+The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
+kept at or above zero, and pulled lightly toward a prior (PRIOR_RATE tokens a second, no overhead, no decode
+pressure) so that a server with no answered request yet is priced at all: with one prior for every server, the
+price compares tokens until requests teach it seconds. Work is done per request, never per token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+PRIOR_RATE = 10_000.0  # prefill tokens a second taken before a server has answered anything
+FORGET = 0.95  # each answered request weighs this much less in the fit than the one after it (about 20 count)
+# How strongly the prior holds each coefficient (overhead, seconds per token, seconds per decoding request): as a
+# tenth of one request at 0 s overhead, a hundredth of one at 1,000 tokens, a tenth of one at one request decoding.
+# Light: a handful of answered requests outweigh it.
+RIDGE = np.diag([0.1, 0.01 * 1000.0**2, 0.1])
+PRIOR = np.array([0.0, 1.0 / PRIOR_RATE, 0.0])
+MIN_SECONDS_PER_TOKEN = 1e-7  # 10 M tokens a second: a rate is never taken as infinite
+
+
+@dataclass(slots=True)
+class Price:
+    """One server's expected time to first token for one request, and its terms (the routing receipt's)."""
+
+    seconds: float
+    prefill: int  # prompt tokens this request would compute there
+    queued: float  # uncached prompt tokens of looptrace's requests ahead of it
+    others: int  # vLLM's waiting requests beyond looptrace's
+    others_tokens: float  # what those are taken to hold: others × the server's mean uncached prompt
+    decoding: int
+    rate: float  # prefill tokens a second
+    overhead: float
+    per_decoding: float  # seconds each request decoding adds
+
+
+class Ticket:
+    """A request sent to the server, from its sending to its end: what it waits for, and what it taught."""
+
+    __slots__ = ("ahead", "answered", "decoding", "open", "remaining")
+
+    def __init__(self, price: Price) -> None:
+        self.remaining = float(price.prefill)  # its own prefill not yet taken as read
+        self.ahead = price.queued + price.others_tokens  # the tokens ahead of it when sent
+        self.decoding = price.decoding
+        self.answered = False  # its first token came
+        self.open = True
+
+
+class ServerCost:
+    """One server's price for a request: its queue, kept by the backend's calls, and its measured rates."""
+
+    def __init__(self) -> None:
+        self._pending: list[Ticket] = []  # sent, not yet answered with a first token: oldest first
+        self._drained_at = time.monotonic()
+        self.decoding = 0  # looptrace's requests past their first token, not yet ended
+        self.answered = 0  # requests the fit has learnt from
+        self.per_request = 0.0  # mean uncached prompt tokens of its recent requests
+        self._gram = np.zeros((3, 3))  # Σ weight × features ⊗ features, features (1, tokens waited for, decoding)
+        self._moment = np.zeros(3)  # Σ weight × features × time to first token
+        self._theta = PRIOR.copy()  # (overhead, seconds per token, seconds per decoding request)
+
+    # -- the price --
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / float(self._theta[1])
+
+    def queued(self) -> float:
+        """Uncached prompt tokens of looptrace's unanswered requests, less what the server has read of them since."""
+        now = time.monotonic()
+        budget = (now - self._drained_at) * self.rate
+        self._drained_at = now
+        for ticket in self._pending:
+            if budget <= 0:
+                break
+            taken = min(ticket.remaining, budget)
+            ticket.remaining -= taken
+            budget -= taken
+        return sum(t.remaining for t in self._pending)
+
+    def price(self, prefill: int, running: int = 0, waiting: int = 0) -> Price:
+        """The expected time to first token of a request that would compute `prefill` prompt tokens here, with the
+        server's own counts of requests running and waiting (0 where they are not read)."""
+        queued, unanswered = self.queued(), len(self._pending)
+        others = max(0, waiting - unanswered)
+        decoding = max(self.decoding, running - unanswered)
+        overhead, per_token, per_decoding = (float(v) for v in self._theta)
+        others_tokens = others * self.per_request
+        seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
+        return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
+                     per_decoding)
+
+    # -- what the backend tells it of each request --
+
+    def sent(self, price: Price) -> Ticket:
+        self.queued()  # drained up to now: the new request waits behind what is left
+        ticket = Ticket(price)
+        self._pending.append(ticket)
+        return ticket
+
+    def first_token(self, ticket: Ticket) -> None:
+        if ticket.open and not ticket.answered:
+            ticket.answered = True
+            self._drop(ticket)
+            self.decoding += 1
+
+    def learn(self, ticket: Ticket, uncached: int, ttft: float) -> None:
+        """The request's time to first token, and its uncached prompt tokens as the server counted them."""
+        features = np.array([1.0, ticket.ahead + max(1, uncached), float(ticket.decoding)])
+        self._gram = FORGET * self._gram + np.outer(features, features)
+        self._moment = FORGET * self._moment + features * ttft
+        self.per_request = uncached if not self.answered else FORGET * self.per_request + (1 - FORGET) * uncached
+        self.answered += 1
+        self._theta = _fit(self._gram, self._moment)
+
+    def closed(self, ticket: Ticket) -> None:
+        """The request ended (done, failed or cancelled): no longer ahead of anything, nor decoding."""
+        if not ticket.open:
+            return
+        ticket.open = False
+        if ticket.answered:
+            self.decoding -= 1
+        else:
+            self._drop(ticket)
+
+    def _drop(self, ticket: Ticket) -> None:
+        self.queued()  # what was read before it left is counted against those before it
+        self._pending.remove(ticket)
+
+    def health(self) -> dict:
+        overhead, per_token, per_decoding = (float(v) for v in self._theta)
+        return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
+                "per_decoding_seconds": round(float(per_decoding), 4), "answered": self.answered,
+                "queued_tokens": round(self.queued()), "decoding": self.decoding}
+
+
+def _fit(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+    """Least squares pulled toward the prior, each coefficient held at or above its floor: a coefficient the free
+    solution puts below it is fixed there and the rest solved again (at most three rounds)."""
+    floors = np.array([0.0, MIN_SECONDS_PER_TOKEN, 0.0])
+    theta, free = floors.copy(), [0, 1, 2]
+    a = gram + RIDGE
+    while free:
+        fixed = [i for i in range(3) if i not in free]
+        b = moment + RIDGE @ PRIOR - a[:, fixed] @ theta[fixed]
+        solved = np.linalg.solve(a[np.ix_(free, free)], b[free])
+        low = [k for k, i in enumerate(free) if solved[k] < floors[i]]
+        if not low:
+            theta[free] = solved
+            return theta
+        worst = free[min(low, key=lambda k: solved[k] - floors[free[k]])]
+        free.remove(worst)
+        theta[worst] = floors[worst]
+    return theta
