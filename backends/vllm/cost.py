@@ -19,8 +19,11 @@ compares the servers by (routing.py).
 
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
 kept at or above zero, and pulled lightly toward a prior (PRIOR_RATE tokens a second, no overhead, no decode
-pressure) so that a server with no answered request yet is priced at all: with one prior for every server, the
-price compares tokens until requests teach it seconds. Work is done per request, never per token.
+pressure). A server that has answered nothing yet is priced with the fit of its peer that has answered most (the
+servers of a pool serve one model): priced with the prior instead, it would look a hundred times cheaper than a CPU
+server that measured itself, and draw every request until it had answered one. With no server answered yet, the
+prior prices them all alike: the price compares tokens until requests teach it seconds. Work is done per request,
+never per token.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class ServerCost:
         self._drained_at = time.monotonic()
         self.decoding = 0  # looptrace's requests past their first token, not yet ended
         self.answered = 0  # requests the fit has learnt from
+        self.peers: list[ServerCost] = []  # the pool's other servers: whose fit it takes until it has its own
         self.per_request = 0.0  # mean uncached prompt tokens of its recent requests
         self._gram = np.zeros((3, 3))  # Σ weight × features ⊗ features, features (1, tokens waited for, decoding)
         self._moment = np.zeros(3)  # Σ weight × features × time to first token
@@ -84,8 +88,16 @@ class ServerCost:
     # -- the price --
 
     @property
+    def theta(self) -> np.ndarray:
+        """(overhead, seconds per token, seconds per decoding request): its own fit, else its most answered peer's."""
+        if self.answered:
+            return self._theta
+        teacher = max(self.peers, key=lambda p: p.answered, default=None)
+        return teacher._theta if teacher is not None and teacher.answered else self._theta
+
+    @property
     def rate(self) -> float:
-        return 1.0 / float(self._theta[1])
+        return 1.0 / float(self.theta[1])
 
     def queued(self) -> float:
         """Uncached prompt tokens of looptrace's unanswered requests, less what the server has read of them since."""
@@ -106,7 +118,7 @@ class ServerCost:
         queued, unanswered = self.queued(), len(self._pending)
         others = max(0, waiting - unanswered)
         decoding = max(self.decoding, running - unanswered)
-        overhead, per_token, per_decoding = (float(v) for v in self._theta)
+        overhead, per_token, per_decoding = (float(v) for v in self.theta)
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
         return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
@@ -150,7 +162,7 @@ class ServerCost:
         self._pending.remove(ticket)
 
     def health(self) -> dict:
-        overhead, per_token, per_decoding = (float(v) for v in self._theta)
+        overhead, per_token, per_decoding = (float(v) for v in self.theta)
         return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
                 "per_decoding_seconds": round(float(per_decoding), 4), "answered": self.answered,
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}

@@ -188,3 +188,17 @@ def test_every_policy_receipt_carries_the_price(clock):
         assert receipt["expected_ttft"] == pytest.approx(0.1 + (len(SYSTEM) + 1) / CPU_RATE, rel=0.05)
         assert {"runner_up_expected_ttft", "decode_seconds", "overhead_seconds", "others_waiting",
                 "decoding"} <= set(receipt)
+
+
+def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured(clock):
+    pool = pool_of()
+    learnt, fresh = pool.upstreams
+    teach(learnt, CPU_RATE)
+    # Priced with the prior, the fresh server would read 3,000 tokens in 0.3 s against the other's 23 s.
+    assert fresh.cost.rate == pytest.approx(learnt.cost.rate) == pytest.approx(CPU_RATE, rel=0.03)
+    waiting = queue(fresh, 1300)
+    clock[0] += 5.0  # its queue is read at the borrowed rate too
+    assert fresh.cost.queued() == pytest.approx(1300 - 5 * CPU_RATE, rel=0.02)
+    fresh.cost.closed(waiting)
+    teach(fresh, 2 * CPU_RATE)  # then its own
+    assert fresh.cost.rate == pytest.approx(2 * CPU_RATE, rel=0.03)
