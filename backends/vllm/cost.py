@@ -18,7 +18,7 @@ compares the servers by (routing.py).
                   counted it) and the requests decoding when it was sent
 
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
-kept at or above zero, and pulled lightly toward a prior (PRIOR_RATE tokens a second, no overhead, no decode
+kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior (PRIOR_RATE tokens a second, no overhead, no decode
 pressure). A server that has answered nothing yet is priced with the fit of its peer that has answered most (the
 servers of a pool serve one model): priced with the prior instead, it would look a hundred times cheaper than a CPU
 server that measured itself, and draw every request until it had answered one. With no server answered yet, the
@@ -84,6 +84,7 @@ class ServerCost:
         self._gram = np.zeros((3, 3))  # Σ weight × features ⊗ features, features (1, tokens waited for, decoding)
         self._moment = np.zeros(3)  # Σ weight × features × time to first token
         self._theta = PRIOR.copy()  # (overhead, seconds per token, seconds per decoding request)
+        self._fastest = np.inf  # the least time to first token seen: the overhead's bound
 
     # -- the price --
 
@@ -145,7 +146,8 @@ class ServerCost:
         self._moment = FORGET * self._moment + features * ttft
         self.per_request = uncached if not self.answered else FORGET * self.per_request + (1 - FORGET) * uncached
         self.answered += 1
-        self._theta = _fit(self._gram, self._moment)
+        self._fastest = min(self._fastest, ttft)
+        self._theta = _fit(self._gram, self._moment, self._fastest)
 
     def closed(self, ticket: Ticket) -> None:
         """The request ended (done, failed or cancelled): no longer ahead of anything, nor decoding."""
@@ -168,21 +170,32 @@ class ServerCost:
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}
 
 
-def _fit(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
-    """Least squares pulled toward the prior, each coefficient held at or above its floor: a coefficient the free
-    solution puts below it is fixed there and the rest solved again (at most three rounds)."""
-    floors = np.array([0.0, MIN_SECONDS_PER_TOKEN, 0.0])
-    theta, free = floors.copy(), [0, 1, 2]
-    a = gram + RIDGE
+def _fit(gram: np.ndarray, moment: np.ndarray, fastest: float) -> np.ndarray:
+    """Least squares pulled toward the prior, within bounds: the overhead between 0 and the fastest time to first
+    token seen (no request waits less than the fixed part of every wait), the decode term at or above 0, the slope
+    above its floor. A coefficient the solution puts out of its bounds is fixed at the bound it passed and the rest
+    solved again. Where the slope would still be at its floor (a few noisy requests, their waits explained by the
+    overhead alone), the slope is fitted alone: the time goes to tokens, as it does on a server."""
+    low, high = np.array([0.0, MIN_SECONDS_PER_TOKEN, 0.0]), np.array([fastest, np.inf, np.inf])
+    theta = _bounded(gram + RIDGE, moment + RIDGE @ PRIOR, low, high)
+    if theta[1] > MIN_SECONDS_PER_TOKEN:
+        return theta
+    slope = (moment[1] + RIDGE[1, 1] * PRIOR[1]) / (gram[1, 1] + RIDGE[1, 1])
+    return np.array([0.0, max(slope, MIN_SECONDS_PER_TOKEN), 0.0])
+
+
+def _bounded(a: np.ndarray, b: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """argmin of θ·a·θ − 2 b·θ within [low, high], by fixing the worst violation at its bound and solving again."""
+    theta, free = low.copy(), [0, 1, 2]
     while free:
         fixed = [i for i in range(3) if i not in free]
-        b = moment + RIDGE @ PRIOR - a[:, fixed] @ theta[fixed]
-        solved = np.linalg.solve(a[np.ix_(free, free)], b[free])
-        low = [k for k, i in enumerate(free) if solved[k] < floors[i]]
-        if not low:
+        solved = np.linalg.solve(a[np.ix_(free, free)], b[free] - a[np.ix_(free, fixed)] @ theta[fixed])
+        out = [(max(low[i] - v, v - high[i]), k) for k, (i, v) in enumerate(zip(free, solved))
+               if v < low[i] or v > high[i]]
+        if not out:
             theta[free] = solved
             return theta
-        worst = free[min(low, key=lambda k: solved[k] - floors[free[k]])]
-        free.remove(worst)
-        theta[worst] = floors[worst]
+        _, k = max(out)
+        i = free.pop(k)
+        theta[i] = low[i] if solved[k] < low[i] else high[i]
     return theta

