@@ -15,7 +15,11 @@ would find cached):
   recent kept up to the server's capacity: an estimate, for a server without events, or while its
   events cannot be trusted (a publisher gone silent).
 
-`Holdings` keeps both for one server and says which one a prediction came from. `SharedPrefixes` tells
+`Holdings` keeps both for one server and says which one a prediction came from, and adds the blocks of the prompts
+looptrace sent the server and has not seen the end of: the server computes them ahead of a request queued behind
+them, which finds them cached (without them, a conversation's turn routed while another conversation's first turn
+was being read was predicted to miss the system prompt both share; that was most of bench/routing.py's prediction
+error). `SharedPrefixes` tells
 the part of a prompt it shares with other conversations (a system prompt, tool definitions): every server
 holds that sooner or later, and routing weighs what a conversation holds beyond it.
 """
@@ -121,11 +125,12 @@ class EventIndex:
         else:
             del self._held[key]
 
-    def cached_tokens(self, prompt: PromptBlocks) -> int:
-        size = self.block_size
-        if not size or not self._held:
+    def cached_tokens(self, prompt: PromptBlocks, coming: dict | None = None, block_size: int | None = None) -> int:
+        """`block_size`: the server's, until its events say it (with `coming`, a prompt on its way before any)."""
+        size = self.block_size or block_size
+        if not size or not (self._held or coming):
             return 0
-        return _walk(prompt, size, self._held) * size
+        return _walk(prompt, size, self._held, coming) * size
 
 
 class SentIndex:
@@ -165,17 +170,18 @@ class SentIndex:
             while len(self._held) > self.capacity:
                 self._held.popitem(last=False)
 
-    def cached_tokens(self, prompt: PromptBlocks) -> int:
-        if not self._held:
+    def cached_tokens(self, prompt: PromptBlocks, coming: dict | None = None, block_size: int | None = None) -> int:
+        if not (self._held or coming):
             return 0
-        return _walk(prompt, self.block_size, self._held) * self.block_size
+        return _walk(prompt, self.block_size, self._held, coming) * self.block_size
 
 
-def _walk(prompt: PromptBlocks, size: int, held) -> int:
-    """How many of the prompt's leading blocks are held, stopping at the first that is not."""
+def _walk(prompt: PromptBlocks, size: int, held, coming: dict | None = None) -> int:
+    """How many of the prompt's leading blocks are held (or `coming`: being computed), stopping at the first that is
+    not."""
     n = 0
     for key in prompt.keys(size, prompt.usable_blocks(size)):
-        if key not in held:
+        if key not in held and (not coming or key not in coming):
             break
         n += 1
     return n
@@ -213,6 +219,7 @@ class Holdings:
     def __init__(self, events=None) -> None:
         self.events = events
         self.sent = SentIndex()
+        self._coming: dict[int, int] = {}  # blocks of prompts sent it and not yet ended → how many hold each
 
     @property
     def index(self) -> EventIndex | SentIndex:
@@ -226,7 +233,24 @@ class Holdings:
     def predict(self, prompt: PromptBlocks) -> tuple[int, str]:
         """(prompt tokens predicted cached, which index said so: "events" or "estimate")."""
         index = self.index
-        return index.cached_tokens(prompt), index.source
+        return index.cached_tokens(prompt, self._coming, self.sent.block_size), index.source
+
+    def sending(self, prompt: PromptBlocks) -> list[int]:
+        """A request goes out: its prompt's blocks count as held until it ends (`ended`, with what this returns)."""
+        size = self.block_size
+        keys = list(prompt.keys(size, prompt.usable_blocks(size)))
+        coming = self._coming
+        for key in keys:
+            coming[key] = coming.get(key, 0) + 1
+        return keys
+
+    def ended(self, keys: list[int]) -> None:
+        """The request ended: what it stored, its server's events (or the estimate) say from now on."""
+        coming = self._coming
+        for key in keys:
+            left = coming.pop(key) - 1
+            if left:
+                coming[key] = left
 
     def served(self, prompt_ids: list[int], output_ids: list[int], cached: int, since: float) -> None:
         """A request sent at `since` (time.monotonic) finished on the server, `cached` of its prompt tokens found
