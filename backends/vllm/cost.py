@@ -10,20 +10,26 @@ compares the servers by (routing.py).
                   oldest first)
     others        vLLM's own waiting requests beyond looptrace's (its /metrics: another looptrace process's, another
                   client's), each taken at `per_request`, the mean uncached prompt of this server's recent requests
-    decoding      the requests it is decoding: looptrace's past their first token, or vLLM's running count beyond
-                  looptrace's unanswered ones, whichever is larger
+    decoding      the requests it is decoding: looptrace's past their first token, and vLLM's running ones beyond
+                  looptrace's
+                  (the others' counts are taken when the server's /metrics is read, against looptrace's own requests
+                  at that moment: read a second later, a count of looptrace's requests since answered would otherwise
+                  look like another client's)
     rate, overhead, per_decoding
                   measured: fitted to each request the server answered, its time to first token against the tokens
                   it waited for (the queued and others' tokens when it was sent, plus its own uncached prompt as vLLM
                   counted it) and the requests decoding when it was sent
 
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
-kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior (PRIOR_RATE tokens a second, no overhead, no decode
-pressure). A server that has answered nothing yet is priced with the fit of its peer that has answered most (the
-servers of a pool serve one model): priced with the prior instead, it would look a hundred times cheaper than a CPU
-server that measured itself, and draw every request until it had answered one. With no server answered yet, the
-prior prices them all alike: the price compares tokens until requests teach it seconds. Work is done per request,
-never per token.
+kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior
+(PRIOR_RATE tokens a second, no overhead, no decode pressure). The servers of a pool serve one model, mostly on like
+machines: each server's fit takes its peers' requests too, their mean weighing PEERS (a half) as much as its own.
+Fitted alone, a few requests apiece made two like servers' rates differ twice over (bench/routing_sim.py), each
+difference a move the queues did not call for; and a server that has answered nothing is priced as its peers
+measured, not by the prior, which would make it look a hundred times cheaper than a CPU server that measured itself
+and draw every request until it had answered one. A server slower than its peers, request after request, is priced
+slower. With no server answered yet, the prior prices them all alike: the price compares tokens until requests teach
+it seconds. Work is done per request, never per token.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import numpy as np
 PRIOR_RATE = 10_000.0  # prefill tokens a second taken before a server has answered anything
 FORGET = 0.95  # each answered request weighs this much less in the fit than the one after it (about 20 count)
 # How strongly the prior holds each coefficient (overhead, seconds per token, seconds per decoding request): as a
-# tenth of one request at 0 s overhead, a hundredth of one at 1,000 tokens, a tenth of one at one request decoding.
+# tenth of one request at 0 s overhead, a thousandth of one at 1,000 tokens, a tenth of one at one request decoding.
 # Light: a handful of answered requests outweigh it.
-RIDGE = np.diag([0.1, 0.01 * 1000.0**2, 0.1])
+RIDGE = np.diag([0.1, 0.001 * 1000.0**2, 0.1])
 PRIOR = np.array([0.0, 1.0 / PRIOR_RATE, 0.0])
 MIN_SECONDS_PER_TOKEN = 1e-7  # 10 M tokens a second: a rate is never taken as infinite
+PEERS = 0.5  # how much the peers' mean requests weigh in a server's fit, against its own
 
 
 @dataclass(slots=True)
@@ -79,22 +86,32 @@ class ServerCost:
         self._drained_at = time.monotonic()
         self.decoding = 0  # looptrace's requests past their first token, not yet ended
         self.answered = 0  # requests the fit has learnt from
-        self.peers: list[ServerCost] = []  # the pool's other servers: whose fit it takes until it has its own
+        self.peers: list[ServerCost] = []  # the pool's other servers, whose requests its fit takes too
+        self.others_waiting = self.others_running = 0  # requests of others, as of the server's last /metrics
         self.per_request = 0.0  # mean uncached prompt tokens of its recent requests
         self._gram = np.zeros((3, 3))  # Σ weight × features ⊗ features, features (1, tokens waited for, decoding)
         self._moment = np.zeros(3)  # Σ weight × features × time to first token
         self._theta = PRIOR.copy()  # (overhead, seconds per token, seconds per decoding request)
+        self._fitted: tuple | None = None  # what _theta was fitted to: every server's count of answered requests
         self._fastest = np.inf  # the least time to first token seen: the overhead's bound
 
     # -- the price --
 
     @property
     def theta(self) -> np.ndarray:
-        """(overhead, seconds per token, seconds per decoding request): its own fit, else its most answered peer's."""
-        if self.answered:
-            return self._theta
-        teacher = max(self.peers, key=lambda p: p.answered, default=None)
-        return teacher._theta if teacher is not None and teacher.answered else self._theta
+        """(overhead, seconds per token, seconds per decoding request): fitted to its requests and its peers', again
+        only when one of them answered another."""
+        taught = [p for p in self.peers if p.answered]
+        state = (self.answered, *(p.answered for p in self.peers))
+        if state != self._fitted:
+            gram, moment, fastest = self._gram, self._moment, self._fastest
+            if taught:
+                gram = gram + PEERS * sum(p._gram for p in taught) / len(taught)
+                moment = moment + PEERS * sum(p._moment for p in taught) / len(taught)
+                fastest = min(fastest, *(p._fastest for p in taught))
+            self._theta = _fit(gram, moment, fastest) if self.answered or taught else PRIOR.copy()
+            self._fitted = state
+        return self._theta
 
     @property
     def rate(self) -> float:
@@ -113,12 +130,16 @@ class ServerCost:
             budget -= taken
         return sum(t.remaining for t in self._pending)
 
-    def price(self, prefill: int, running: int = 0, waiting: int = 0) -> Price:
-        """The expected time to first token of a request that would compute `prefill` prompt tokens here, with the
-        server's own counts of requests running and waiting (0 where they are not read)."""
-        queued, unanswered = self.queued(), len(self._pending)
-        others = max(0, waiting - unanswered)
-        decoding = max(self.decoding, running - unanswered)
+    def reported(self, running: int, waiting: int) -> None:
+        """The server's own counts (its /metrics, just read): what of them is not looptrace's, as of now."""
+        unanswered = len(self._pending)  # waiting there, or being read
+        self.others_waiting = max(0, waiting - unanswered)
+        self.others_running = max(0, running + waiting - unanswered - self.decoding - self.others_waiting)
+
+    def price(self, prefill: int) -> Price:
+        """The expected time to first token of a request that would compute `prefill` prompt tokens here."""
+        queued, others = self.queued(), self.others_waiting
+        decoding = self.decoding + self.others_running
         overhead, per_token, per_decoding = (float(v) for v in self.theta)
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
@@ -147,7 +168,6 @@ class ServerCost:
         self.per_request = uncached if not self.answered else FORGET * self.per_request + (1 - FORGET) * uncached
         self.answered += 1
         self._fastest = min(self._fastest, ttft)
-        self._theta = _fit(self._gram, self._moment, self._fastest)
 
     def closed(self, ticket: Ticket) -> None:
         """The request ended (done, failed or cancelled): no longer ahead of anything, nor decoding."""

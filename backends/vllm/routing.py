@@ -106,7 +106,7 @@ def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlo
     for upstream in live:
         predicted, index = upstream.holdings.predict(prompt) if prompt is not None else (0, "estimate")
         load = upstream.load
-        price = upstream.cost.price(max(1, length - predicted) if length else 0, load.running, load.waiting)
+        price = upstream.cost.price(max(1, length - predicted) if length else 0)
         out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted,
                              max(0, predicted - shared), index, load.now, price))
     if conversation:

@@ -167,6 +167,7 @@ class Upstream:
         counts, block_size, blocks = protocol.metrics_load(text)
         if load and counts is not None:
             self.load.report(*counts)
+            self.cost.reported(*counts)
         if block_size:
             self.holdings.sent.resize(block_size, blocks)
 

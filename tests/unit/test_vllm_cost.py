@@ -70,7 +70,8 @@ def test_the_prefill_rate_overhead_and_decode_pressure_are_learnt_from_answered_
         server.first_token(ticket)
         server.learn(ticket, own, 0.2 + (ahead + own) / CPU_RATE + 0.5 * decoding)
         server.closed(ticket)
-    price = server.price(1000, running=3)
+    server.reported(running=3, waiting=0)  # three decoding, none of them looptrace's
+    price = server.price(1000)
     # Exact data and a light prior: the fit lands within a few per cent of each coefficient.
     assert price.rate == pytest.approx(CPU_RATE, rel=0.03)
     assert price.overhead == pytest.approx(0.2, abs=0.05) and price.per_decoding == pytest.approx(0.5, abs=0.05)
@@ -95,11 +96,30 @@ def test_queued_tokens_are_read_at_the_measured_rate_oldest_first(clock):
 def test_vllm_waiting_requests_beyond_looptraces_are_priced_as_its_mean_request(clock):
     server = Upstream("http://s:8000")
     teach(server, CPU_RATE)
-    queue(server, 500)
+    mine = queue(server, 500)
     mean = server.cost.per_request
-    price = server.cost.price(100, running=1, waiting=4)  # one of the four waiting is looptrace's own
-    assert price.others == 3 and price.others_tokens == pytest.approx(3 * mean)
+    server.cost.reported(running=1, waiting=4)  # its /metrics: one of the four waiting is looptrace's own
+    price = server.cost.price(100)
+    assert price.others == 3 and price.others_tokens == pytest.approx(3 * mean) and price.decoding == 1
     assert price.seconds == pytest.approx((100 + 500 + 3 * mean) / CPU_RATE, rel=0.03)
+    # Looptrace's request answered since: the counts read before it was are not taken as another client's.
+    server.cost.first_token(mine)
+    server.cost.closed(mine)
+    assert server.cost.price(100).others == 3
+    server.cost.reported(running=0, waiting=0)
+    assert server.cost.price(100).others == 0
+
+
+def test_a_count_read_a_second_ago_is_not_taken_for_another_clients_requests(clock):
+    server = Upstream("http://s:8000")
+    teach(server, CPU_RATE)
+    tickets = [queue(server, 300) for _ in range(3)]
+    server.cost.reported(running=1, waiting=2)  # all three looptrace's: one being read, two waiting
+    for ticket in tickets:  # answered and ended before the next reading
+        server.cost.first_token(ticket)
+        server.cost.closed(ticket)
+    price = server.cost.price(200)
+    assert (price.others, price.decoding, price.queued) == (0, 0, 0)
 
 
 def test_a_busy_home_with_a_short_queue_keeps_the_conversation(clock):
@@ -190,18 +210,19 @@ def test_every_policy_receipt_carries_the_price(clock):
                 "decoding"} <= set(receipt)
 
 
-def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured(clock):
+def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured_and_then_by_both(clock):
     pool = pool_of()
     learnt, fresh = pool.upstreams
     teach(learnt, CPU_RATE)
     # Priced with the prior, the fresh server would read 3,000 tokens in 0.3 s against the other's 23 s.
-    assert fresh.cost.rate == pytest.approx(learnt.cost.rate) == pytest.approx(CPU_RATE, rel=0.03)
+    assert fresh.cost.rate == pytest.approx(CPU_RATE, rel=0.03)
+    assert learnt.cost.rate == pytest.approx(CPU_RATE, rel=0.03)
     waiting = queue(fresh, 1300)
     clock[0] += 5.0  # its queue is read at the borrowed rate too
     assert fresh.cost.queued() == pytest.approx(1300 - 5 * CPU_RATE, rel=0.02)
     fresh.cost.closed(waiting)
-    teach(fresh, 2 * CPU_RATE)  # then its own
-    assert fresh.cost.rate == pytest.approx(2 * CPU_RATE, rel=0.03)
+    teach(fresh, 2 * CPU_RATE)  # then its own, and its peer's: a faster server is priced faster, short of its own
+    assert CPU_RATE * 1.2 < fresh.cost.rate < 2 * CPU_RATE and learnt.cost.rate < fresh.cost.rate / 1.2
 
 
 def test_a_few_noisy_waits_are_not_all_taken_as_overhead(clock):
