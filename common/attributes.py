@@ -81,7 +81,8 @@ INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages,
 # gen_ai.input.messages stored as what it adds to an earlier step's (trace_store/chains.py; reads return it whole):
 INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input messages these continue
 INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
-WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label (X-Weight-Version), as a trainer names them
+WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label: X-Weight-Version, else what vLLM said
+WEIGHT_VERSION_SOURCE = "looptrace.weight_version.source"  # where it came from: header or vllm
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
@@ -173,6 +174,7 @@ SPEC_METHOD = "looptrace.spec.method"  # how the drafts were made: ngram, suffix
 # -- looptrace.* of a vLLM server, on the decode span ----------------------------------------------
 
 UPSTREAM_MOVED_FROM = "looptrace.upstream.moved_from"  # the other server the conversation's last request went to
+UPSTREAM_WEIGHT_VERSION = "looptrace.upstream.weight_version"  # the weights vLLM said sampled the answer
 EVENT_UPSTREAM_RETRY = "looptrace.upstream.retry"  # a server failed before the first token, and another was tried
 UPSTREAM_FAILED = "looptrace.upstream.failed"  # on that event: the server that failed (and ERROR_TYPE, its code)
 UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server said

@@ -27,6 +27,7 @@ GENERATE = "/inference/v1/generate"  # vLLM started with --enable-scale-out
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0}
 
 _ID_PREFIX = len("token_id:")
+MAX_WEIGHT_LABEL = 256  # characters of a weight version kept
 
 
 def sampling_fields(request: DecodeRequest, max_tokens: int) -> dict:
@@ -144,6 +145,26 @@ def error_message(body: object, fallback: str) -> str:
         if detail is not None:
             return str(detail)
     return fallback
+
+
+def weight_versions(spans: list | None) -> str | None:
+    """The weights that sampled a response, from a choice's `weight_versions` (vLLM's final chunk: spans of output
+    tokens, each `{"version", "start", "end"}`): the versions in the order they sampled, comma-separated where
+    weights changed mid-answer; None where the server says nothing."""
+    versions: list[str] = []
+    for span in spans or ():
+        version = weight_label(span.get("version") if isinstance(span, dict) else None)
+        if version and (not versions or versions[-1] != version):
+            versions.append(version)
+    return ",".join(versions) or None
+
+
+def weight_label(value: object) -> str | None:
+    """A weight version as vLLM names it, where it is one: a printable string of at most MAX_WEIGHT_LABEL
+    characters (it goes on spans and into exports as it is)."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_WEIGHT_LABEL and value.isprintable():
+        return value
+    return None
 
 
 def speculative_counts(metrics: dict | None) -> tuple[int, int, int] | None:

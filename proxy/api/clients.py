@@ -55,7 +55,7 @@ def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> di
     attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
     version = headers.get("X-Weight-Version")
     if version and len(version) <= MAX_ROLLOUT_CHARS and version.isprintable():  # a trainer's label, else none
-        attributes[attr.WEIGHT_VERSION] = version
+        attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"
     agent = headers.get("User-Agent")
     if agent:
         name, version = client_of(agent)

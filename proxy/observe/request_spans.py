@@ -75,6 +75,7 @@ class RequestSpans(Observer):
         self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
         self._receipt: dict | None = None  # the routing's receipt (vLLM): what it predicted
         self._ttft: float | None = None  # the backend's time to first token (its prefill event's)
+        self._version_given = attr.WEIGHT_VERSION in attributes  # the client's X-Weight-Version wins over vLLM's
 
     # -- what the adapter knows --
 
@@ -298,6 +299,11 @@ class RequestSpans(Observer):
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
         if self._receipt is not None:  # the receipt's other half: what the server then said and took
             method.update(route_receipt.answered(self._receipt, generation.cached_tokens, self._ttft))
+        if done.get("weight_version"):  # the weights vLLM said sampled it: the step's, unless the client said
+            method[attr.UPSTREAM_WEIGHT_VERSION] = done["weight_version"]
+            if not self._version_given:
+                self.span.set_attributes({attr.WEIGHT_VERSION: done["weight_version"],
+                                          attr.WEIGHT_VERSION_SOURCE: "vllm"})
         self._end_decode({
             **method,
             attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
