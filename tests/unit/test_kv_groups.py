@@ -1,0 +1,86 @@
+"""A hybrid model's KV-cache groups (backends/vllm/kv_groups.py): each group's blocks as vLLM 0.32's events announce
+them (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`), and the prefix vLLM's hybrid coordinator
+finds cached across them: a full-attention prefix is no hit without the sliding window's last blocks or the recurrent
+state at its end. Where the kinds leave it unsaid, the receipt says `estimate`. The expected hits are worked out by
+hand from vLLM 0.32's managers (vllm/v1/core/single_type_kv_cache_manager.py: FullAttentionManager,
+SlidingWindowManager, MambaManager, and kv_cache_coordinator.py's fixed point)."""
+
+from __future__ import annotations
+
+from looptrace.backends.vllm.kv_index import EventIndex, Holdings, PromptBlocks
+
+BLOCK = 16
+PROMPT = list(range(3000, 3000 + 10 * BLOCK + 1))  # ten whole blocks usable (vLLM computes the last token again)
+
+
+def hashes(blocks: range) -> list[str]:
+    return [f"b{n}" for n in blocks]  # vLLM's hash of block n: every group's the same (group_idx tells them apart)
+
+
+def store(index: EventIndex, group: int, kind: str | None, blocks: range, window: int | None = None) -> None:
+    """A BlockStored per run of blocks, chained to the block before it, as vLLM publishes a request's."""
+    first = blocks.start
+    index.stored({"type": "BlockStored", "block_hashes": hashes(blocks),
+                  "parent_block_hash": f"b{first - 1}" if first else None,
+                  "token_ids": PROMPT[first * BLOCK:blocks.stop * BLOCK], "block_size": BLOCK, "lora_id": None,
+                  "medium": "GPU", "lora_name": None, "extra_keys": None, "group_idx": group,
+                  "kv_cache_spec_kind": kind, "kv_cache_spec_sliding_window": window})
+
+
+def remove(index: EventIndex, group: int, blocks: range) -> None:
+    index.removed({"type": "BlockRemoved", "block_hashes": hashes(blocks), "medium": "GPU",
+                   "group_idx": group})
+
+
+def test_a_sliding_window_group_needs_the_blocks_its_window_reaches_back_to():
+    index = EventIndex()
+    store(index, 0, "full_attention", range(10))
+    store(index, 1, "sliding_window", range(10), window=48)  # the last ceil(47 / 16) = 3 blocks before an end
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 10 * BLOCK
+    remove(index, 1, range(0, 5))  # out of the window: freed, then evicted
+    remove(index, 1, range(8, 9))
+    # vLLM's search from the right: blocks 7, 6, 5 held together end a hit of 8 blocks; full attention has them.
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 8 * BLOCK and index.source == "events"
+    remove(index, 1, range(6, 7))  # no three together any more, and block 0 gone: nothing
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 0
+
+
+def test_a_recurrent_state_group_needs_the_state_at_the_prefixs_end():
+    index = EventIndex()
+    store(index, 0, "full_attention", range(10))
+    store(index, 1, "mamba", range(3, 4))  # the states kept: after blocks 3 and 6 (their parents: full attention's)
+    store(index, 1, "mamba", range(6, 7))
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 7 * BLOCK  # the last state held ends the hit
+    remove(index, 0, range(6, 10))  # full attention keeps blocks 0-5: the state after block 6 serves nothing
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 4 * BLOCK
+    # The index of the full-attention group alone (what routing read before) predicted 6 blocks.
+    assert index.groups[0].hit(list(PromptBlocks(PROMPT).keys(BLOCK, 10)), 10, None) == 6
+
+
+def test_kinds_it_has_no_rule_for_make_the_receipt_say_estimate():
+    class Events:
+        trusted = True
+
+        def __init__(self):
+            self.index = EventIndex()
+
+        def health(self):
+            return {}
+
+    events = Events()
+    holdings = Holdings(events)
+    store(events.index, 0, "full_attention", range(10))
+    assert holdings.predict(PromptBlocks(PROMPT)) == (10 * BLOCK, "events")  # one group: what it says is exact
+    store(events.index, 1, "chunked_local_attention", range(10))
+    # The full-attention group's run, an upper bound, said plainly to be an estimate (and on /health).
+    assert holdings.predict(PromptBlocks(PROMPT)) == (10 * BLOCK, "estimate")
+    assert holdings.health()["routing_index"] == "estimate"
+    assert events.index.kinds() == {0: "full_attention", 1: "chunked_local_attention"}
+
+
+def test_a_group_without_a_kind_is_full_attention_alone_and_in_company_unsaid():
+    index = EventIndex()
+    store(index, 0, None, range(10))  # a vLLM older than the kinds, one group: as before, exact
+    assert (index.cached_tokens(PromptBlocks(PROMPT)), index.source) == (10 * BLOCK, "events")
+    store(index, 1, None, range(2))
+    assert index.source == "estimate"
