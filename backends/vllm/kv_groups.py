@@ -42,9 +42,10 @@ class Group:
     def rule(self) -> str | None:
         return RULES.get(self.kind) if self.kind is not None else None
 
-    def stored(self, event: dict, parent_key) -> None:
+    def stored(self, event: dict, parent_key) -> bool:
         """`parent_key(hash)`: our key of a block hash any group holds (vLLM's hash of a block is every group's: a
-        window's or a state's blocks are sparse, and their parent is often a block only full attention holds)."""
+        window's or a state's blocks are sparse, and their parent is often a block only full attention holds).
+        False: its parent is not known yet (the event of the group that holds it may come later in the batch)."""
         hashes, tokens = event.get("block_hashes") or [], event.get("token_ids") or []
         size, parent = event.get("block_size"), event.get("parent_block_hash")
         self.kind = event.get("kv_cache_spec_kind") or self.kind
@@ -53,12 +54,13 @@ class Group:
             self.block_size = size
         extra = event.get("extra_keys") or ()
         key = ROOT if parent is None else parent_key(parent)
-        # A block of another size (a partial one) or of unknown parent cannot be placed in the chain; nor can
-        # one whose hash took more than its tokens (media, a cache salt): what follows them is unknown too.
-        if (size != self.block_size or key is None or len(tokens) != len(hashes) * size
-                or any(e for e in extra)):
+        if key is None:
+            return False
+        # A block of another size (a partial one) cannot be placed in the chain; nor can one whose hash took more
+        # than its tokens (media, a cache salt): what follows them is unknown too.
+        if size != self.block_size or len(tokens) != len(hashes) * size or any(e for e in extra):
             self.skipped += len(hashes)
-            return
+            return True
         held, key_of = self.held, self.key_of
         for n, block_hash in enumerate(hashes):
             key = hash((key, *tokens[n * size:(n + 1) * size]))
@@ -69,6 +71,7 @@ class Group:
                 self._release(before)
             key_of[block_hash] = key
             held[key] = held.get(key, 0) + 1
+        return True
 
     def removed(self, event: dict) -> None:
         for block_hash in event.get("block_hashes") or ():

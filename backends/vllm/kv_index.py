@@ -30,8 +30,10 @@ from collections import OrderedDict
 
 from . import kv_groups
 from .block_keys import PromptBlocks, walk
+
 DEFAULT_BLOCK = 16  # vLLM's block size on GPUs, until the server says (its events, its /metrics)
 PRIMARY = (None, "GPU")  # the engine's own cache; an offloading tier's events ("CPU", …) are not it
+ORPHANS = 4096  # events kept waiting for their parent block (EventIndex)
 
 
 class EventIndex:
@@ -40,7 +42,10 @@ class EventIndex:
 
     def __init__(self) -> None:
         self.groups: dict[int, kv_groups.Group] = {}
-
+        # Events whose parent block no group holds yet, by that parent's hash: a sparse group's (a window's, a
+        # state's) may come before the full-attention group's event that holds its parent, in the same batch.
+        self._orphans: OrderedDict[object, list[dict]] = OrderedDict()
+        self._orphaned = 0  # blocks given up on, the orphans past ORPHANS
     def __len__(self) -> int:
         return sum(len(g.key_of) for g in self.groups.values())
 
@@ -50,7 +55,9 @@ class EventIndex:
 
     @property
     def skipped(self) -> int:
-        return sum(g.skipped for g in self.groups.values())
+        """Blocks of events it could not place: an unknown parent (waiting for it, or given up), media, LoRA."""
+        waiting = sum(len(e.get("block_hashes") or ()) for events in self._orphans.values() for e in events)
+        return sum(g.skipped for g in self.groups.values()) + self._orphaned + waiting
 
     @property
     def source(self) -> str:
@@ -68,7 +75,15 @@ class EventIndex:
         group = self.groups.get(n)
         if group is None:
             group = self.groups[n] = kv_groups.Group()
-        group.stored(event, self._key_of)
+        if not group.stored(event, self._key_of):
+            self._orphans.setdefault(event["parent_block_hash"], []).append(event)
+            while len(self._orphans) > ORPHANS:
+                _, lost = self._orphans.popitem(last=False)
+                self._orphaned += sum(len(e.get("block_hashes") or ()) for e in lost)
+            return
+        for block_hash in event.get("block_hashes") or ():  # the events that waited for these, placed now
+            for waiting in self._orphans.pop(block_hash, ()):
+                self.stored(waiting)
 
     def _key_of(self, block_hash: object) -> int | None:
         for group in self.groups.values():
@@ -84,6 +99,7 @@ class EventIndex:
 
     def cleared(self) -> None:
         self.groups.clear()
+        self._orphans.clear()
 
     def cached_tokens(self, prompt: PromptBlocks, coming: dict | None = None, block_size: int | None = None) -> int:
         """`block_size`: the server's, until its events say it (with `coming`, a prompt on its way before any)."""

@@ -84,3 +84,14 @@ def test_a_group_without_a_kind_is_full_attention_alone_and_in_company_unsaid():
     assert (index.cached_tokens(PromptBlocks(PROMPT)), index.source) == (10 * BLOCK, "events")
     store(index, 1, None, range(2))
     assert index.source == "estimate"
+
+
+def test_a_sparse_groups_block_announced_before_its_parent_waits_for_it():
+    # A sliding window's blocks are sparse: its event for blocks 8-9 names block 7 as parent, which only the
+    # full-attention group holds, and whose event may come after it in the same batch.
+    index = EventIndex()
+    store(index, 1, "sliding_window", range(8, 10), window=32)  # waits for block 7
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 0 and index.skipped == 2
+    store(index, 0, "full_attention", range(10))
+    # Placed once its parent is: a window of 32 tokens needs the two blocks before the prefix's end.
+    assert index.cached_tokens(PromptBlocks(PROMPT)) == 10 * BLOCK and index.skipped == 0
