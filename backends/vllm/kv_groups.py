@@ -42,28 +42,42 @@ class Group:
     def rule(self) -> str | None:
         return RULES.get(self.kind) if self.kind is not None else None
 
-    def stored(self, event: dict, parent_key) -> bool:
-        """`parent_key(hash)`: our key of a block hash any group holds (vLLM's hash of a block is every group's: a
-        window's or a state's blocks are sparse, and their parent is often a block only full attention holds).
-        False: its parent is not known yet (the event of the group that holds it may come later in the batch)."""
+    def stored(self, event: dict, key_of_any) -> object | None:
+        """`key_of_any(hash)`: our key of a block hash any group holds (vLLM's hash of a block is every group's).
+        Returns the block hash it waits for, where the event cannot be placed before another group's says it (its
+        parent; or, for a sparse group, a block it keeps); None once placed (or given up: `skipped`)."""
         hashes, tokens = event.get("block_hashes") or [], event.get("token_ids") or []
         size, parent = event.get("block_size"), event.get("parent_block_hash")
         self.kind = event.get("kv_cache_spec_kind") or self.kind
         self.window = event.get("kv_cache_spec_sliding_window") or self.window
         if self.block_size is None:
             self.block_size = size
-        extra = event.get("extra_keys") or ()
-        key = ROOT if parent is None else parent_key(parent)
+        key = ROOT if parent is None else key_of_any(parent)
         if key is None:
-            return False
+            return parent
         # A block of another size (a partial one) cannot be placed in the chain; nor can one whose hash took more
         # than its tokens (media, a cache salt): what follows them is unknown too.
-        if size != self.block_size or len(tokens) != len(hashes) * size or any(e for e in extra):
+        if size != self.block_size or not hashes or len(tokens) % size or any(e for e in event.get("extra_keys") or ()):
             self.skipped += len(hashes)
-            return True
-        held, key_of = self.held, self.key_of
-        for n, block_hash in enumerate(hashes):
+            return None
+        keys = []
+        for n in range(len(tokens) // size):  # our key of every block of the event's range of tokens
             key = hash((key, *tokens[n * size:(n + 1) * size]))
+            keys.append(key)
+        if len(keys) == len(hashes):
+            pairs = list(zip(hashes, keys))
+        else:  # a sparse group's: the range's tokens, and the hashes of the blocks it keeps only (vLLM 0.32)
+            pairs = []
+            for block_hash in hashes:
+                key = key_of_any(block_hash)
+                if key is None:
+                    return block_hash  # the group that holds every block (full attention) says where it is
+                if key not in keys:
+                    self.skipped += len(hashes)
+                    return None
+                pairs.append((block_hash, key))
+        held, key_of = self.held, self.key_of
+        for block_hash, key in pairs:
             before = key_of.get(block_hash)
             if before == key:
                 continue  # announced again (vLLM's "full" report mode, or a reused prefix's report)
@@ -71,7 +85,7 @@ class Group:
                 self._release(before)
             key_of[block_hash] = key
             held[key] = held.get(key, 0) + 1
-        return True
+        return None
 
     def removed(self, event: dict) -> None:
         for block_hash in event.get("block_hashes") or ():

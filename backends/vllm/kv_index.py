@@ -42,8 +42,8 @@ class EventIndex:
 
     def __init__(self) -> None:
         self.groups: dict[int, kv_groups.Group] = {}
-        # Events whose parent block no group holds yet, by that parent's hash: a sparse group's (a window's, a
-        # state's) may come before the full-attention group's event that holds its parent, in the same batch.
+        # Events waiting for a block another group's event places, by that block's hash: a sparse group's (a
+        # window's, a state's) comes before the full-attention group's in vLLM's batch, and says its blocks by hash.
         self._orphans: OrderedDict[object, list[dict]] = OrderedDict()
         self._orphaned = 0  # blocks given up on, the orphans past ORPHANS
     def __len__(self) -> int:
@@ -75,8 +75,9 @@ class EventIndex:
         group = self.groups.get(n)
         if group is None:
             group = self.groups[n] = kv_groups.Group()
-        if not group.stored(event, self._key_of):
-            self._orphans.setdefault(event["parent_block_hash"], []).append(event)
+        waits_for = group.stored(event, self._key_of)
+        if waits_for is not None:
+            self._orphans.setdefault(waits_for, []).append(event)
             while len(self._orphans) > ORPHANS:
                 _, lost = self._orphans.popitem(last=False)
                 self._orphaned += sum(len(e.get("block_hashes") or ()) for e in lost)

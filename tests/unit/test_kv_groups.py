@@ -95,3 +95,25 @@ def test_a_sparse_groups_block_announced_before_its_parent_waits_for_it():
     store(index, 0, "full_attention", range(10))
     # Placed once its parent is: a window of 32 tokens needs the two blocks before the prefix's end.
     assert index.cached_tokens(PromptBlocks(PROMPT)) == 10 * BLOCK and index.skipped == 0
+
+
+def test_a_sparse_groups_event_as_vllm_sends_it_is_placed_by_the_full_groups_hashes():
+    # vLLM 0.32's batch for one request of a tiny Gemma 4 (window 32, blocks of 32), as captured: the sliding
+    # window's event first, carrying the tokens of the whole range it cached but the hash of the one block it keeps;
+    # then full attention's, every block's hash. The kept block is found by its hash, every group's the same.
+    size, window_block = 32, 8
+    prompt = list(range(1000, 1000 + 9 * size + 12))
+    index = EventIndex()
+    common = {"type": "BlockStored", "parent_block_hash": None, "token_ids": prompt[:9 * size], "block_size": size,
+              "lora_id": None, "medium": "GPU", "lora_name": None}
+    index.stored({**common, "block_hashes": [f"h{window_block}"], "extra_keys": [None], "group_idx": 0,
+                  "kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 32})
+    assert index.skipped == 1  # waiting for full attention's event to say where block h8 is
+    index.stored({**common, "block_hashes": [f"h{n}" for n in range(9)], "extra_keys": [None] * 9, "group_idx": 1,
+                  "kv_cache_spec_kind": "full_attention"})
+    assert (index.skipped, len(index.groups[0].held), len(index.groups[1].held)) == (0, 1, 9)
+    # The next request's prompt: what vLLM then reported cached (288 tokens: nine blocks), predicted.
+    assert index.cached_tokens(PromptBlocks(prompt + list(range(5000, 5100)))) == 9 * size
+    index.removed({"type": "BlockRemoved", "block_hashes": [f"h{window_block}"], "medium": "GPU", "group_idx": 0})
+    # The window's block evicted (out of the window, freed first): full attention alone would still say 288.
+    assert index.cached_tokens(PromptBlocks(prompt + list(range(5000, 5100)))) == 0
