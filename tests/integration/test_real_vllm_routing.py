@@ -351,9 +351,9 @@ def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
     folder.mkdir(exist_ok=True)
     config = events_config(folder)
     # Its blocks are shared by its two groups: 80 would not hold one 2,048-token request (vLLM refuses to start);
-    # 320 hold a few conversations of some 1,000 tokens, not all four.
+    # 160 (5,120 tokens) do, and not these five conversations (four of some 1,600 tokens).
     vllm = VLLMServer(checkpoint, "--kv-events-config", json.dumps(config), "--block-size", str(BLOCK),
-                      "--num-gpu-blocks-override", str(4 * BLOCKS), "--hf-overrides",
+                      "--num-gpu-blocks-override", str(2 * BLOCKS), "--hf-overrides",
                       json.dumps({"architectures": ["Gemma4ForCausalLM"]}), "--chat-template-content-format", "string",
                       log_path=logs / "vllm-gemma4.log", served_model_name="tiny-gemma", env=DEV)
     try:
@@ -362,7 +362,7 @@ def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
         server = serve("--backend", "vllm", "--routing", "cache-aware", "--vllm-url", vllm.url, "--vllm-kv-events",
                        f"{config['endpoint']},{config['replay_endpoint']}", "--tokenizer", str(checkpoint))
         conversations = {name: [{"role": "system", "content": f"{name}: a careful coding agent. " * 12}]
-                         for name in ("hybrid", "filler-1", "filler-2", "filler-3")}
+                         for name in ("hybrid", "filler-1", "filler-2", "filler-3", "filler-4")}
 
         def turn(name: str, words: int) -> None:
             messages = conversations[name]
@@ -375,9 +375,9 @@ def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
 
         for _ in range(6):
             turn("hybrid", 3)
-        for name in ("filler-1", "filler-2", "filler-3"):  # more than the cache holds: evictions, windows' first
+        for name in ("filler-1", "filler-2", "filler-3", "filler-4"):  # some 1,600 tokens each: more than it holds
             for _ in range(3):
-                turn(name, 12)
+                turn(name, 24)
         for _ in range(2):
             turn("hybrid", 3)
         stored = [e for e in watch.events() if e["type"] == "BlockStored"]
