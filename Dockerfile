@@ -10,6 +10,9 @@ FROM python:3.11-slim
 # host's driver) and run with --gpus all.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# The extras installed: local decodes here (torch); a relay's image (--backend vllm or replay) needs
+# none of it: --build-arg EXTRAS=postgres leaves torch out (about 2 GB less).
+ARG EXTRAS=local,postgres
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -24,7 +27,7 @@ RUN useradd --create-home --uid 10001 --user-group looptrace \
     && chown -R looptrace:looptrace /data /home/looptrace
 
 # torch first, in its own layer: it is the largest and changes least.
-RUN pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
+RUN case ",$EXTRAS," in *,local,*) pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" ;; esac
 
 WORKDIR /opt/looptrace
 COPY pyproject.toml README.md ./
@@ -34,7 +37,7 @@ COPY backends ./backends
 COPY trace_store ./trace_store
 COPY common ./common
 # The postgres extra: psycopg, for --trace-db postgresql://… (compose/postgres.yaml).
-RUN pip install ".[postgres]"
+RUN pip install ".[$EXTRAS]"
 
 USER looptrace
 WORKDIR /home/looptrace

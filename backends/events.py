@@ -24,8 +24,11 @@ from typing import Literal, TypedDict
 
 from looptrace.common.sequences import common_prefix
 
-TOP_N = 5  # the most likely tokens reported with each token
+# A token event's type is common's: the trace store reads token events too, and imports nothing of backends.
+from looptrace.common.token_event import TOP_N, TokenEvent
 
+__all__ = ["TOP_N", "DoneEvent", "Event", "PrefillEvent", "TokenEvent", "UpstreamEvent", "done_event", "prefill_event",
+           "token_event", "upstream_event"]
 
 class PrefillEvent(TypedDict):
     type: Literal["prefill"]
@@ -36,25 +39,6 @@ class PrefillEvent(TypedDict):
     # first position where its prompt differs from the one this server rendered (None: the same).
     upstream_prompt_tokens: int | None
     upstream_differs_at: int | None
-
-
-class TokenEvent(TypedDict):
-    type: Literal["token"]
-    index: int
-    id: int
-    piece: str
-    text: str
-    special: bool
-    logprob: float
-    p: float
-    rank: int | None  # None: the server did not say, and the token is outside the top five
-    top_ids: list[int]
-    top_logprobs: list[float]
-    # Speculative decoding, where the backend knows it token by token (local): 1 when this position
-    # held a drafted token, and 1 when the draft stood (the token is the draft).
-    drafted: int
-    accepted: int
-    draft_method: str  # which method drafted it (speculative_config.METHODS), "" where nothing was drafted
 
 
 class DoneEvent(TypedDict):

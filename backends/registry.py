@@ -16,6 +16,9 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+
+from looptrace.common.option_values import amount, count, gpu_layers, seconds
 
 from .speculative.config import SpeculativeConfig
 
@@ -39,6 +42,8 @@ class Option:
 class Needs:
     weights: bool = False  # the checkpoint's weights are fetched (else its tokenizer, template and config)
     model_runtime: bool = False  # torch and transformers' model code in this process
+    modules: tuple[str, ...] = ()  # what it imports that a relay's install lacks (torch)
+    extras: tuple[str, ...] = ()  # and the extras of `pip install 'looptrace[…]'` that install them
     gpu: bool = False  # a GPU at all (none does yet: each runs on a CPU, some faster on a GPU)
 
 
@@ -64,6 +69,14 @@ class BackendEntry:
     default_model: bool = True  # MODEL defaults to the server's default checkpoint (vLLM: what the server serves)
     claims: Callable[[str], bool] = lambda model: False  # the default backend for such a MODEL
 
+    def missing(self) -> str | None:
+        """What this backend imports and is not installed, said with the one line that installs it; else None."""
+        absent = [name for name in self.needs.modules if importlib.util.find_spec(name) is None]
+        if not absent:
+            return None
+        return (f"--backend {self.name} decodes on this machine with {' and '.join(absent)}, not installed: "
+                f"pip install 'looptrace[{','.join(self.needs.extras)}]'")
+
     def load(self, settings, host) -> Any:
         """The backend's Loader for these settings (base.Loader), its module imported now."""
         module, _, name = self.loader.partition(":")
@@ -73,14 +86,14 @@ class BackendEntry:
 # -- options several backends share --
 
 MAX_QUEUE = Option("max_queue", ("--max-queue",), {
-    "type": int, "metavar": "N",
+    "type": count, "metavar": "N",
     "help": "requests that may wait for the model before a 429 (0: none wait; one runs at a time)"})
 PREFIX_CACHE_TOKENS = Option("prefix_cache_tokens", ("--prefix-cache-tokens",), {
-    "type": int, "metavar": "N",
+    "type": count, "metavar": "N",
     "help": "keep the model's state after recent prompts, up to N tokens in all, so a conversation's next turn "
             "prefills only what is new (0: off)"})
 PREFIX_CACHE_MB = Option("prefix_cache_mb", ("--prefix-cache-mb",), {
-    "type": float, "metavar": "MB", "help": "the prefix cache's bound in memory as well, its tensors counted"})
+    "type": amount, "metavar": "MB", "help": "the prefix cache's bound in memory as well, its tensors counted"})
 SPECULATIVE = Option("speculative_config", ("--speculative-config",), {
     "metavar": "JSON",
     "help": "speculative decoding, as vLLM's flag: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
@@ -137,11 +150,26 @@ def _check_kv_events(endpoints: list[str], urls: list[str]) -> str | None:
                 f"{len(endpoints)} for {len(urls)} servers")
     for spec in endpoints:
         parts = spec.split(",")
-        if spec != "none" and (len(parts) > 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts)):
+        if spec != "none" and (len(parts) > 2 or not all(_is_zmq_endpoint(p) for p in parts)):
             return f"--vllm-kv-events {spec!r}: give ENDPOINT[,REPLAY_ENDPOINT], each tcp://HOST:PORT or ipc://PATH"
     if any(spec != "none" for spec in endpoints) and not all(importlib.util.find_spec(n) for n in ("zmq", "msgpack")):
         return "--vllm-kv-events: reading vLLM's KV events needs pyzmq and msgpack: pip install 'looptrace[vllm]'"
     return None
+
+
+def _is_zmq_endpoint(text: str) -> bool:
+    """tcp://HOST:PORT (a name, an address, [an IPv6 one]) or ipc://PATH, as ZeroMQ connects to them:
+    read here, so that one it would refuse later (tcp://[::1, a port past 65535) is refused now."""
+    if text.startswith("ipc://"):
+        return len(text) > len("ipc://")
+    if not text.startswith("tcp://"):
+        return False
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError:
+        return False
+    return bool(url.hostname) and bool(port) and not (url.path or url.query or url.fragment or url.username)
 
 
 def _is_gguf_with_binding(model: str) -> bool:
@@ -153,7 +181,8 @@ def _is_gguf_with_binding(model: str) -> bool:
 ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "local", "decode here with transformers", "looptrace.backends.local.loading:LocalLoader",
-        Needs(weights=True, model_runtime=True), Capabilities(fork=True, score=True, media=True, speculation=True),
+        Needs(weights=True, model_runtime=True, modules=("torch",), extras=("local",)),
+        Capabilities(fork=True, score=True, media=True, speculation=True),
         options=(
             Option("dtype", ("--dtype",), {"choices": ["auto", "float32", "bfloat16", "float16"],
                                            "help": "auto: float32 on CPU, bfloat16 on GPU"}),
@@ -167,13 +196,14 @@ ENTRIES: tuple[BackendEntry, ...] = (
     BackendEntry(
         "llama.cpp", "decode a .gguf here with llama.cpp (the default for a .gguf when looptrace[llama-cpp] is "
         "installed)", "looptrace.backends.llama_cpp.backend:LlamaCppLoader",
-        Needs(model_runtime=True), Capabilities(fork=True, score=True, speculation=True),
+        Needs(model_runtime=True, modules=("torch", "llama_cpp"), extras=("local", "llama-cpp")),
+        Capabilities(fork=True, score=True, speculation=True),
         options=(
             Option("threads", ("--threads",), {
                 "type": int, "metavar": "N",
                 "help": "threads that decode (default: one per physical core this process may use)"}),
             Option("n_gpu_layers", ("--n-gpu-layers",), {
-                "type": int, "metavar": "N",
+                "type": gpu_layers, "metavar": "N",
                 "help": "layers to offload to the GPU, for a build of llama-cpp-python with one (Metal, CUDA); "
                         "-1: all (default 0: the CPU only)"}),
             TOKENIZER, MAX_QUEUE, PREFIX_CACHE_TOKENS, PREFIX_CACHE_MB, SPECULATIVE),
@@ -189,7 +219,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                         "repeat it for several servers of one model: each conversation stays on one of them"}),
             Option("vllm_api_key", ("--vllm-api-key",), {"help": "the vLLM servers' API key (default: $VLLM_API_KEY)"}),
             Option("vllm_timeout", ("--vllm-timeout",), {
-                "type": float, "metavar": "SECONDS",
+                "type": seconds, "metavar": "SECONDS",
                 "help": "how long to wait for a server's first token, and between tokens"}),
             Option("routing", ("--routing",), {
                 "choices": list(ROUTING),
@@ -207,7 +237,7 @@ ENTRIES: tuple[BackendEntry, ...] = (
                         "in (default: 'vllm serve {model} --host 127.0.0.1 --port {port} --kv-events-config "
                         "{kv_events}')"}),
             Option("vllm_start_timeout", ("--vllm-start-timeout",), {
-                "type": float, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
+                "type": seconds, "metavar": "SECONDS", "help": "how long a vLLM server it starts may take to get ready"}),
             TOKENIZER),
         check=_check_vllm, default_model=False,
     ),

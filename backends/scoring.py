@@ -78,7 +78,7 @@ def score_transformers(model, prompt_ids: list[int], answer_ids: list[int],
 
 def score_llama_cpp(context, reuse, prompt_ids: list[int], answer_ids: list[int], batch: int) -> list[TokenScore]:
     """On the llama.cpp backend's decode thread: the prompt after whatever prefix its KV cache can
-    reuse (llama_cpp_reuse.py), then the answer a batch at a time with logits for every row, each
+    reuse (llama_cpp/reuse.py), then the answer a batch at a time with logits for every row, each
     row read in place before the next batch overwrites it."""
     check_fits(prompt_ids, answer_ids, context.n_ctx)
     held = reuse.prepare(prompt_ids, None)

@@ -28,29 +28,7 @@ from pathlib import Path
 
 import torch
 
-QWEN3_5_0_8B = dict(
-    hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
-    head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-    linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320, tie_word_embeddings=True,
-    max_position_embeddings=262144,
-    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 6,
-)
-
-
-# Without a GPU the script still runs end to end on a tiny model, to check it before spending device time.
-SMOKE = dict(QWEN3_5_0_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=4, head_dim=16,
-             linear_key_head_dim=16, linear_value_head_dim=16, layer_types=QWEN3_5_0_8B["layer_types"][:4])
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def build_model():
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    torch.manual_seed(0)
-    config = Qwen3_5TextConfig(**(QWEN3_5_0_8B if DEVICE == "cuda" else SMOKE))
-    with torch.device(DEVICE):
-        model = Qwen3_5ForCausalLM(config).to(torch.bfloat16 if DEVICE == "cuda" else torch.float32).eval()
-    return model
+from _gpu_model import DEVICE, DTYPE, build_model, device_name, sync
 
 
 def copy_bandwidth(gigabytes: float = 4.0, repeats: int = 10) -> float:
@@ -72,11 +50,6 @@ def copy_bandwidth(gigabytes: float = 4.0, repeats: int = 10) -> float:
     del source, target
     torch.cuda.empty_cache()
     return moved / seconds
-
-
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_generate(model, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
@@ -105,6 +78,42 @@ def time_backend(backend, prompt: list[int], tokens: int) -> tuple[float, float,
     return asyncio.run(run())
 
 
+def mtp_costs(model, drafting, prompt: list[int], repeats: int = 5) -> dict[int, float]:
+    """What a proposal of 1 and of 3 drafts costs against a model step, each the median of `repeats`. As
+    the backend runs the drafter: made before the prompt's pass (its tap takes that pass's hidden states),
+    then each proposal after a model step that gave it one more hidden state and one more token."""
+    from looptrace.backends.base import SamplingParams
+
+    drafter = drafting.drafter(model, prompt, SamplingParams(temperature=0), None)
+    proposals: dict[int, list[float]] = {1: [], 3: []}
+    steps: list[float] = []
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True)
+            cache, token = out.cache, int(out.logits[0, -1].argmax())
+            drafter.prefilled(0)
+            drafter.append(token)
+            drafter.propose(1)  # the prompt's hidden states go in, untimed
+            drafter.verified(0)
+            for count in (1, 3) * repeats:
+                sync()
+                started = time.perf_counter()
+                logits = model(input_ids=torch.tensor([[token]], device=DEVICE), cache=cache, use_cache=True).logits
+                sync()
+                steps.append(time.perf_counter() - started)
+                token = int(logits[0, -1].argmax())
+                drafter.append(token)
+                started = time.perf_counter()
+                drafter.propose(count)
+                sync()
+                proposals[count].append(time.perf_counter() - started)
+                drafter.verified(0)  # none stood: its guesses leave its cache
+    finally:
+        drafter.finish()
+    step = sorted(steps)[len(steps) // 2]
+    return {count: round(sorted(times)[len(times) // 2] / step, 3) for count, times in proposals.items()}
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -123,13 +132,12 @@ def main() -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from looptrace.backends.base import SamplingParams
     from looptrace.backends.local.backend import LocalBackend
     from looptrace.backends.speculative.config import SpeculativeConfig
     from looptrace.common.vocabulary import Vocabulary
 
     result: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
-                    "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run, tiny model)",
+                    "device": device_name(),
                     "prompt_tokens": args.prompt, "new_tokens": args.tokens}
     vocab = Vocabulary(AutoTokenizer.from_pretrained(args.tokenizer))
     model = build_model()
@@ -232,37 +240,10 @@ def main() -> None:
         from looptrace.backends.speculative.mtp_qwen3_5 import Qwen3_5Drafting, Qwen35MTP
 
         torch.manual_seed(2)
-        layer = Qwen35MTP(model.config).to(device=DEVICE, dtype=next(model.parameters()).dtype).eval()
+        layer = Qwen35MTP(model.config).to(device=DEVICE, dtype=DTYPE).eval()
         drafting = Qwen3_5Drafting(layer)
-        drafter = drafting.drafter(model, prompt, SamplingParams(temperature=0), None)
-        try:
-            with torch.inference_mode():
-                cache = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True).cache
-                drafter.append(prompt[0])
-                times = {}
-                for count in (1, 3):
-                    runs = []
-                    for _ in range(5):
-                        drafter.pending = [torch.zeros(1, layer.config.hidden_size, device=DEVICE,
-                                                       dtype=next(layer.parameters()).dtype)]
-                        sync()
-                        started = time.perf_counter()
-                        drafter.propose(count)
-                        sync()
-                        runs.append(time.perf_counter() - started)
-                        drafter.verified(0)
-                    times[count] = sorted(runs)[2]
-                steps = []
-                for _ in range(5):
-                    sync()
-                    started = time.perf_counter()
-                    model(input_ids=torch.tensor([[prompt[0]]], device=DEVICE), cache=cache, use_cache=True)
-                    sync()
-                    steps.append(time.perf_counter() - started)
-        finally:
-            drafter.finish()
-        step = sorted(steps)[2]
-        result["mtp_draft_cost_vs_model_step"] = {n: round(t / step, 3) for n, t in times.items()}
+        costs = mtp_costs(model, drafting, prompt)
+        result["mtp_draft_cost_vs_model_step"] = costs
         backend = LocalBackend(model, vocab, speculative=SpeculativeConfig.parse('{"method": "mtp"}'), mtp=drafting)
         _, rate, drafted = time_backend(backend, prompt, args.tokens)
         result.update(mtp_decode_tok_s=round(rate, 2),

@@ -320,7 +320,9 @@ def _retention(bench, traces: int, steps: int, size: int, now_ns: int) -> dict:
 
 def bench_state(runs: int, postgres_url: str | None) -> dict:
     """What a turn of a conversation waits for, on each store: its last prompt and answer read back
-    (one query: `load`), and its own state written (`save`), in milliseconds (median, p99)."""
+    (`load_turn`, the engine's memory) and its last messages' digests (`load`, observation's: the two
+    run at once in the server), and its own state written (`save_turn`, then `save`), in milliseconds
+    (median, p99)."""
     from looptrace.trace_store.location import open_state
 
     from _stores import BenchStore
@@ -335,10 +337,12 @@ def bench_state(runs: int, postgres_url: str | None) -> dict:
                 loads, saves = [], []
                 for i in range(runs):  # interleaved: the machine's drift hits both alike
                     t = time.perf_counter()
-                    state.save(f"c{i % 8}", seen=ids, digests=digests, expected={}, taken=[])
+                    state.save_turn(f"c{i % 8}", ids, length - 64, 0, None, b"\0" * 8 * (len(digests) + 4))
+                    state.save(f"c{i % 8}", digests=digests, expected={}, taken=[])
                     saves.append((time.perf_counter() - t) * 1e3)
                     t = time.perf_counter()
-                    seen, _, _ = state.load(f"c{i % 8}")
+                    seen = state.load_turn(f"c{i % 8}")[0]
+                    state.load(f"c{i % 8}")
                     loads.append((time.perf_counter() - t) * 1e3)
                     assert len(seen) == length
                 pings = []

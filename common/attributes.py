@@ -19,6 +19,8 @@ from __future__ import annotations
 # A request's own (server) span is named "{endpoint} {model}", its endpoint one of these.
 ENDPOINT_CHAT = "chat"  # POST /v1/chat/completions
 ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
+ENDPOINT_RESPONSES_WEBSOCKET = "responses_websocket"  # a response.create on GET /v1/responses' WebSocket mode
+ENDPOINT_RESPONSES_COMPACT = "responses_compact"  # POST /v1/responses/compact
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
@@ -50,7 +52,9 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"  # prompt tokens
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"  # generated tokens
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # of which in the thinking channel
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prompt tokens from a prefix cache
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # prompt tokens added to one
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # prompt tokens added to one
+# Its name until the GenAI conventions v1.41, which Phoenix 20.26 still reads:
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON: the leading system messages, as parts
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: the rest of the conversation, role and parts per message
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: the answer (reasoning, text, tool calls, finish reason)
@@ -59,6 +63,20 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # the function a tool call names
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"  # a tool call's id, which its result quotes back
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"  # always "function"
 GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # the call's arguments, as JSON text
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # what the tool returned (over OTLP, once it came back)
+
+# -- OpenInference's names (Arize Phoenix), on spans exported over OTLP only -------------------------
+# Phoenix derives its own names from the gen_ai.* ones (messages, model, tokens, session); these are
+# what it cannot derive. Never llm.input_messages.*: one written by us would stop that derivation.
+
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"  # PROMPT (render), CHAIN (prefill, decode)
+INPUT_VALUE = "input.value"  # a request's input as a person reads it: the messages after the model's last answer
+INPUT_MIME_TYPE = "input.mime_type"  # text/plain
+OUTPUT_VALUE = "output.value"  # its answer: the text, then each tool call made
+OUTPUT_MIME_TYPE = "output.mime_type"  # text/plain
+LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING = "llm.token_count.completion_details.reasoning"  # reasoning tokens
+EXPORTED_ONLY = (OPENINFERENCE_SPAN_KIND, INPUT_VALUE, INPUT_MIME_TYPE, OUTPUT_VALUE, OUTPUT_MIME_TYPE,
+                 LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING)  # what the trace store leaves out
 
 # -- other OpenTelemetry conventions ---------------------------------------------------------------
 
@@ -73,6 +91,7 @@ SERVER_PORT = "server.port"  # and its port
 # -- looptrace.* on a request's span ---------------------------------------------------------------
 
 ENDPOINT = "looptrace.endpoint"  # the endpoint (ENDPOINT_*); set on the request's span only, which it marks
+TRANSPORT = "looptrace.transport"  # "websocket" on a turn of the Responses WebSocket mode (absent: its own HTTP request)
 CLIENT_NAME = "looptrace.client.name"  # the client, from its User-Agent (codex_exec, pi, …)
 CLIENT_VERSION = "looptrace.client.version"  # and its version
 USAGE_CACHED_TOKENS = "looptrace.usage.cached_tokens"  # prompt tokens served from a prefix cache
@@ -84,6 +103,9 @@ INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come f
 WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label: X-Weight-Version, else what vLLM said
 WEIGHT_VERSION_SOURCE = "looptrace.weight_version.source"  # where it came from: header or vllm
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
+AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
+AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says
+AGENT_TYPE = "looptrace.agent.type"  # the subagent's kind, as the harness names it
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------
@@ -91,6 +113,13 @@ LINK = "looptrace.link"  # on a link: what the linked span is to this one ("fork
 FORK_TRACE_ID = "looptrace.fork.trace_id"  # the trace this request runs again
 FORK_INDEX = "looptrace.fork.index"  # the generated token it replaced, and went on from
 FORK_REPLACEMENT_IDS = "looptrace.fork.replacement_ids"  # the token ids put in its place
+
+# -- looptrace.* of a compaction (on its request span) -----------------------------------------------
+
+COMPACTION = "looptrace.compaction"  # how the summary was asked for: trigger, compact, threshold, client (its own)
+COMPACTION_ID = "looptrace.compaction.id"  # the summary's id, as its references name it
+COMPACTION_REPLACED_ITEMS = "looptrace.compaction.replaced_items"  # the input items the summary replaces
+COMPACTION_EXPANDED = "looptrace.compaction.expanded"  # on any request: compaction items its input expanded
 
 # -- looptrace.* of a replayed step (`looptrace replay`, on its request span) ----------------------
 
@@ -137,6 +166,9 @@ PROMPT_CHECKED = "looptrace.prompt.checked"  # a whole encoding, done to check, 
 PROMPT_CONTINUITY = "looptrace.prompt.continuity"  # how it continues the last turn: clean, realign, fork or kept
 PROMPT_CONTINUITY_MODE = "looptrace.prompt.continuity_mode"  # the mode it was built in: check or keep
 PROMPT_CONTINUITY_DIFFERS_AT = "looptrace.prompt.continuity_differs_at"  # realign: the first id that differs
+# fork: why (history, answer, settings, system: an edited history, not the model's answer, other tools or
+# template settings, a later system message the template moves before the answer)
+PROMPT_CONTINUITY_FORK = "looptrace.prompt.continuity_fork"
 PROMPT_KEPT_TOKENS = "looptrace.prompt.kept_tokens"  # kept: the last answer's ids kept as the model sampled them
 PROMPT_MEDIA = "looptrace.prompt.media"  # JSON: each attached item (kind, MIME type, size, sha256, tokens, thumbnail)
 PROMPT_MEDIA_TOKENS = "looptrace.prompt.media.{kind}_tokens"  # prompt tokens the items of one kind became
@@ -264,6 +296,8 @@ METRIC_SPEC_DECODE_DRAFTS = "looptrace_spec_decode_drafts"  # draft proposals ma
 METRIC_MEDIA_ITEMS = "looptrace_media_items"  # attached items that reached the model, by kind
 METRIC_MEDIA_TOKENS = "looptrace_media_tokens"  # prompt tokens those items became, by kind
 METRIC_TOOL_CALLS = "looptrace_tool_calls"  # tool calls the model made, by outcome
+METRIC_COMPACTIONS = "looptrace_compactions"  # summaries written for compactions, by how they were asked for
+METRIC_COMPACTION_ITEMS = "looptrace_compaction_items"  # compaction items in requests, by result (expanded, refused)
 METRIC_UPSTREAM_REQUESTS = "looptrace_upstream_requests"  # requests sent to each vLLM server
 METRIC_UPSTREAM_ERRORS = "looptrace_upstream_errors"  # requests a vLLM server failed, by error code
 METRIC_UPSTREAM_GENERATION_TOKENS = "looptrace_upstream_generation_tokens"  # tokens each vLLM server generated

@@ -95,3 +95,23 @@ class WindowDetokenizer(Detokenizer):
         after = self._tokenizer.decode(self._ids[self._prefix :])
         self._read = len(self._ids)
         return after[len(before) :]
+
+
+class AlternativeTexts:
+    """A token's text on its own (what a person reads for an alternative), each id decoded once."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        self._known: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._known.get(token_id)
+        if text is None:
+            text = self._known[token_id] = self.vocab.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def add_to(self, tokens: list[dict]) -> None:
+        """`top_texts` beside each token's `top_ids`."""
+        for token in tokens:
+            if "top_ids" in token:
+                token["top_texts"] = [self(i) for i in token["top_ids"]]

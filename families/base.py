@@ -119,7 +119,7 @@ class Family:
 
     def __init__(self, tokenizer: Any, generation_config: dict | None = None, processor: Any = None) -> None:
         """`processor`: the checkpoint's processor for images, and video and audio where it has their
-        processors (families/processor.py), or None for a model that reads text only."""
+        processors (families/media/processor.py), or None for a model that reads text only."""
         self.tokenizer = tokenizer
         self.processor = processor
         extractor = getattr(processor, "feature_extractor", None)

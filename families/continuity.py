@@ -1,39 +1,45 @@
-"""Token continuity, the family's part: where the model's last answer ends in the template's rendering
-of the conversation that carries it, and what the template writes after it; and, at load, whether the
-template keeps what it wrote of a conversation when the conversation goes on (prefix preservation).
+"""Token continuity, the family's part: a turn's prompt built of the ids the model read and sampled on
+the turn before, then the template's rendering of only what follows the answer, where that is provably
+a splice of what the template renders now; and, at load, whether the template keeps what it wrote of a
+conversation when the conversation goes on (prefix preservation).
 
 A harness sends its whole conversation again each turn, the model's answers as text, and the template
 renders them again: Qwen3.5's drops an earlier answer's reasoning once a new user message comes,
 Gemma 4's leaves out the empty thought channel its generation prompt opened, and the same text can
 tokenize otherwise than the model wrote it. Token continuity (proxy/engine/continuity.py) keeps what
-the model read and wrote, as ids, and appends only the template's rendering of what came after the
-answer: cut at the turn-end marker that closes the answer (`Family.turn_end_tokens`), an added token,
-where a fast tokenizer splits its input first (incremental.py), so the ids after it are the ids a
-whole encoding gives.
+the model read and wrote, as ids, and appends the template's rendering from the turn-end marker that
+closes the answer (`Family.turn_end_tokens`): an added token, where a fast tokenizer splits its input
+first (incremental.py), so the ids after it are the ids a whole encoding gives.
 
-Where the answer ends: the template writes one turn-end marker per closed turn, and a client's text
-cannot hold one (sanitized, it is encoded as text), so the previous prompt holds as many marker ids as
-the turns before the answer, and the answer's end is the next marker the template writes.
+Where the answer ends is found by rendering, not by counting. Beside the conversation as the template
+writes it now, the template renders a probe: a user message, then the answer and every later message,
+each of their texts (and the answer's reasoning and calls' names) ending with a mark, a random word.
+In the probe, the marker that closes the answer is the first one after the answer's marks; every later
+message's mark must lie past it (Gemma 4 writes a call's result inside the model's turn, before the
+turn's text: then no cut separates the answer from what follows). What the probe writes from there,
+its marks taken out, must be exactly how the conversation's rendering ends, from the marker as many
+markers before its end: then the rendering's tail is the template's writing of what follows the
+answer and nothing else (a later message written elsewhere, a system message moved first, would not
+match), and the turns the rendering closes before it must be as many as the kept prompt closed (a
+tools block or system turn that came or went would not line up). An answer the template writes
+nothing of (SmolLM2's writes a call-only answer as an empty turn) is given a place by a second probe,
+its empty text a mark, which must change nothing else the probe writes. The probe is a few messages long,
+whatever the conversation's length. The engine checks the rest before asking: the same messages, tools
+and settings, and the model's own answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from bisect import bisect_left
 from typing import Any
 
 from jinja2 import TemplateError
 
-from .base import Family, RenderError, merge_system_messages, token_id
-from .incremental import HEAD_CHARS
+from .base import Family, Rendered, RenderError, merge_system_messages, token_id
+from .incremental import HEAD_CHARS, Encoding
 
-
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """What the template writes from the turn-end marker that closes the answer: the marker's id and
-    the ids from it on (the marker first)."""
-
-    marker: int
-    ids: list[int]
+CONTEXT_IDS = 4  # ids before new text decoded with it, so that it decodes as it does in place
 
 
 def turn_end_ids(family: Family) -> frozenset[int]:
@@ -46,36 +52,161 @@ def turns_closed(family: Family, prompt_ids: list[int]) -> int:
     return sum(prompt_ids.count(i) for i in turn_end_ids(family))
 
 
-def tail_after(family: Family, marked: str, closed: int) -> Tail | None:
-    """The ids of `marked` (a whole conversation, as `Family.marked_chat` writes it) from the turn-end
-    marker after the first `closed` ones: the marker that closes the answer. None when the template
-    writes no such marker."""
-    found = markers(family, marked)
-    if closed >= len(found):
-        return None
-    ids = family.encoder.encode_marked(marked[found[closed]:])
-    return Tail(ids[0], ids) if ids else None
-
-
-def kept_tail(family: Family, messages: list[dict], tools: list[dict] | None, enable_thinking: bool | None,
-              closed: int) -> tuple[Tail, str] | None:
-    """The template's rendering of a conversation of text alone (as `Family.render` renders it) from the
-    marker that closes the answer after `closed` turns, and the rendering's opening (HEAD_CHARS: what
-    a request without a conversation is kept by). None where the template writes no such marker, or
-    the family has no added tokens to cut at. Raises RenderError as `Family.render` does."""
-    if family._control is None:
-        return None
+def continued(family: Family, messages: list[dict], answer_at: int, tools: list[dict] | None,
+              enable_thinking: bool | None, prompt: list[int], sampled: list[int], *, conversation: str | None,
+              encoding: int) -> tuple[Rendered, bool]:
+    """The turn's prompt of text alone, and whether it is spliced: `prompt` (the last turn's, which
+    `encoding` encoded) + `sampled` + the template's rendering of what follows `messages[answer_at]`
+    (the model's answer), where the splice is proven (above); else rendered as always (`Family.render`).
+    Raises RenderError as `Family.render` does."""
+    if family._control is None:  # no added tokens to cut at
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    if family.system_first_only:
-        messages, _ = merge_system_messages(messages)
     try:
-        marked = family.marked_chat(messages, tools, extra)
+        marked = _marked_chat(family, messages, tools, extra)
     except TemplateError as exc:
         raise RenderError(exc.message or str(exc)) from exc
     except (ValueError, RecursionError) as exc:
         raise RenderError(str(exc) or "the chat template refused the conversation") from exc
-    tail = tail_after(family, marked, closed)
-    return (tail, marked[:HEAD_CHARS]) if tail is not None else None
+    cut = answer_end(family, marked, messages, answer_at, tools, extra, turns_closed(family, prompt))
+    if cut is None:
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
+    return _spliced(family, conversation, prompt, sampled, encoding, marked[cut:], marked[:HEAD_CHARS]), True
+
+
+def answer_end(family: Family, marked: str, messages: list[dict], answer_at: int, tools: list[dict] | None,
+               extra: dict, closed: int) -> int | None:
+    """Where the marker that closes `messages[answer_at]` starts in `marked` (`messages` as the template
+    writes them), proven by a probe (above); None where it is not."""
+    probe_messages, answer_marks, later_marks = _probe(messages, answer_at, secrets.token_hex(8))
+    try:
+        probe = _marked_chat(family, probe_messages, tools, extra)
+    except (TemplateError, ValueError, RecursionError, TypeError):
+        return None  # a template that refuses the probe proves nothing
+    found = [at for at in (probe.find(mark) for mark in answer_marks) if at >= 0]
+    if not found:  # the template writes nothing of the answer (SmolLM2's: a call-only one): give it a place
+        probe, filler = _filled(family, probe, probe_messages, tools, extra, secrets.token_hex(8))
+        if filler is None:
+            return None
+        answer_marks, found = [filler], [probe.find(filler)]
+    probe_ends = markers(family, probe)
+    k = bisect_left(probe_ends, max(found))  # the first marker after the answer's marks closes it
+    if k == 0 or k >= len(probe_ends) or min(found) < probe_ends[k - 1]:
+        return None  # no marker closes it, or it is not one turn
+    cut = probe_ends[k]
+    if any(0 <= probe.find(mark) < cut for mark in later_marks):
+        return None  # a later message is written before the answer's end
+    tail = probe[cut:]
+    for mark in answer_marks + later_marks:
+        tail = tail.replace(mark, "")
+    ends = markers(family, marked)
+    at = len(ends) - (len(probe_ends) - k)  # as many markers before the rendering's end as the probe's tail holds
+    if at != closed or at < 0 or not marked.endswith(tail) or len(marked) - len(tail) != ends[at]:
+        return None  # the turns before the answer do not line up with the kept prompt's, or the tails differ
+    return ends[at]
+
+
+def _filled(family: Family, probe: str, probe_messages: list[dict], tools: list[dict] | None, extra: dict,
+            nonce: str) -> tuple[str, str | None]:
+    """The probe again, the answer's empty text a mark: proof of where the template writes the answer,
+    if that is all it changes (a template that writes an empty turn otherwise, or not at all, differs
+    elsewhere). (probe, None) where it is not."""
+    filler = f"LOOPTRACE{nonce}E"
+    content = probe_messages[1].get("content")
+    if content not in (None, ""):
+        return probe, None  # text the template chose not to write: no place to give it
+    filled = [probe_messages[0], {**probe_messages[1], "content": filler}, *probe_messages[2:]]
+    try:
+        again = _marked_chat(family, filled, tools, extra)
+    except (TemplateError, ValueError, RecursionError, TypeError):
+        return probe, None
+    if again.count(filler) != 1 or again.replace(filler, "") != probe:
+        return probe, None
+    return again, filler
+
+
+PROBE_ASK = {"role": "user", "content": "."}  # what the probe's answer follows: a template wants a user turn first
+
+
+def _probe(messages: list[dict], answer_at: int, nonce: str) -> tuple[list[dict], list[str], list[str]]:
+    """A user message, then `messages[answer_at:]`, with a mark ending each of the answer's fields (its
+    text, reasoning, calls' names) and each later message's text; and the marks of each. Marks are
+    letters and digits, which no template escapes, placed before a text's trailing whitespace (which a
+    template may trim); a field empty or blank stays so (a template may write a turn otherwise without one)."""
+    count = iter(range(1 << 30))
+
+    def mark() -> str:
+        return f"LOOPTRACE{nonce}N{next(count)}Z"
+
+    answer = dict(messages[answer_at])
+    answer_marks: list[str] = []
+    for key in ("content", "reasoning_content"):
+        if key in answer:
+            answer[key] = _marked_text(answer[key], mark, answer_marks)
+    calls = []
+    for call in answer.get("tool_calls") or ():
+        function = dict(call.get("function") or {}) if isinstance(call, dict) else {}
+        if isinstance(function.get("name"), str):
+            answer_marks.append(mark())
+            function["name"] += answer_marks[-1]
+        calls.append({**call, "function": function} if isinstance(call, dict) else call)
+    if calls:
+        answer["tool_calls"] = calls
+    later_marks: list[str] = []
+    later = [{**m, "content": _marked_text(m["content"], mark, later_marks)} if "content" in m else m
+             for m in messages[answer_at + 1:]]
+    return [dict(PROBE_ASK), answer, *later], answer_marks, later_marks
+
+
+def _marked_text(content: Any, mark, marks: list[str]) -> Any:
+    if isinstance(content, str) and content.strip():
+        marks.append(mark())
+        text = content.rstrip()
+        return text + marks[-1] + content[len(text):]
+    if isinstance(content, list):
+        texts = [n for n, p in enumerate(content)
+                 if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                 and p["text"].strip()]
+        if texts:
+            content = list(content)
+            content[texts[-1]] = {**content[texts[-1]], "text": _marked_text(content[texts[-1]]["text"], mark, marks)}
+    return content
+
+
+def _marked_chat(family: Family, messages: list[dict], tools: list[dict] | None, extra: dict) -> str:
+    """The conversation as `Family.render` renders a chat of text alone, before encoding."""
+    if family.system_first_only:
+        messages, _ = merge_system_messages(messages)
+    return family.marked_chat(messages, tools, extra)
+
+
+def _spliced(family: Family, conversation: str | None, prompt: list[int], sampled: list[int], encoding: int,
+             tail_text: str, head: str) -> Rendered:
+    """prompt + sampled + `tail_text` (the template's text from the marker that closes the answer)
+    encoded; the marker is the model's own where it sampled it. Kept as the conversation's encoding, so
+    that the next turn reads its text and ids rather than decoding them."""
+    tail = family.encoder.encode_marked(tail_text)
+    added = tail[1:] if sampled and tail and sampled[-1] == tail[0] else tail
+    ids = prompt + sampled + added
+    kept = _previous_encoding(family, conversation, encoding, len(prompt))
+    before = kept.text if kept is not None else family.encoder.decode_pieces([prompt])[0]
+    base = kept.serial if kept is not None else 0
+    context = prompt[-CONTEXT_IDS:]
+    lead, text = family.encoder.decode_pieces([context, context + sampled + added])
+    text = before + (text[len(lead):] if text.startswith(lead) else family.encoder.decode_pieces([sampled + added])[0])
+    serial = family.encoder.keep(conversation, head, ids, text, base=kept)
+    return Rendered(text=text, ids=ids, thinking=family.prompt_leaves_thinking(text),
+                    history_length=len(ids) - family.transient_tail_length(text, ids), encoding=serial,
+                    reused_from=base, reused_ids=len(prompt) if base else 0, reused_chars=len(before) if base else 0)
+
+
+def _previous_encoding(family: Family, conversation: str | None, encoding: int, length: int) -> Encoding | None:
+    """The encoding this process kept of the previous prompt (its text and ids); None where another
+    process served it (then its text is decoded from its ids)."""
+    kept = family.encoder.kept.get(conversation, "") if conversation else None
+    if kept is not None and encoding and kept.serial == encoding and len(kept.ids) == length:
+        return kept
+    return None
 
 
 def markers(family: Family, marked: str) -> list[int]:

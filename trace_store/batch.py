@@ -49,7 +49,7 @@ class Batch:
     def add(self, span: ReadableSpan) -> None:
         ctx = span.context
         trace_id, span_id = hex_id(ctx.trace_id, 32), hex_id(ctx.span_id, 16)
-        attrs = dict(span.attributes) if span.attributes else {}
+        attrs = compacted(dict(span.attributes) if span.attributes else {})  # as the store keeps it
         events = [{"name": e.name, "time_unix_nano": e.timestamp, "attributes": dict(e.attributes or {})}
                   for e in span.events]
         links = [{"trace_id": hex_id(link.context.trace_id, 32), "span_id": hex_id(link.context.span_id, 16),
@@ -60,7 +60,7 @@ class Batch:
         # surrogate in one request's model once failed the whole batch, everyone's spans with it.
         self.spans.append((trace_id, span_id, hex_id(span.parent.span_id, 16) if span.parent else None,
                            storable(span.name),
-                           span.kind.name.lower(), span.start_time, span.end_time, status, dumps(compacted(attrs)),
+                           span.kind.name.lower(), span.start_time, span.end_time, status, dumps(attrs),
                            dumps(kept), dumps(links), tokens))
         self.bases += [tuple(map(_text, row)) for row in base_rows(trace_id, span_id, attrs)]
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)

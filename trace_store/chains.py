@@ -23,6 +23,10 @@ from looptrace.common.jsonio import dumps, loads
 PROMPT, INPUT = "prompt", "input"  # trace_bases.kind
 KEYS = {PROMPT: (attr.PROMPT_IDS, attr.PROMPT_BASE_TRACE_ID),  # kind: (held whole, held as what it adds)
         INPUT: (attr.GEN_AI_INPUT_MESSAGES, attr.INPUT_BASE_TRACE_ID)}
+WHOLE_KEYS = {PROMPT: (attr.PROMPT_IDS, attr.PROMPT_TEXT), INPUT: (attr.GEN_AI_INPUT_MESSAGES,)}
+BASE_KEYS = {PROMPT: (attr.PROMPT_BASE_TRACE_ID, attr.PROMPT_BASE_TOKENS, attr.PROMPT_BASE_CHARS),
+             INPUT: (attr.INPUT_BASE_TRACE_ID, attr.INPUT_BASE_MESSAGES)}
+DELTA_KEYS = {PROMPT: BASE_KEYS[PROMPT] + (attr.PROMPT_ADDED_IDS, attr.PROMPT_ADDED_TEXT), INPUT: BASE_KEYS[INPUT]}
 MAX_DEPTH = 1_000_000  # a chain's length at most: steps are random ids, so a loop means a forged store
 
 CHAIN = """
@@ -47,14 +51,31 @@ def base_rows(trace_id: str, span_id: str, attrs: dict) -> list[tuple]:
 
 
 def compacted(attrs: dict) -> dict:
-    """A span's attributes as the store keeps them: the part new since the conversation's last request
-    (`looptrace.prompt.new_text`), where it ends the added text, as its length (PROMPT_NEW_CHARS)."""
+    """A span's attributes as the store keeps them (a copy where they change): a prompt or message list
+    held as what it adds without the whole beside it (which a span exported over OTLP also carries), the
+    part new since the conversation's last request (`looptrace.prompt.new_text`), where it ends the
+    added text, as its length (PROMPT_NEW_CHARS), and none of what only the export needs."""
+    leave = [key for key in attr.EXPORTED_ONLY if key in attrs]
+    for kind, (whole, base) in KEYS.items():
+        if base in attrs and whole in attrs:
+            leave += WHOLE_KEYS[kind]
     added, new = attrs.get(attr.PROMPT_ADDED_TEXT), attrs.get(attr.PROMPT_NEW_TEXT)
-    if added and new and added.endswith(new):
-        attrs = dict(attrs)
+    shortened = bool(added and new and added.endswith(new))
+    if not leave and not shortened:
+        return attrs
+    attrs = {key: value for key, value in attrs.items() if key not in leave}
+    if shortened:
         del attrs[attr.PROMPT_NEW_TEXT]
         attrs[attr.PROMPT_NEW_CHARS] = len(new)
     return attrs
+
+
+def exported(attrs) -> dict | None:
+    """A span's attributes as OTLP exports them, where they differ (else None): whole, without the
+    store's keys for what a step adds to the one before (the tracer wrote the whole beside them)."""
+    leave = [key for kind, (whole, base) in KEYS.items() if base in attrs and whole in attrs
+             for key in DELTA_KEYS[kind]]
+    return {key: value for key, value in attrs.items() if key not in leave} if leave else None
 
 
 def stored_partly(attrs: dict) -> list[str]:
@@ -70,8 +91,6 @@ def make_whole(db, trace_id: str, spans: list[dict]) -> None:
             _whole(db, trace_id, kind, attrs)
 
 
-BASE_KEYS = {PROMPT: (attr.PROMPT_BASE_TRACE_ID, attr.PROMPT_BASE_TOKENS, attr.PROMPT_BASE_CHARS),
-             INPUT: (attr.INPUT_BASE_TRACE_ID, attr.INPUT_BASE_MESSAGES)}
 
 
 def materialize(db, doomed: str, update=None) -> int:

@@ -18,14 +18,26 @@ WORST = 10  # tokens listed as the worst of a rollout
 
 
 def figures(inference: list[float], trainer: list[float], cap: float = DEFAULT_CAP) -> dict:
-    """k3, the share past `cap` and the mean |log-ratio| of tokens with both logprobs."""
+    """k3, the share past `cap` and the mean |log-ratio| of tokens with both logprobs. A k3 past a
+    float's range is `kl_k3` null with `kl_k3_overflow` true: JSON has no infinity, and a bare null
+    would read as "no tokens"."""
     ratios = [t - i for i, t in zip(inference, trainer) if i is not None and t is not None]
     if not ratios:
-        return {"tokens": 0, "kl_k3": None, "past_cap": None, "mean_abs_log_ratio": None}
-    k3 = sum(math.expm1(r) - r for r in ratios) / len(ratios)
-    past = sum(1 for r in ratios if r > math.log(cap)) / len(ratios)
-    return {"tokens": len(ratios), "kl_k3": k3, "past_cap": past,
-            "mean_abs_log_ratio": sum(abs(r) for r in ratios) / len(ratios)}
+        return {"tokens": 0, "kl_k3": None, "kl_k3_overflow": False, "past_cap": None, "mean_abs_log_ratio": None}
+    n = len(ratios)
+    k3 = sum(_k3_term(r, n) for r in ratios)
+    overflow = not math.isfinite(k3)
+    past = sum(1 for r in ratios if r > math.log(cap)) / n
+    return {"tokens": n, "kl_k3": None if overflow else k3, "kl_k3_overflow": overflow, "past_cap": past,
+            "mean_abs_log_ratio": sum(abs(r) / n for r in ratios)}
+
+
+def _k3_term(r: float, n: int) -> float:
+    """(e^r − 1 − r) / n, divided before it is summed: e^r alone passes a float's range from r ≈ 709.8."""
+    if r < 700:
+        return (math.expm1(r) - r) / n
+    scaled = r - math.log(n)
+    return (math.exp(scaled) if scaled < 709.78 else math.inf) - (1 + r) / n
 
 
 def rollout_gap(queries, key: str, trainer: dict[str, tuple[list[float], str | None]],

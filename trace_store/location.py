@@ -53,11 +53,23 @@ def parse(setting: str | None) -> Location | None:
 
 
 def refusal(setting: str | None) -> str | None:
-    """Why `--trace-db` cannot be used, for the command line to say before anything starts."""
+    """Why `--trace-db` cannot be used, for the command line to say before anything starts: a URL of
+    another kind, or a SQLite path no file can be made at (a folder, or under a file). A store that
+    fails later is logged and serving goes on; one that never could is a mistake in the command."""
     try:
-        parse(setting)
+        location = parse(setting)
     except ValueError as exc:
         return str(exc)
+    if location is None or location.kind != "sqlite":
+        return None
+    path = Path(location.target)
+    if path.is_dir():
+        return f"--trace-db {path} is a folder; give a file's path in it (traces.sqlite3, say)"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the store makes the folders that are missing
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"--trace-db {path}: {folder} is a file, so no folder can be made there"
     return None
 
 

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -41,14 +41,27 @@ def span_bytes(span: ReadableSpan) -> int:
     return total
 
 
+class Outgoing(Protocol):
+    """What a sink sends of each batch, where that is not the batch itself (the OTLP sink's: otlp.py)."""
+
+    held: int  # spans held back
+    held_bytes: int
+
+    def take(self, batch: list[ReadableSpan], everything: bool = False) -> list[ReadableSpan]: ...
+
+    def due_in(self) -> float | None: ...  # seconds until something held back is due (None: nothing held)
+
+
 class QueueingSpanProcessor(SpanProcessor):
     """`on_lost`, when given, is called on the exporting thread, before each export, with
-    {trace_id: spans lost} for the traces that lost spans since the last call."""
+    {trace_id: spans lost} for the traces that lost spans since the last call. `outgoing`, when given
+    (the OTLP sink's: otlp.py), makes each batch what is sent, and may hold spans back a while."""
 
     def __init__(self, exporter: SpanExporter, *, name: str, on_dropped: Callable[[str, int], None],
                  on_lost: Callable[[dict[int, int]], None] | None = None, max_queue: int = 16384,
-                 max_bytes: int = 256 << 20, max_batch: int = 1024) -> None:
+                 max_bytes: int = 256 << 20, max_batch: int = 1024, outgoing: Outgoing | None = None) -> None:
         self.exporter = exporter
+        self._outgoing = outgoing
         self.name = name
         self._on_dropped = on_dropped
         self._on_lost = on_lost
@@ -68,11 +81,12 @@ class QueueingSpanProcessor(SpanProcessor):
 
     @property
     def depth(self) -> int:
-        return len(self._spans)
+        """Spans waiting for the sink: queued, or held back (a tool call's, for its result)."""
+        return len(self._spans) + (self._outgoing.held if self._outgoing is not None else 0)
 
     @property
     def held_bytes(self) -> int:
-        return self._held_bytes
+        return self._held_bytes + (self._outgoing.held_bytes if self._outgoing is not None else 0)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -104,7 +118,10 @@ class QueueingSpanProcessor(SpanProcessor):
         themselves while the previous one is written."""
         with self._lock:
             while not self._spans and not self._lost and not self._stopping:
-                self._wake.wait()
+                due = self._outgoing.due_in() if self._outgoing is not None else None
+                if due == 0:
+                    break  # something held back is due
+                self._wake.wait(due)
             batch = [self._spans.popleft() for _ in range(min(self._max_batch, len(self._spans)))]
             self._held_bytes -= sum(size for _, size in batch)
             lost, self._lost = self._lost, {}
@@ -114,6 +131,9 @@ class QueueingSpanProcessor(SpanProcessor):
     def _run(self) -> None:
         while True:
             batch, lost = self._take()
+            taken = len(batch)
+            if self._outgoing is not None:
+                batch = self._outgoing.take(batch, everything=self._stopping)
             if lost and self._on_lost is not None:
                 try:
                     self._on_lost(lost)
@@ -124,7 +144,7 @@ class QueueingSpanProcessor(SpanProcessor):
             elif self._stopping:
                 return
             with self._lock:
-                self._unfinished -= len(batch) + bool(lost)
+                self._unfinished -= taken + bool(lost)
 
     def _export(self, batch: list[ReadableSpan]) -> None:
         try:

@@ -8,6 +8,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
+from .otlp import OutgoingSpans
 from .processor import QueueingSpanProcessor
 
 # Prompts are long and a decode span carries every token: lift the SDK's defaults (128 events per
@@ -24,7 +25,10 @@ def otlp_traces_url(endpoint: str) -> str:
 
 def build_provider(*, store=None, otlp_endpoint: str | None,
                    on_dropped: Callable[[str, int], None], service_name: str = "looptrace",
-                   attributes: dict | None = None) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
+                   attributes: dict | None = None,
+                   content: bool = True) -> tuple[TracerProvider, list[QueueingSpanProcessor]]:
+    """`content`: whether spans hold what was said (--trace-content); without it no tool result is
+    waited for before an execute_tool span is exported."""
     # With no sink at all, spans are not recorded: no per-token work is done for a trace nobody keeps.
     # (Parent-based, so an incoming sampled traceparent is still not recorded: there is nowhere to put it.)
     sampler = None if store is not None or otlp_endpoint else ParentBased(ALWAYS_OFF, remote_parent_sampled=ALWAYS_OFF)
@@ -44,7 +48,9 @@ def build_provider(*, store=None, otlp_endpoint: str | None,
         )
 
         exporter = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=10)
-        processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped))
+        # Whole spans, tool calls with their results (otlp.py): from the store where another process took the turn.
+        outgoing = OutgoingSpans(hold=content, lookup=store.tool_results if store is not None else None)
+        processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped, outgoing=outgoing))
     for processor in processors:
         provider.add_span_processor(processor)
     return provider, processors

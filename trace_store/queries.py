@@ -3,7 +3,8 @@
 The same queries read either store (the trace API, the viewer and fork call nothing else): a store
 says how to open a connection for reading (`_reader`, a context manager whose connection runs
 `execute(sql, args)` with `?` placeholders and rows read by column name), where it is (`where`, for
-messages: never a password) and the few places where its SQL differs: how a trace's spans are
+messages: never a password), what it raises when it cannot answer (interface.StoreUnavailable,
+whatever its driver raised) and the few places where its SQL differs: how a trace's spans are
 ordered, how a session's text is searched, how a substring is found.
 
 SQLite: any thread may read; each query opens its own read-only connection, so readers never wait
@@ -12,18 +13,19 @@ for the writer (WAL mode). A store that does not exist yet reads as empty.
 
 from __future__ import annotations
 
-import sqlite3
 from contextlib import AbstractContextManager
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
 from .chains import make_whole
+from .interface import Row
 from .packing import restored
 from .records import OUTCOMES
 from .tokens import expand_events
 
 FORK_LIMIT = 50  # forks listed per step
+RESULTS_AT_ONCE = 500  # call ids asked for in one statement
 
 
 class TraceQueries:
@@ -128,6 +130,22 @@ class TraceQueries:
                  "tokens": expand_events(restored(loads(decode["events"]), decode["tokens"])) if decode else []}
         if lost is not None:
             found["lost_spans"] = lost[0]
+        return found
+
+    def tool_results(self, calls: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
+        """The results joined to these calls (call id → the trace and span id of its execute_tool span):
+        call id → (the result, the trace of the request that brought it), for the calls that have one."""
+        found, ids = {}, list(calls)
+        with self._reader() as db:
+            for start in range(0, len(ids), RESULTS_AT_ONCE):
+                chunk = ids[start:start + RESULTS_AT_ONCE]
+                rows = db.execute("SELECT t.call_id, t.trace_id, t.span_id, s.attributes FROM tool_calls t "
+                                  "JOIN spans s ON s.trace_id = t.trace_id AND s.span_id = t.span_id "
+                                  f"WHERE t.call_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                for r in rows:
+                    attrs = loads(r["attributes"]) if calls[r["call_id"]] == (r["trace_id"], r["span_id"]) else {}
+                    if isinstance(attrs.get(attr.TOOL_RESULT), str):
+                        found[r["call_id"]] = (attrs[attr.TOOL_RESULT], attrs.get(attr.TOOL_RESULT_TRACE_ID))
         return found
 
     def generated_ids(self, trace_id: str) -> list[int]:
@@ -236,7 +254,7 @@ WITH RECURSIVE v (v) AS (SELECT min({column}) FROM sessions
 SELECT v FROM v WHERE v IS NOT NULL LIMIT 100"""
 
 
-def _session(row: sqlite3.Row) -> dict:
+def _session(row: Row) -> dict:
     return {
         "key": row["key"], "conversation": row["conversation"], "model": row["model"], "client": row["client"],
         "client_version": row["client_version"], "first_ns": row["first_ns"], "last_ns": row["last_ns"],
@@ -246,7 +264,7 @@ def _session(row: sqlite3.Row) -> dict:
     }
 
 
-def _bare_step(row: sqlite3.Row) -> dict:
+def _bare_step(row: Row) -> dict:
     """A trace stored before step summaries existed: what its row says."""
     return {"trace_id": row["trace_id"], "start_ns": row["start_ns"], "end_ns": row["end_ns"],
             "endpoint": row["endpoint"], "model": row["model"], "status": row["status"],

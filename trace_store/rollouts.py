@@ -2,27 +2,36 @@
 (for the rollout, or per step, with free `info`), and the trainer's logprob of each token the model
 wrote, per step. A rollout is a session (its key is the rollout id: /r/{id}/v1, X-Rollout-Id).
 
-    rollouts           key, grp, reward, info (JSON), weight_version, updated_ns
+    rollouts           key, grp, reward, info (JSON), weight_version, updated_ns, size (bytes it holds)
     rollout_rewards    key, step ("3": the third step, or a trace id), reward, info, noted_ns
     trainer_logprobs   trace_id, key, logprobs (float64, packed), weight_version, noted_ns
 
 In the state's own file beside the traces (SQLite: sqlite/state.py) or the store's database
 (PostgreSQL: postgres/schema.py): a reward is written while the trace writer holds the traces file,
-and must not wait behind it. Bounded: the newest
-MAX_ROLLOUTS rollouts are kept, and what belongs to those dropped goes with them.
+and must not wait behind it.
+
+Bounded, since anyone who reaches the port may post (issue 41, M1): an `info` is at most
+MAX_INFO_BYTES and a rollout's infos together MAX_ROLLOUT_INFO_BYTES (checked by the API before it
+writes: proxy/api/rollouts/), and its rewards name at most MAX_STEPS steps; the newest MAX_ROLLOUTS
+rollouts are kept, and of those the newest that hold MAX_ROLLOUTS_BYTES together (infos, step
+rewards' rows and trainer logprobs), trimmed every PRUNE_EVERY writes; what belongs to those dropped goes with them.
+`info` is stored as ASCII JSON, so the databases' length() is its size in bytes.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from array import array
-
-from looptrace.common.jsonio import dumps, loads
 
 from .state import PRUNE, StateStore
 
 MAX_ROLLOUTS = 65536
-PRUNE_EVERY = 256  # rollouts are trimmed to their bound every this many writes
+MAX_ROLLOUTS_BYTES = 512 * 1024**2  # what the kept rollouts hold together: infos and trainer logprobs
+MAX_INFO_BYTES = 65536  # one `info`, as JSON
+MAX_ROLLOUT_INFO_BYTES = 1024**2  # a rollout's `info` and its steps' together: 16 infos at their largest
+MAX_STEPS = 10_000  # steps a rollout's rewards name; and the highest step by place of one the store does not hold
+PRUNE_EVERY = 256  # rollouts are trimmed to their bounds every this many writes
 
 NOTE = """
 INSERT INTO rollouts AS r (key, grp, updated_ns) VALUES (?, ?, ?)
@@ -39,6 +48,24 @@ ON CONFLICT (trace_id) DO UPDATE SET key = excluded.key, logprobs = excluded.log
                                      weight_version = excluded.weight_version, noted_ns = excluded.noted_ns"""
 # What belongs to no kept rollout any more.
 ORPHANS = "DELETE FROM {table} WHERE key NOT IN (SELECT key FROM rollouts)"
+ROW_BYTES = 64  # a step reward's row besides its info (its key, step, reward, time and index entry), about
+# A rollout's size once written (its rows' infos are ASCII JSON: length() counts their bytes).
+SIZE = f"""
+UPDATE rollouts SET size = coalesce(length(info), 0)
+    + (SELECT coalesce(sum(coalesce(length(info), 0) + {ROW_BYTES}), 0) FROM rollout_rewards WHERE key = ?)
+    + (SELECT coalesce(sum(length(logprobs)), 0) FROM trainer_logprobs WHERE key = ?)
+WHERE key = ?"""
+# Rollouts past the newest that fit in `?` bytes together.
+PRUNE_BYTES = """
+DELETE FROM rollouts WHERE key IN (SELECT key FROM (
+    SELECT key, sum(coalesce(size, 0)) OVER (ORDER BY updated_ns DESC, key DESC) AS total FROM rollouts) t
+    WHERE total > ?)"""
+
+
+def info_json(info: dict | None) -> str | None:
+    """An `info` as stored: compact ASCII JSON (a lone surrogate escaped, an integer of any size exact,
+    NaN refused: the API refuses it first)."""
+    return None if info is None else json.dumps(info, separators=(",", ":"), allow_nan=False)
 
 
 def pack_floats(values: list[float]) -> bytes:
@@ -58,17 +85,19 @@ class Rollouts:
         self.where = state.where
         self._writes = 0
 
-    def _write(self, statements: list[tuple[str, tuple]]) -> None:
+    def _write(self, key: str, statements: list[tuple[str, tuple]]) -> None:
         self._writes += 1
+        statements = statements + [(SIZE, (key, key, key))]
         if self._writes % PRUNE_EVERY == 1 % PRUNE_EVERY:
-            statements = statements + [
+            statements += [
                 (PRUNE.format(table="rollouts", key="key", time="updated_ns", all=self.state.ALL), (MAX_ROLLOUTS,)),
+                (PRUNE_BYTES, (MAX_ROLLOUTS_BYTES,)),
                 (ORPHANS.format(table="rollout_rewards"), ()), (ORPHANS.format(table="trainer_logprobs"), ())]
         self.state._write(statements)
 
     def note(self, key: str, group: str | None) -> None:
         """A rollout's request arrived (and its group, if it named one)."""
-        self._write([(NOTE, (key, group, time.time_ns()))])
+        self._write(key, [(NOTE, (key, group, time.time_ns()))])
 
     def set_reward(self, key: str, reward: float | None, info: dict | None,
                    steps: list[tuple[str, float, dict | None]] = ()) -> None:
@@ -76,16 +105,16 @@ class Rollouts:
         now = time.time_ns()
         statements = [(NOTE, (key, None, now))]
         if reward is not None:
-            statements.append((SET_REWARD, (key, reward, dumps(info) if info is not None else None, now)))
+            statements.append((SET_REWARD, (key, reward, info_json(info), now)))
         for step, value, step_info in steps:
-            statements.append((SET_STEP_REWARD, (key, step, value, dumps(step_info) if step_info else None, now)))
-        self._write(statements)
+            statements.append((SET_STEP_REWARD, (key, step, value, info_json(step_info or None), now)))
+        self._write(key, statements)
 
     def set_trainer_logprobs(self, key: str, steps: dict[str, list[float]], weight_version: str | None) -> None:
         """The trainer's logprobs of each step's tokens, by the step's trace id."""
         now = time.time_ns()
-        self._write([(NOTE, (key, None, now))] + [(SET_LOGPROBS, (trace_id, key, pack_floats(values), weight_version,
-                                                                   now)) for trace_id, values in steps.items()])
+        self._write(key, [(NOTE, (key, None, now))] + [
+            (SET_LOGPROBS, (trace_id, key, pack_floats(values), weight_version, now)) for trace_id, values in steps.items()])
 
     def get(self, key: str) -> dict | None:
         """A rollout: its group, reward and info, and its steps' rewards (by step, as given); None when
@@ -96,10 +125,20 @@ class Rollouts:
         if not head:
             return None
         group, reward, info, updated = head[0]
-        return {"rollout": key, "group": group, "reward": reward, "info": loads(info) if info else None,
+        return {"rollout": key, "group": group, "reward": reward, "info": json.loads(info) if info else None,
                 "updated_ns": updated,
-                "steps": [{**({"step": int(s)} if s.isdigit() else {"trace_id": s}), "reward": r,
-                           "info": loads(i) if i else None} for s, r, i in steps]}
+                "steps": [{**({"step": int(s)} if len(s) != 32 else {"trace_id": s}), "reward": r,
+                           "info": json.loads(i) if i else None} for s, r, i in steps]}
+
+    def held(self, key: str) -> tuple[float | None, int, dict[str, int]] | None:
+        """What a rollout holds now, for a post's bounds: its reward, its info's bytes and each step's
+        info's bytes (by step, as given); None when nothing was noted of it."""
+        head, steps = self.state._read([
+            ("SELECT reward, coalesce(length(info), 0) FROM rollouts WHERE key = ?", (key,)),
+            ("SELECT step, coalesce(length(info), 0) FROM rollout_rewards WHERE key = ?", (key,))])
+        if not head:
+            return None
+        return head[0][0], head[0][1], dict(steps)
 
     def trainer_logprobs(self, key: str) -> dict[str, tuple[list[float], str | None]]:
         """The trainer's logprobs of a rollout's steps: trace id → (logprobs, weight version)."""

@@ -6,14 +6,16 @@ JSON document per step instead of every prompt and token.
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
      "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
-     "continuity", "rollout_group", "fork_of", "route"}
+     "continuity", "continuity_fork", "rollout_group", "fork_of", "route", "compaction", "compactions_expanded"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
 the trace was recorded without content. `tools` counts the tool calls by outcome. `route` is the vLLM
 routing's receipt: the server, the policy and its reason, the cached tokens predicted and those the
 server then reported, the expected time to first token and its terms (backends/vllm/cost.py) and the one it
-took, and the runner-up.
+took, and the runner-up. `compaction` marks a compaction step (how it was asked for, the summary's id, the
+input items it replaces); `compactions_expanded`, a step whose input held compaction items, each read as
+its summary.
 
 Spans of a request end before its server span, so they are gathered first and the summary is
 finished when the server span arrives.
@@ -64,6 +66,7 @@ class StepGatherer:
             step["prefill"] = (start_ns, end_ns, attrs.get(attr.PREFILL_SECONDS), attrs.get(attr.PREFILL_CACHED_TOKENS))
         elif name == attr.SPAN_RENDER:
             step["continuity"] = attrs.get(attr.PROMPT_CONTINUITY)
+            step["continuity_fork"] = attrs.get(attr.PROMPT_CONTINUITY_FORK)
         elif name == attr.SPAN_DECODE:
             step["decode"] = attrs
         elif name.startswith(attr.SPAN_EXECUTE_TOOL):
@@ -108,10 +111,13 @@ class StepGatherer:
             "output": _json(attrs, attr.GEN_AI_OUTPUT_MESSAGES),
             "tool_calls": calls,
             "tools": tools,
-            "continuity": gathered.get("continuity"), "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
+            "continuity": gathered.get("continuity"), "continuity_fork": gathered.get("continuity_fork"),
+            "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
             "route": _route(decode),
+            "compaction": _compaction(attrs),
+            "compactions_expanded": attrs.get(attr.COMPACTION_EXPANDED),
         }
         return {k: v for k, v in step.items() if v is not None}
 
@@ -130,6 +136,15 @@ _ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score"
           ("runner_up_expected_ttft", attr.ROUTE_RUNNER_UP_EXPECTED_TTFT),
           ("runner_up_prefill_tokens", attr.ROUTE_RUNNER_UP_PREFILL_TOKENS),
           ("runner_up_queued_tokens", attr.ROUTE_RUNNER_UP_QUEUED_TOKENS))
+
+
+def _compaction(attrs: dict) -> dict | None:
+    """A compaction step's how, summary id (none for a client's own) and items replaced; None for another."""
+    if attr.COMPACTION not in attrs:
+        return None
+    found = {"how": attrs[attr.COMPACTION], "id": attrs.get(attr.COMPACTION_ID),
+             "replaced_items": attrs.get(attr.COMPACTION_REPLACED_ITEMS)}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _route(decode: dict) -> dict | None:

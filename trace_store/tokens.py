@@ -13,8 +13,8 @@ from __future__ import annotations
 from math import exp
 from typing import Iterable, Mapping, Sequence
 
-from looptrace.backends.events import TOP_N, TokenEvent
 from looptrace.common import attributes as attr
+from looptrace.common.token_event import TOP_N, TokenEvent
 
 GROUP = 64  # tokens per event at most
 EVENT, PREFIX = attr.EVENT_TOKENS, attr.TOKENS_PREFIX  # the event's name, and what its columns' names start with

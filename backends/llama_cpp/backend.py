@@ -9,7 +9,7 @@ every backend reports them. What it does not: match transformers token for token
 quantized here, and llama.cpp's kernels differ).
 
 One context, one request at a time, on one decode thread (decode_thread.py); an agent's next turn
-reuses the KV cache of the turn before (llama_cpp_reuse.py); speculative decoding (prompt lookup or
+reuses the KV cache of the turn before (reuse.py); speculative decoding (prompt lookup or
 suffix decoding) verifies a draft in one batch and cuts the cache back past the rejected tokens.
 A batch's rows cost llama.cpp nearly a step each on a CPU, so the drafts a pass carries are as many
 as their chances of standing pay for, by what passes and steps are measured to cost (pass_cost.py);

@@ -2,7 +2,7 @@
 forward pass, the cache cut back to what was accepted. (The llama.cpp backend drafts with the same
 proposers and accepts with `judge` too, cutting llama.cpp's KV cache itself.)
 
-`--speculative-config` is shaped as vLLM's flag (speculative_config.py). Four ways to draft:
+`--speculative-config` is shaped as vLLM's flag (config.py). Four ways to draft:
   ngram        prompt lookup (PromptLookup): the tokens that followed the latest earlier occurrence
                of the output's last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in
                the prompt or the output so far. Any model; agents mostly write back what they read.
@@ -19,8 +19,8 @@ so the output is distributed exactly as plain decoding's.
 
 Rolling back (Rollback): attention layers are cut with the cache's own `crop`; sliding-window
 layers (Gemma 4) record their past so that `crop` can cut them too; linear-attention layers (Qwen3.5's
-Gated DeltaNet) cannot be cut, so their recurrent and convolution state is copied before verifying
-and, when a draft is rejected, put back and the accepted tokens run again.
+Gated DeltaNet) cannot be cut, so their recurrent and convolution state (and count of tokens read) is
+copied before verifying and, when a draft is rejected, put back and the accepted tokens run again.
 
 Drafting never costs much for long: a step whose drafts are all rejected pauses drafting for 1, 2,
 4 … 64 steps (Backoff).
@@ -110,7 +110,8 @@ class Rollback:
         """Called before a pass that may be cut back: the state that cannot be cut is copied."""
         if self.linear:
             self._saved = [({i: s.clone() for i, s in layer.conv_states.items() if s is not None},
-                            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None})
+                            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None},
+                            _length_count(layer))
                            for layer in self.linear]
 
     def after(self, fed: int, kept: int) -> int | None:
@@ -119,11 +120,13 @@ class Rollback:
         the count of tokens the caller must run again."""
         drop = fed - kept
         if self.linear and drop:
-            for layer, (conv, recurrent) in zip(self.linear, self._saved):
+            for layer, (conv, recurrent, length) in zip(self.linear, self._saved):
                 for i, state in conv.items():
                     layer.conv_states[i] = state
                 for i, state in recurrent.items():
                     layer.recurrent_states[i] = state
+                if length is not None:
+                    layer.cumulative_length_linear.copy_(length)  # in place: the tensor's address is kept static
             for layer in self.attention:
                 layer.crop(-fed)  # back to before the pass: the kept tokens go in again
             self._saved = None
@@ -137,6 +140,15 @@ class Rollback:
         """After a plain one-token step: a sliding window that records its past is cut back to size."""
         for layer in self.sliding:
             layer.crop(0)
+
+
+def _length_count(layer) -> torch.Tensor | None:
+    """A linear-attention layer's count of the tokens it has read (transformers 5.25 on; None before).
+    It must be put back with the state: the cache's length, which positions the next tokens, is
+    read from the first layer, a linear one in Qwen3.5, and a count left at the rejected drafts
+    moves every later rotary position of the attention layers."""
+    count = getattr(layer, "cumulative_length_linear", None)
+    return None if count is None else count.clone()
 
 
 def judge(rows, drafts: list[int], sampling, generator, penalties, q: list[torch.Tensor] | None = None) -> list[tuple]:

@@ -9,7 +9,7 @@ rank None). vLLM reports cached prompt tokens only at the end of a stream: the `
 says None, and `done` carries the number.
 
 Two routes: `/inference/v1/generate` (token ids in and out, ranks) when the server has it, probed
-at load (vllm_upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
+at load (upstream.py), else `/v1/completions` with a token-id prompt. Failures become a
 `BackendError` the client hears, never a hang: every wait on the server is bounded by the timeout.
 
 Several servers may serve the model (pool.py chooses one per request, by the routing policy of
@@ -47,7 +47,7 @@ class VLLMLoader(Loader):
     """MODEL is what the servers serve (any of them names it when none is given); the checkpoint's
     tokenizer and template are read where --tokenizer says, else where the server read them; the
     context is the servers' (--max-model-len may only lower it). Without --vllm-url, looptrace starts
-    the server itself (vllm_spawn.py) and forwards to it."""
+    the server itself (spawn.py) and forwards to it."""
 
     def __init__(self, settings, host: LoaderHost) -> None:
         super().__init__(settings, host)
@@ -172,7 +172,7 @@ class VLLMBackend:
                             exc.message, route.upstream.name)
 
     async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
-        """Teacher-forced scoring by the server's prompt_logprobs (vllm_scoring.py), on any server."""
+        """Teacher-forced scoring by the server's prompt_logprobs (scoring.py), on any server."""
         route = self.pool.choose(None)
         return await score_on(route.upstream, prompt_ids, answer_ids)
 

@@ -8,8 +8,8 @@ import json
 import aiohttp
 
 from ..base import BackendError, TokenScore
-from ..prompt_logprobs import read_scores, score_body
 from . import protocol
+from .prompt_logprobs import read_scores, score_body
 from .upstream import Upstream, describe
 
 

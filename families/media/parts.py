@@ -1,6 +1,6 @@
 """Media a client attached: the parts as the API layer found them (`MediaPart`), their limits, and
 where they sit in a conversation (in Hugging Face's message format, as the processor reads it).
-Decoding them is media_decode.py's.
+Decoding them is decode.py's.
 """
 
 from __future__ import annotations

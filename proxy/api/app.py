@@ -7,12 +7,13 @@ import hmac
 
 from aiohttp import web
 
+from ..engine.memory import Memory, StoredMemory
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from . import anthropic, native, openai, rollouts, viewer
 from .errors import APIError, error_middleware
-from .keys import RUNTIME, SETTINGS, TELEMETRY
+from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
 from .monitoring import health, metrics
 from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
 from .unreadable import answer_unreadable_requests
@@ -34,8 +35,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
-    state = app[TELEMETRY].state  # with a store, stored responses live in it: any process serves any turn
+    # With a store, stored responses and what each conversation's model read and sampled live in it:
+    # any process serves any turn.
+    state = app[TELEMETRY].state
     app[RESPONSE_STORE] = SharedResponseStore(state) if state is not None else ResponseStore()
+    app[MEMORY] = StoredMemory(state) if state is not None else Memory()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     # The API surfaces, siblings: each adds its routes (and an error shape of its own, if its clients
@@ -68,6 +72,7 @@ async def _start(app: web.Application) -> None:
 async def _stop(app: web.Application) -> None:
     await app[RUNTIME].close()
     app[RESPONSE_STORE].close()
+    app[MEMORY].close()
     app[TELEMETRY].close()
 
 

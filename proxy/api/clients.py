@@ -32,6 +32,15 @@ def rollout_of(path_values: Mapping[str, str], headers: Mapping[str, str]) -> tu
     return found[0], found[1]
 
 
+def weight_version(headers: Mapping[str, str]) -> str | None:
+    """X-Weight-Version, the trainer's label for the weights serving the request (exported with each
+    step): a 400 for one that is empty, too long or holds control characters, never dropped unsaid."""
+    version = headers.get("X-Weight-Version")
+    if version is not None and (not version or len(version) > MAX_ROLLOUT_CHARS or not version.isprintable()):
+        raise invalid(f"X-Weight-Version is 1 to {MAX_ROLLOUT_CHARS} printable characters.", param="weight_version")
+    return version
+
+
 def conversation_id(headers: Mapping[str, str], body: dict | None) -> str | None:
     for name in CONVERSATION_HEADERS:
         value = headers.get(name)
@@ -50,11 +59,35 @@ def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
     return name or None, version or None
 
 
+# A subagent's requests share its parent's conversation id; these say which agent sent one. Claude Code
+# sends its subagents' ids (the main agent sends none); a codex child sends its own thread-id beside the
+# root's session-id, and its parent's thread (a root's thread-id is its session: no subagent).
+SUBAGENT_HEADERS = (("x-claude-code-agent-id", "x-claude-code-parent-agent-id", "x-claude-code-agent-type"),
+                    ("x-codex-parent-thread-id", "x-codex-parent-thread-id", "x-openai-subagent"))
+
+
+def subagent_of(headers: Mapping[str, str]) -> dict:
+    """The subagent attributes of a request (none for a main agent's): its id, its parent's, its kind."""
+    for marker, parent, kind in SUBAGENT_HEADERS:
+        if _label(headers.get(marker)) is None:
+            continue
+        agent = headers.get("x-claude-code-agent-id") if marker.startswith("x-claude") else headers.get("thread-id")
+        found = {attr.AGENT_ID: _label(agent), attr.AGENT_PARENT_ID: _label(headers.get(parent)),
+                 attr.AGENT_TYPE: _label(headers.get(kind))}
+        return {k: v for k, v in found.items() if v is not None} if found[attr.AGENT_ID] else {}
+    return {}
+
+
+def _label(value: str | None) -> str | None:
+    """A client's label as recorded: printable and short, else none (it is shown and exported, never trusted)."""
+    return value if value and len(value) <= MAX_ROLLOUT_CHARS and value.isprintable() else None
+
+
 def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
     """The server span's attributes about the HTTP request and its client."""
-    attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
-    version = headers.get("X-Weight-Version")
-    if version and len(version) <= MAX_ROLLOUT_CHARS and version.isprintable():  # a trainer's label, else none
+    attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **subagent_of(headers)}
+    version = _label(headers.get("X-Weight-Version"))
+    if version:  # a trainer's label; one that is not is refused (weight_version)
         attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"
     agent = headers.get("User-Agent")
     if agent:

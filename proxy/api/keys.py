@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..engine.memory import Memory
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
 
+MEMORY: web.AppKey[Memory] = web.AppKey("memory", Memory)  # what each conversation's model read and sampled
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)

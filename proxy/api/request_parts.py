@@ -9,6 +9,7 @@ from looptrace.families.media.parts import NOTE, MediaPart
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from .errors import invalid
+from .pdf_text import pdf_text
 from .validation import embedded_json, field, in_range, tool_name
 
 log = logging.getLogger("looptrace")
@@ -41,10 +42,10 @@ def media_note() -> str:
     return MEDIA_NOTE
 
 
-def media_part(part: dict, param: str) -> dict:
+def media_part(part: dict, param: str) -> dict | str:
     """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
-    rendering thread (families/media.py)."""
+    rendering thread (families/media/decode.py). A PDF file is its pages' text (pdf_text.py)."""
     kind = part.get("type")
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
@@ -71,6 +72,9 @@ def media_part(part: dict, param: str) -> dict:
             raise invalid(f"'{param}': only a file sent inline as 'file_data' can be read here (there is no files "
                           "API, and URLs are not fetched).", param=param, code="media_unsupported")
         url, where = holder.get("file_data"), f"{param}.file_data"
+        if isinstance(url, str) and (url.startswith("data:application/pdf;") or _pdf_named(holder, url)):
+            return pdf_text(url.partition(",")[2] if url.startswith("data:") else url, where,
+                            holder.get("filename") if isinstance(holder.get("filename"), str) else None)
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
     if kind in ("image_url", "input_image", "video_url") and url.startswith(("http://", "https://")):
@@ -86,6 +90,12 @@ def media_part(part: dict, param: str) -> dict:
         raise invalid(f"'{where}' is {mime or 'of no declared type'}; this part takes {what}.", param=where,
                       code="media_unsupported")
     return {"type": media, "media": MediaPart(media, encoded, where, mime)}
+
+
+def _pdf_named(holder: dict, data: str) -> bool:
+    """Raw base64 (no data URL) of a file named *.pdf: how some clients send a PDF's `file_data`."""
+    name = holder.get("filename")
+    return not data.startswith("data:") and isinstance(name, str) and name.lower().endswith(".pdf")
 
 
 def joined(parts: list) -> str | list[dict]:
@@ -161,3 +171,29 @@ def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
         return {"name": name}
     raise invalid("Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice",
                   code="invalid_type")
+
+
+def parse_tools(tools: list | None) -> list[dict] | None:
+    """Function tools in Chat Completions' shape (which looptrace's /v1/generate takes too), checked."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
+        if tool.get("type", "function") != "function":
+            raise invalid(f"Invalid value for '{where}.type': {tool.get('type')!r}; only 'function' tools are "
+                          "supported here.", param=f"{where}.type")
+        function = field(tool, "function", dict, f"{where}.function", required=True)
+        name = field(function, "name", str, f"{where}.function.name", required=True)
+        if not name:
+            raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
+        spec = {"name": tool_name(name, f"{where}.function.name")}
+        description = field(function, "description", str, f"{where}.function.description")
+        if description is not None:
+            spec["description"] = description
+        parameters = field(function, "parameters", dict, f"{where}.function.parameters")
+        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": spec})
+    return out

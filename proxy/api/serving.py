@@ -10,21 +10,25 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from opentelemetry.propagate import extract
 
+from ..engine.continuity import MODES
 from ..engine.generation import Generation
 from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
-from ..engine.continuity import MODES
-from .clients import conversation_id, request_attributes, rollout_of
+from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
-from .keys import RUNTIME, TELEMETRY
+from .keys import MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
 
 @asynccontextmanager
-async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelemetry]:
-    """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued."""
-    trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers),
-                                              request_attributes(http.method, http.path, http.headers))
+async def traced(http: web.Request, endpoint: str, attributes: dict | None = None,
+                 continued: bool = True) -> AsyncIterator[RequestTelemetry]:
+    """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued.
+    `attributes`: more for the server span (a WebSocket turn's transport); `continued` False: a trace of
+    its own whatever the headers say (a WebSocket's turns, which share its upgrade's headers)."""
+    trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers) if continued else None,
+                                              {**request_attributes(http.method, http.path, http.headers),
+                                               **(attributes or {})})
     try:
         yield trace
     except BaseException as exc:
@@ -35,14 +39,17 @@ async def traced(http: web.Request, endpoint: str) -> AsyncIterator[RequestTelem
 
 
 async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict, request: GenerationRequest, *,
-                   model: str, stream: bool) -> Generation:
+                   model: str, stream: bool, conversation: str | None = None) -> Generation:
     """The generation, rendered and checked against the context: ready to run. `trace` None: a prompt
-    prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn."""
+    prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn.
+    `conversation`: the conversation when the client names none (a WebSocket's lane)."""
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
-        request.conversation = rollout or conversation_id(http.headers, body)
+        weight_version(http.headers)
+        request.conversation = rollout or conversation_id(http.headers, body) or conversation
         request.continuity = continuity_asked(http.headers, body)
-        request.history = trace.previous_turn
+        if request.conversation is not None:  # its last turn is read while this one is prepared
+            request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
         trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()

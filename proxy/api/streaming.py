@@ -184,15 +184,19 @@ class Opened(NamedTuple):
 
 @asynccontextmanager
 async def opened_stream(request: web.Request, steps: AsyncIterator,
-                        write_timeout: float | None) -> AsyncIterator[Opened]:
+                        write_timeout: float | None, sink=None) -> AsyncIterator[Opened]:
     """What every streaming adapter does before its first frame: wait up to one keepalive interval for
     the first step (a refusal by then still gets its status code), then send the SSE headers. On the
     way out the steps are closed (which stops the generation) and nothing more is written.
-    `write_timeout`: --stream-write-timeout, past which a client that reads nothing is dropped."""
+    `write_timeout`: --stream-write-timeout, past which a client that reads nothing is dropped.
+    `sink`: where the frames go instead of an SSE response (anything with `async write(bytes)`: a
+    WebSocket's, which sends each event as a message)."""
     async with aclosing(steps), first_step(steps) as first:
         await wait_before_opening(first)
-        response = web.StreamResponse(headers=SSE_HEADERS)
-        await response.prepare(request)
+        response = sink
+        if response is None:
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
         out = FrameWriter(response, write_timeout, request.transport)
         try:
             yield Opened(response, steps, first, out)
@@ -224,11 +228,12 @@ class StreamFormat(Protocol):
 
 
 async def relay(request: web.Request, generation: Generation, fmt: StreamFormat, trace: RequestTelemetry,
-                before_end: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+                before_end: Callable[[], Awaitable[None]] | None = None, sink=None) -> web.StreamResponse:
     """The generation streamed in `fmt`'s frames. `before_end`: awaited before the last frame goes out
-    (a Responses answer is stored then, so that the client's next turn can name it at once)."""
+    (a Responses answer is stored then, so that the client's next turn can name it at once). `sink`:
+    see opened_stream."""
     bound = generation.runtime.settings.stream_write_timeout  # for a client that stops reading
-    async with opened_stream(request, generation.run(), bound) as (response, steps, first, out):
+    async with opened_stream(request, generation.run(), bound, sink) as (response, steps, first, out):
         await out.opening(fmt.start(generation), first)
         pacer = asyncio.create_task(_keep_alive(out, fmt))
         try:

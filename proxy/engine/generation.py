@@ -30,8 +30,10 @@ from looptrace.families.media.parts import MediaError, MediaPart, item_tokens
 from looptrace.families.media.plan import MediaPlan
 from looptrace.families.prompt_items import ItemCounts, TooManyItems
 
+from . import turn_digests
 from .continuity import Continuity, render_turn
 from .errors import Refused
+from .memory import LastTurn
 from .observer import Observer
 from .request import GenerationRequest, Step
 from .runtime import Runtime
@@ -68,6 +70,12 @@ class Generation:
         self.media_parts: list[MediaPart] = []  # their parts
         self.media_runs: list[tuple[int, int, int]] = []  # (offset, span, count) of the tokens each one became
         self.continuity = Continuity()  # how the prompt continues the conversation's last (continuity.py)
+        # The conversation's last turn as the engine remembers it (memory.py; None: none), read as the
+        # prompt is rendered; what this request was asked (turn_digests.py), where continuity is on; and
+        # the ids the model sampled: what the conversation's memory keeps of this turn.
+        self.previous: LastTurn | None = None
+        self.asked: turn_digests.Asked | None = None
+        self.sampled_ids: list[int] = []
         self._decode: DecodeRequest | None = None
         self._screening = _Screening(self)
 
@@ -98,10 +106,14 @@ class Generation:
             self.forced_text = self._text_of(stored.ids, generated) + self.typed_text
         else:
             messages = self._checked_before_rendering(tools)
+            mode = request.continuity or runtime.settings.token_continuity
+            if request.memory is not None:
+                self.previous = request.memory.last()
+                if mode != "off":
+                    self.asked = turn_digests.asked(request.messages, tools, request.enable_thinking)
             try:
-                mode = request.continuity or runtime.settings.token_continuity
                 rendered, self.continuity = render_turn(
-                    family, request, messages, tools, mode, media=bool(self.media),
+                    family, request, messages, tools, mode, self.previous, self.asked, media=bool(self.media),
                     template_ids=bool(self.media) and runtime.backend.expands_media)
             except RenderError as exc:
                 raise Refused(f"the chat template refused these messages: {exc}", param="messages",
@@ -217,6 +229,7 @@ class Generation:
                         if text:
                             deltas = self._screen(parser.feed(text))
                     channel = parser.channel
+                    self.sampled_ids.append(event["id"])
                     self.completion_tokens += 1
                     if channel == THOUGHT:
                         self.reasoning_tokens += 1
@@ -247,8 +260,21 @@ class Generation:
         if tail:
             yield Step(None, None, tail)
         self.finish_reason = self._finish_reason(stopped_by)
+        self._remember()
         for observer in observers:
             observer.finished(self)
+
+    def _remember(self) -> None:
+        """The conversation's memory keeps this turn, complete: before the client hears the end, so that
+        the next turn finds it on any process."""
+        memory = self.request.memory
+        if memory is None or self.rendered is None:
+            return
+        digests = None
+        if self.asked is not None:
+            calls = [(call["name"], call["arguments"]) for call in self.tool_calls]
+            digests = turn_digests.answered(self.asked, "".join(self.text), "".join(self.reasoning), calls)
+        memory.keep(self.prompt_ids + self.sampled_ids, len(self.prompt_ids), self.rendered.encoding, digests)
 
     def cancel(self) -> None:
         if self._decode is not None:

@@ -28,8 +28,9 @@ Generation = Any
 
 class Observer:
     def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:
-        """The prompt is rendered and tokenized (`generation.rendered`, `.prompt_ids`, `.media_parts`),
-        between those wall-clock times; called before a prompt too long for the context is refused.
+        """The prompt is rendered and tokenized (`generation.rendered`, `.prompt_ids`, `.media_parts`;
+        `.previous`, the conversation's last turn as the engine remembers it: memory.py), between those
+        wall-clock times; called before a prompt too long for the context is refused.
         `content` is False for such a prompt: its text and ids are not to be kept."""
 
     def submitted(self, generation: Generation, decode: DecodeRequest) -> dict[str, str]:

@@ -3,13 +3,14 @@ yields per token."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from looptrace.backends.events import TokenEvent
 from looptrace.families.deltas import Delta
 from looptrace.families.media.plan import MediaPlan
+
+from .memory import Recall
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,17 +23,6 @@ class StoredPrompt:
     # How many of answer_prefix's last tokens a client typed (a fork's text): the model reads them, the
     # answer shows them as text, and the parser never reads them as markup (a call, a thought).
     typed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PreviousTurn:
-    """What the conversation's previous request left, as token continuity (continuity.py) reads it."""
-
-    prompt: list[int]  # its prompt, as the model read it (a forced opening included)
-    sampled: list[int]  # the ids the model sampled after it
-    messages: int  # how many messages that request had
-    same_history: bool  # whether this request's first `messages` messages are those
-    encoding: int = 0  # its prompt's encoding (families/incremental.py), 0: unknown
 
 
 @dataclass(slots=True)
@@ -55,9 +45,9 @@ class GenerationRequest:
     stored: StoredPrompt | None = None  # run this prompt instead of rendering `messages`
     conversation: str | None = None  # the agent session, as the client names it (api/clients.py)
     continuity: str | None = None  # token continuity for this request (off, check, keep); None: the server's
-    # The conversation's previous turn, given this request's messages (None: none known); set by the API
-    # from what observation keeps, read only when continuity is on.
-    history: Callable[[list[dict]], PreviousTurn | None] | None = None
+    # The conversation's memory (memory.py), opened by the API for a request that names its conversation:
+    # its last turn, read as the prompt is rendered, and this turn, kept as its answer completes.
+    memory: Recall | None = None
     # The attached items, found once in `messages` (the API put them there as parts): every later
     # step reads this plan instead of walking the conversation again.
     media: MediaPlan = field(init=False)

@@ -9,7 +9,7 @@ import argparse
 def add_command(commands) -> None:
     """`looptrace export`, under the CLI's subparsers; it names the function that runs it in `run`."""
     export = commands.add_parser(
-        "export", help="export recorded steps token-exact (JSON Lines, Parquet, or a trainer's format) for training",
+        "export", help="export recorded steps token-exact (JSON Lines, Parquet, a trainer's format, ATIF) for training",
         description="Every step's prompt ids, completion ids, per-token logprobs, a mask of the tokens the model "
         "wrote and its tool calls, token-exact (never re-tokenized).")
     export_arguments(export)
@@ -23,10 +23,11 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--session", metavar="KEY", help="one session, by the key the viewer shows")
     which.add_argument("--since", metavar="TIME",
                        help="every session active since TIME (Unix seconds or ISO 8601), oldest step first")
-    parser.add_argument("--format", choices=["jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker"],
+    parser.add_argument("--format", choices=["jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker",
+                                             "atif"],
                         default="jsonl", help="jsonl or parquet: looptrace's own record per step; verl, skyrl, "
                         "prime-rl, nemo-gym, tinker: that trainer's rows, with the rollout's reward (JSON Lines; "
-                        "prime-rl Parquet)")
+                        "prime-rl Parquet); atif: one ATIF v1.8 trajectory per session (JSON Lines)")
     parser.add_argument("--per", choices=["rollout", "step"], default=None,
                         help="a trainer format's rows: one per rollout, its steps stitched token-exact (the default), "
                         "or one per step")

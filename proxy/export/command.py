@@ -2,6 +2,8 @@
 
     looptrace export --store PATH_OR_URL (--session KEY | --since TIME) [--format jsonl|parquet] [--out FILE]
 
+(`--format atif`: a trajectory per session, atif.py; a trainer's format: rollouts.py.)
+
 One record per step (JSON Lines to standard output by default; Parquet through pyarrow,
 `pip install 'looptrace[export]'`):
 
@@ -30,7 +32,9 @@ from datetime import datetime, timezone
 from looptrace.common.sequences import common_prefix
 
 from ..replay.read import Recorded, ReplayError, open_reader, session_steps
+from .atif import trajectories
 from .formats import TRAINERS
+from .output import out_refusal, writing
 from .rollouts import rollout_rows
 
 FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
@@ -41,12 +45,21 @@ def run(args: argparse.Namespace) -> int:
     if args.format in ("parquet", "prime-rl") and not args.out:
         print(f"looptrace export: --format {args.format} writes Parquet, a file: give --out FILE", file=sys.stderr)
         return 2
+    refused = out_refusal(args.out)
+    if refused:
+        print(f"looptrace export: {refused}", file=sys.stderr)
+        return 2
     trainer = args.format in TRAINERS
     if args.per is not None and not trainer:
         print("looptrace export: --per is for a trainer's format (verl, skyrl, prime-rl, nemo-gym, tinker)",
               file=sys.stderr)
         return 2
     try:
+        if args.format == "atif":
+            store = open_reader(args.store)
+            count = write(list(trajectories(store, _keys(store, args), args.store)), "jsonl", args.out)
+            print(f"looptrace export: {count} trajectories", file=sys.stderr)
+            return 0
         if trainer:
             store = open_reader(args.store)
             sessions = [(key, session_steps(store, key)) for key in _keys(store, args)]
@@ -123,16 +136,18 @@ def session_records(key: str, steps: list[Recorded]) -> Iterator[dict]:
 
 
 def write(records: list[dict], fmt: str, out: str | None) -> int:
-    if fmt == "parquet":
-        _parquet(records, out)
-        return len(records)
-    stream = open(out, "w", encoding="utf-8") if out else sys.stdout
-    try:
-        for record in records:
-            stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
-    finally:
-        if out:
-            stream.close()
+    with writing(out):
+        if fmt == "parquet":
+            _parquet(records, out)
+            return len(records)
+        stream = open(out, "w", encoding="utf-8") if out else sys.stdout
+        try:
+            for record in records:
+                stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
+            stream.flush()
+        finally:
+            if out:
+                stream.close()
     return len(records)
 
 
@@ -168,5 +183,6 @@ def write_prime_rl(records: list[dict], out: str) -> int:
         ("target_lengths", pa.int32()), ("loss_mask", pa.list_(pa.int8())), ("looptrace", pa.string()),
     ])
     rows = [{**r, "looptrace": json.dumps(r["looptrace"])} for r in records]
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
+    with writing(out):
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
     return len(rows)

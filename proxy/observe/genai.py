@@ -29,7 +29,7 @@ def _arguments(value: object) -> object:
     return value
 
 
-def _text(content: object) -> str:
+def text_of(content: object) -> str:
     if isinstance(content, list):  # parts: their text; an attached item is a part of its own (_parts)
         return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return content if isinstance(content, str) else "" if content is None else dumps(content)
@@ -39,7 +39,7 @@ def _parts(content: object) -> list[dict]:
     """A message's content as the conventions' parts: text, and each attached item as a `uri` part
     naming it by its digest (its bytes stay out of the span; the render span describes it)."""
     if not isinstance(content, list):
-        return [{"type": "text", "content": _text(content)}] if content else []
+        return [{"type": "text", "content": text_of(content)}] if content else []
     parts = []
     for p in content:
         media = p.get("media") if isinstance(p, dict) else None
@@ -57,7 +57,7 @@ def message(source: dict) -> dict:
     parts: list[dict] = []
     if role == "tool":
         parts.append({"type": "tool_call_response", "id": source.get("tool_call_id") or None,
-                      "response": _text(source.get("content"))})
+                      "response": text_of(source.get("content"))})
     else:
         if source.get("reasoning_content"):
             parts.append({"type": "reasoning", "content": source["reasoning_content"]})
@@ -79,7 +79,7 @@ def system_instructions(messages: list[dict]) -> tuple[list[dict], int]:
     lead = 0
     while lead < len(messages) and messages[lead].get("role") == "system":
         lead += 1
-    return [{"type": "text", "content": _text(m.get("content"))} for m in messages[:lead]], lead
+    return [{"type": "text", "content": text_of(m.get("content"))} for m in messages[:lead]], lead
 
 
 def output_message(reasoning: str, text: str, tool_calls: list[dict], finish_reason: str | None) -> dict:

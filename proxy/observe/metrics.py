@@ -96,6 +96,15 @@ class Metrics:
         self.render_duration = histogram(attr.METRIC_RENDER_DURATION, "Rendering a prompt with the chat template and "
                                          "tokenizing it.", ["model"], buckets=RENDER_BUCKETS, registry=r)
 
+    def _compaction_metrics(self) -> None:
+        """Compactions (api/openai/compaction.py): the summaries written, and the items that named them."""
+        r = self.registry
+        self.compactions = Counter(attr.METRIC_COMPACTIONS, "Summaries the model wrote for compactions, by how they "
+                                   "were asked for (trigger, compact, threshold; client: the client's own).", ["model", "how"], registry=r)
+        self.compaction_items = Counter(attr.METRIC_COMPACTION_ITEMS, "Compaction items in requests, by result: "
+                                        "expanded, or refused as malformed, tampered or unknown (expired, or "
+                                        "another server's).", ["result"], registry=r)
+
     def _routing_metrics(self, histogram) -> None:
         """Routing among vLLM servers: why each request went where it did, and its prefix-cache hits there."""
         r = self.registry
@@ -162,6 +171,7 @@ class Metrics:
                                     ["model", "kind"], registry=r)
         self.tool_calls = Counter(attr.METRIC_TOOL_CALLS, "Tool calls the model made, by outcome "
                                   "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
+        self._compaction_metrics()
         # Each vLLM server behind --backend vllm, by `server` ("host:port", from --vllm-url: never a
         # client's string). The families above stay whole-model, so their panels need no sum.
         self.upstream_requests = Counter(attr.METRIC_UPSTREAM_REQUESTS, "Requests sent to each vLLM server, "
@@ -200,6 +210,9 @@ class Metrics:
         if self.multiprocess_dir:  # what a scrape reads: every worker's files, with this one's exemplars
             self._scrape = CollectorRegistry(auto_describe=False)
             self._scrape.register(_SummedWithOwnExemplars(self.multiprocess_dir, self.registry))
+
+    def compaction_item(self, result: str) -> None:
+        self.compaction_items.labels(result).inc()
 
     def watch(self, model: str, running, waiting) -> None:
         """Gauges read at scrape time, so requests do no gauge bookkeeping."""

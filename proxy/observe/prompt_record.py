@@ -15,17 +15,21 @@ from ..engine.generation import Generation
 
 
 def stored_prompt(rendered: Rendered, forced_text: str, ids: list[int], new_text: str, base: str | None,
-                  encoding: int) -> dict:
+                  encoding: int, whole: bool = False) -> dict:
     """The prompt as the render span keeps it, with `new_text` (the part new since the conversation's
     last request). When it was encoded from the prompt of `base` (the conversation's previous step,
     whose prompt's encoding was `encoding`), what it adds to that one, from the cut where they part: a
     session's trace then grows with what is new, not with turns × context (trace_store/chains.py makes
-    it whole on read). Else whole."""
+    it whole on read). Else whole. `whole` (spans exported over OTLP): the whole prompt as well, which
+    the store leaves out and the export keeps (chains.py's `compacted` and `exported`)."""
     if base and rendered.reused_from and rendered.reused_from == encoding:
-        return {attr.PROMPT_BASE_TRACE_ID: base, attr.PROMPT_BASE_TOKENS: rendered.reused_ids,
-                attr.PROMPT_BASE_CHARS: rendered.reused_chars, attr.PROMPT_ADDED_IDS: ids[rendered.reused_ids:],
-                attr.PROMPT_ADDED_TEXT: rendered.text[rendered.reused_chars:] + forced_text,
-                attr.PROMPT_NEW_TEXT: new_text}
+        added = {attr.PROMPT_BASE_TRACE_ID: base, attr.PROMPT_BASE_TOKENS: rendered.reused_ids,
+                 attr.PROMPT_BASE_CHARS: rendered.reused_chars, attr.PROMPT_ADDED_IDS: ids[rendered.reused_ids:],
+                 attr.PROMPT_ADDED_TEXT: rendered.text[rendered.reused_chars:] + forced_text,
+                 attr.PROMPT_NEW_TEXT: new_text}
+        if not whole:
+            return added  # the store's alone: nothing built that grows with the conversation
+        return {**added, attr.PROMPT_TEXT: rendered.text + forced_text, attr.PROMPT_IDS: ids}
     return {attr.PROMPT_TEXT: rendered.text + forced_text, attr.PROMPT_IDS: ids, attr.PROMPT_NEW_TEXT: new_text}
 
 
@@ -36,6 +40,8 @@ def continuity_attributes(continuity: Continuity) -> dict:
     attributes = {attr.PROMPT_CONTINUITY: continuity.kind, attr.PROMPT_CONTINUITY_MODE: continuity.mode}
     if continuity.differs_at is not None:
         attributes[attr.PROMPT_CONTINUITY_DIFFERS_AT] = continuity.differs_at
+    if continuity.fork is not None:
+        attributes[attr.PROMPT_CONTINUITY_FORK] = continuity.fork
     if continuity.kept:
         attributes[attr.PROMPT_KEPT_TOKENS] = continuity.kept
     return attributes

@@ -62,6 +62,9 @@ class RequestMetrics(Observer):
         """The model asked for is the one served: from here on it labels the request's own series."""
         self._label = self.model
 
+    def compacted(self, how: str) -> None:
+        self.metrics.compactions.labels(self.model, how).inc()
+
     # -- the generation --
 
     def rendered(self, generation: Generation, started_ns: int, ended_ns: int, content: bool = True) -> None:

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
@@ -38,20 +38,22 @@ from looptrace.trace_store.tokens import columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
-from . import genai, route_receipt
+from . import genai, openinference, route_receipt
 from .conversations import Conversations, Turn
 from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
-from .tool_spans import tool_call_span
+from .tool_spans import arriving_results, tool_call_span
 
 log = logging.getLogger("looptrace")
 
 
 class RequestSpans(Observer):
     def __init__(self, tracer: Tracer, conversations: Conversations, *, content: bool, endpoint: str,
-                 parent: Context | None, attributes: dict) -> None:
+                 parent: Context | None, attributes: dict, exported: bool = False) -> None:
         self.tracer = tracer
         self.conversations = conversations
         self.content = content
+        # Spans go over OTLP too: each whole (the store keeps deltas) and with what Phoenix reads.
+        self.exported = exported
         self.endpoint = endpoint
         self.model = ""
         self.conversation: str | None = None
@@ -71,7 +73,6 @@ class RequestSpans(Observer):
         # adds to an event beside it. Events themselves are never written to.
         self._pending: list[tuple[TokenEvent, str, int]] = []
         self._recording = False
-        self._output_ids: list[int] = []
         self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
         self._receipt: dict | None = None  # the routing's receipt (vLLM): what it predicted
         self._ttft: float | None = None  # the backend's time to first token (its prefill event's)
@@ -100,6 +101,13 @@ class RequestSpans(Observer):
     def responded(self, response_id: str) -> None:
         self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
 
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        self.span.set_attributes({attr.COMPACTION: how, attr.COMPACTION_REPLACED_ITEMS: replaced,
+                                  **({attr.COMPACTION_ID: summary_id} if summary_id else {})})
+
+    def expanded(self, compactions: int) -> None:
+        self.span.set_attribute(attr.COMPACTION_EXPANDED, compactions)
+
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         """This request runs a stored one again from its token `index`: linked to it, and saying where."""
         root = request_span(original["spans"])
@@ -118,11 +126,12 @@ class RequestSpans(Observer):
         runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
         content = content and self.content
         tokenizer = runtime.tokenizer
-        results, links = self._tool_results(generation.request.messages, content)
-        seen = self.turn.seen()
-        # Where this prompt departs from what the conversation's model saw last (its prompt and answer),
-        # compared from where its encoding departed from that prompt: the ids before it are known equal.
-        _, encoding = self.turn.seen_from()
+        results, links = arriving_results(self.turn, generation.request.messages, content)
+        # Where this prompt departs from what the conversation's model saw last (its prompt and answer, as
+        # the engine remembers them), compared from where its encoding departed from that prompt: the ids
+        # before it are known equal.
+        previous = generation.previous
+        seen, encoding, base = (previous.ids, previous.encoding, previous.label) if previous else (None, 0, None)
         known = rendered.reused_ids if seen and rendered.reused_from and rendered.reused_from == encoding else 0
         new_at = known + common_prefix(seen[known:], ids[known:]) if seen else 0
         attributes = {
@@ -152,7 +161,10 @@ class RequestSpans(Observer):
             attributes[attr.PROMPT_NOT_KEPT] = "past_context"
         if content:
             new_text = tokenizer.decode(ids[new_at:]) if new_at else ""
-            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, *self.turn.seen_from()))
+            attributes.update(stored_prompt(rendered, generation.forced_text, ids, new_text, base, encoding,
+                                            whole=self.exported))
+        if self.exported:
+            attributes.update(openinference.PROMPT)
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -166,17 +178,20 @@ class RequestSpans(Observer):
         since the conversation's last request: what a person reads as this step of the loop. Each
         message is encoded once; its JSON is also its digest for finding what is new."""
         request = generation.request
-        messages = self.turn.message_jsons or [dumps(genai.message(m)) for m in request.messages]
+        messages = [dumps(genai.message(m)) for m in request.messages]
         instructions, lead = genai.system_instructions(request.messages)
         new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
         attributes = {
             attr.INPUT_NEW_FROM: new_from,
             attr.INPUT_NEW_MESSAGES: "[" + ",".join(messages[new_from:]) + "]",
         }
-        if base and new_from > lead:  # the same system messages lead both: stored as what it adds (chains.py)
+        continues = base and new_from > lead
+        if continues:  # the same system messages lead both: stored as what it adds (chains.py)
             attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
-        else:
+        if not continues or self.exported:  # exported whole; the store leaves it out (chains.compacted)
             attributes[attr.GEN_AI_INPUT_MESSAGES] = "[" + ",".join(messages[lead:]) + "]"
+        if self.exported:
+            attributes.update(openinference.turn_input(request.messages))
         if instructions:
             attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = dumps(instructions)
         if request.tools:
@@ -198,6 +213,8 @@ class RequestSpans(Observer):
         attributes = {attr.BACKEND: backend.name}
         if backend.route:
             attributes[attr.BACKEND_ROUTE] = backend.route
+        if self.exported:
+            attributes.update(openinference.CHAIN)
         span = self._decode_span = self.tracer.start_span(attr.SPAN_DECODE, context=self._context,
                                                           start_time=self._submitted_ns, attributes=attributes)
         self._pieces = generation.runtime.vocab.pieces
@@ -246,6 +263,8 @@ class RequestSpans(Observer):
                             event["upstream_prompt_tokens"], event["prompt_tokens"], event["upstream_differs_at"])
         if cached is not None:
             attributes[attr.PREFILL_CACHED_TOKENS] = cached
+        if self.exported:
+            attributes.update(openinference.CHAIN)
         span = self.tracer.start_span(attr.SPAN_PREFILL, context=self._context, start_time=self._submitted_ns,
                                       attributes=attributes)
         span.end(end_time=self._prefill_ns)
@@ -263,8 +282,6 @@ class RequestSpans(Observer):
         if not pending:
             return
         self._pending = []
-        if self.conversation:  # what the conversation's model saw, for its next request's render span
-            self._output_ids += [event["id"] for event, _, _ in pending]
         if self._recording and self._decode_span is not None:
             events, channels, times = zip(*pending)
             group = token_columns(events, list(channels), list(times), self._pieces if self.content else None)
@@ -289,12 +306,18 @@ class RequestSpans(Observer):
             attr.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: generation.reasoning_tokens,
             attr.USAGE_CACHED_TOKENS: generation.cached_tokens,
             attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: generation.cached_tokens,
+            attr.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: generation.cache_write_tokens,
             attr.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: generation.cache_write_tokens,
         })
+        if self.exported:
+            self.span.set_attribute(attr.LLM_TOKEN_COUNT_COMPLETION_DETAILS_REASONING, generation.reasoning_tokens)
         if self.content:
-            answer = genai.output_message("".join(generation.reasoning), "".join(generation.text),
-                                          generation.tool_calls, generation.finish_reason)
+            text = "".join(generation.text)
+            answer = genai.output_message("".join(generation.reasoning), text, generation.tool_calls,
+                                          generation.finish_reason)
             self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
+            if self.exported:
+                self.span.set_attributes(openinference.answer(text, generation.tool_calls))
         self._end_prefill(generation.cached_tokens)
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
         if self._receipt is not None:  # the receipt's other half: what the server then said and took
@@ -315,12 +338,8 @@ class RequestSpans(Observer):
             attr.SPEC_DRAFTED_TOKENS: done.get("drafted", 0),
             attr.SPEC_ACCEPTED_TOKENS: done.get("accepted", 0),
         })
-        if self.conversation:
-            self._flush_tokens()
         # Kept before the client hears the end: its next turn, on any process, finds this one.
-        self.turn.finish(generation.prompt_ids + self._output_ids if self.conversation else None,
-                         generation.rendered.encoding if generation.rendered is not None else 0,
-                         len(generation.prompt_ids))
+        self.turn.finish()
 
     def _end_decode(self, attributes: dict, error: str | None = None) -> None:
         span = self._decode_span
@@ -350,26 +369,6 @@ class RequestSpans(Observer):
         self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
         self.span.end()
         self.turn.end()
-
-    # -- helpers --
-
-    def _tool_results(self, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
-        """Results of calls traced earlier, arriving now: recorded here and linked to their call's span."""
-        results, links = [], []
-        answered = [m for m in messages if m.get("role") == "tool"]
-        waiting = self.turn.take_results([m.get("tool_call_id") for m in answered]) if answered else {}
-        for message in answered:
-            pending = waiting.get(message.get("tool_call_id"))
-            if pending is None:
-                continue
-            context, name = pending
-            result = {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"], attr.GEN_AI_TOOL_NAME: name}
-            if content:
-                text = message.get("content")
-                result[attr.TOOL_RESULT] = text if isinstance(text, str) else str(text)
-            results.append(result)
-            links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
-        return results, links
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:

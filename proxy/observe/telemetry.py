@@ -16,10 +16,9 @@ from looptrace.trace_store.location import open_state, open_store
 from looptrace.trace_store.provider import build_provider
 from looptrace.trace_store.rollouts import Rollouts
 
-from ..engine.request import PreviousTurn
+from ..engine.memory import Bounded
 from ..settings import Settings
-from .conversations import Bounded, Conversations, StoredConversations
-from .history import previous_turn
+from .conversations import Conversations, StoredConversations
 from .feed import LiveFeed
 from .metrics import Metrics
 from .request_metrics import RequestMetrics
@@ -31,6 +30,7 @@ log = logging.getLogger("looptrace")
 class Telemetry:
     def __init__(self, settings: Settings) -> None:
         self.content = settings.trace_content
+        self.exported = bool(settings.otlp_endpoint)  # spans go over OTLP too: whole, with what Phoenix reads
         self.metrics = Metrics()
         self.feed = LiveFeed()
         # The store (SQLite, PostgreSQL, or none) and, beside it, the state any process serving it
@@ -39,7 +39,8 @@ class Telemetry:
                                 max_bytes=int(settings.trace_max_mb * 1024 * 1024), on_written=self.feed.publish)
         self.state = open_state(settings.trace_db)
         self.provider, self.processors = build_provider(
-            store=self.store, otlp_endpoint=settings.otlp_endpoint, on_dropped=self.metrics.dropped)
+            store=self.store, otlp_endpoint=settings.otlp_endpoint, on_dropped=self.metrics.dropped,
+            content=self.content)
         for processor in self.processors:
             self.metrics.watch_queue(processor.name, lambda p=processor: p.depth, lambda p=processor: p.held_bytes)
         self.tracer = self.provider.get_tracer("looptrace")
@@ -52,7 +53,7 @@ class Telemetry:
     def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTelemetry:
         """`attributes`: what the API knows of the HTTP request (method, path, the client)."""
         spans = RequestSpans(self.tracer, self.conversations, content=self.content, endpoint=endpoint,
-                             parent=parent, attributes=attributes)
+                             parent=parent, attributes=attributes, exported=self.exported)
         return RequestTelemetry(self, spans, RequestMetrics(self.metrics, endpoint=endpoint, trace_id=spans.trace_id))
 
     def note_rollout(self, key: str, group: str | None) -> None:
@@ -101,10 +102,6 @@ class RequestTelemetry:
         if rollout and conversation is not None:
             self.telemetry.note_rollout(conversation, group)
 
-    def previous_turn(self, messages: list[dict]) -> PreviousTurn | None:
-        """The conversation's previous turn, for token continuity (history.py)."""
-        return previous_turn(self.spans.turn, messages)
-
     def checked(self) -> None:
         """The model asked for is the one served: from here on it labels the request's metrics.
         Until then it is "unknown", so that no string a client sends becomes a label value."""
@@ -112,6 +109,16 @@ class RequestTelemetry:
 
     def responded(self, response_id: str) -> None:
         self.spans.responded(response_id)
+
+    def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
+        """This request was a compaction (how: trigger, compact, threshold; client: the client's own, whose
+        summary it keeps): its summary replaces `replaced` items."""
+        self.spans.compacted(how, summary_id, replaced)
+        self.metrics.compacted(how)
+
+    def expanded(self, compactions: int) -> None:
+        """This request's input held compaction items, each rendered as its summary."""
+        self.spans.expanded(compactions)
 
     def forked(self, original: dict, index: int, replacement: list[int]) -> None:
         self.spans.forked(original, index, replacement)

@@ -1,12 +1,16 @@
 """The execute_tool span of one tool call the model made, as the server traces it and as `looptrace
-replay` traces a replayed step's calls: built here alone, so both read the same."""
+replay` traces a replayed step's calls: built here alone, so both read the same; and the results of
+calls traced earlier, as a later request brings them."""
 
 from __future__ import annotations
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 
 from looptrace.common import attributes as attr
+
+from .conversations import Turn
+from .genai import text_of
 
 
 def tool_call_span(tracer: Tracer, context: Context, outcome: str, raw: str | None, name: str | None = None,
@@ -25,3 +29,22 @@ def tool_call_span(tracer: Tracer, context: Context, outcome: str, raw: str | No
     span = tracer.start_span(span_name, context=context, kind=SpanKind.INTERNAL, attributes=attributes)
     span.end()
     return span
+
+
+def arriving_results(turn: Turn, messages: list[dict], content: bool) -> tuple[list[dict], list[Link]]:
+    """Results of calls traced earlier, arriving now: the render span's `looptrace.tool_result` events
+    (the result's text where content is recorded) and its links to each call's span."""
+    results, links = [], []
+    answered = [m for m in messages if m.get("role") == "tool"]
+    waiting = turn.take_results([m.get("tool_call_id") for m in answered]) if answered else {}
+    for message in answered:
+        pending = waiting.get(message.get("tool_call_id"))
+        if pending is None:
+            continue
+        context, name = pending
+        result = {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"], attr.GEN_AI_TOOL_NAME: name}
+        if content:
+            result[attr.TOOL_RESULT] = text_of(message.get("content"))  # parts: their text
+        results.append(result)
+        links.append(Link(context, {attr.GEN_AI_TOOL_CALL_ID: message["tool_call_id"]}))
+    return results, links

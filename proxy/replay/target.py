@@ -1,7 +1,7 @@
 """The server a session is replayed against, reached over HTTP: another looptrace (any backend it
-serves: POST /v1/score and /v1/generate, proxy/api/native/targets.py) or a vLLM server directly (scoring by
-its `prompt_logprobs`, backends/prompt_logprobs.py: the same request and the same reading as the vLLM
-backend's own).
+serves: POST /v1/score and /v1/generate, proxy/api/native/score.py and generate.py) or a vLLM server
+directly (scoring by its `prompt_logprobs`, backends/vllm/prompt_logprobs.py: the same request and the
+same reading as the vLLM backend's own).
 
 Which one a URL is, is found by asking: looptrace's /health answers JSON naming its backend, vLLM's
 answers an empty 200. Requests are plain blocking HTTP (urllib): a replay asks one thing at a time,
@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
-from looptrace.backends.prompt_logprobs import read_scores, score_body
+from looptrace.backends.vllm.prompt_logprobs import read_scores, score_body
 
 from .arguments import DEFAULT_TIMEOUT
 from .read import ReplayError

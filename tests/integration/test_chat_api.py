@@ -250,7 +250,7 @@ def test_unknown_route_and_method_answer_in_shape(server):
 
 def test_an_attached_image_for_a_text_only_model_is_a_400_and_a_tool_s_image_a_note(server):
     # This checkpoint ships no image preprocessing: an image in a message is refused saying what the
-    # model takes (tests/test_media.py serves one that does); an image in a tool's output, which the
+    # model takes (tests/unit/test_media.py serves one that does); an image in a tool's output, which the
     # template renders as text, is a note the model reads in its place.
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     status, error = chat(server, messages=[{"role": "user", "content": [{"type": "text", "text": "What?"}, image]}],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -142,3 +143,65 @@ def test_claude_code_gets_an_answer_from_smollm2(installed, smollm2, tmp_path):
     assert SYSTEM in json.dumps(first["system"])
     # A rambling sample may run into max_tokens, and Claude Code asks it to go on: still the same question.
     assert all(r["path"] == "/v1/messages" for r in proxy.requests) and len(proxy.requests) <= 4
+
+
+SUBAGENT_ANSWER = "The subagent found sub-ok."
+LEAD_ANSWER = "The subagent said sub-ok."
+
+
+def test_claude_codes_subagent_exports_as_an_atif_trajectory_linked_from_its_agent_call(installed, serve, qwen3_5_dir,
+                                                                                       tmp_path):
+    """Claude Code's Agent tool run in the foreground: the lead's call, the subagent's request (its own
+    messages, x-claude-code-agent-id, the lead's session), the lead's answer to the subagent's report."""
+    import atif
+
+    from server import looptrace_command
+
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("".join(json.dumps({"text": s}) + "\n" for s in (
+        "Delegating.\n</think>\n\n" + qwen_call("Agent", description="Find a word", prompt="Run echo sub-ok",
+                                               subagent_type="general-purpose", run_in_background="false")
+        + "<|im_end|>",
+        "Searching.\n</think>\n\n" + SUBAGENT_ANSWER + "<|im_end|>",
+        "Reported.\n</think>\n\n" + LEAD_ANSWER + "<|im_end|>")))
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(steps), "--served-model-name", MODEL,
+                   api_key=API_KEY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with clients.RecordingProxy(server.url) as proxy:
+        env = clients.claude_env(home, f"http://127.0.0.1:{proxy.port}", API_KEY, MODEL)
+        done = clients.run_claude(installed, env, work, MODEL, "Ask a subagent for the word", "--allowedTools", "Agent",
+                                  timeout=180)
+    assert done.returncode == 0 and json.loads(done.stdout)["result"] == LEAD_ANSWER, outcome(done)
+    lead, sub, answered = proxy.requests
+    session = lead["headers"]["X-Claude-Code-Session-Id"]
+    agent_id = sub["headers"]["x-claude-code-agent-id"]
+    assert sub["headers"]["X-Claude-Code-Session-Id"] == session and "x-claude-code-agent-id" not in answered["headers"]
+    server.wait_until(lambda: len(server.get(f"/v1/sessions/{session}")[1].get("steps", [])) == 3, 15)
+
+    exported = subprocess.run([*looptrace_command(), "export", "--store", str(server.trace_db), "--session", session,
+                               "--format", "atif"], capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr
+    document = json.loads(exported.stdout)
+    atif.Trajectory.model_validate(document)
+    assert (document["agent"]["name"], document["agent"]["version"]) == ("claude-cli", installed_version())
+    first, last = [s for s in document["steps"] if s["source"] == "agent"]
+    (call,) = first["tool_calls"]
+    assert (call["function_name"], call["arguments"]["prompt"]) == ("Agent", "Run echo sub-ok")
+    (result,) = first["observation"]["results"]  # the subagent's report, as Claude Code returned it to the lead
+    assert result["source_call_id"] == call["tool_call_id"] and SUBAGENT_ANSWER in result["content"]
+    assert result["subagent_trajectory_ref"] == [{"trajectory_id": agent_id, "session_id": session}]
+    assert last["message"] == LEAD_ANSWER
+    (child,) = document["subagent_trajectories"]
+    assert child["trajectory_id"] == agent_id  # (Claude Code 2.1.332 sent no agent type for it)
+    assert any("Run echo sub-ok" in json.dumps(s["message"]) for s in child["steps"] if s["source"] == "user")
+    (child_answer,) = [s for s in child["steps"] if s["source"] == "agent"]
+    assert child_answer["message"] == SUBAGENT_ANSWER
+    for step in (first, child_answer, last):  # each model call's numbers, as stored
+        _, trace = server.get(f"/v1/traces/{step['extra']['trace_id']}")
+        spans = {s["name"]: s for s in trace["spans"]}
+        # Equal, not close: the export copies the stored numbers, no arithmetic on any CPU.
+        assert step["metrics"]["prompt_token_ids"] == spans["render"]["attributes"]["looptrace.prompt.ids"]
+        assert step["metrics"]["completion_token_ids"] == [t["id"] for t in spans["decode"]["tokens"]]
+        assert step["metrics"]["logprobs"] == [t["logprob"] for t in spans["decode"]["tokens"]]

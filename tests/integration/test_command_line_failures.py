@@ -195,3 +195,70 @@ def test_the_default_timeout_is_one_a_person_waits_for_and_help_says_it(store, t
                         "cannot reach the target", "timed out")
         assert time.monotonic() - began < 30
 
+
+
+# -- issue 41, L2: export's store and --out ------------------------------------------------------------
+
+
+def test_l2_export_of_a_sqlite_file_without_the_schema_says_so(tmp_path):
+    import sqlite3
+
+    other = tmp_path / "other.sqlite3"
+    sqlite3.connect(other).execute("CREATE TABLE notes (text)").connection.close()
+    empty = tmp_path / "empty.sqlite3"
+    empty.touch()
+    for path in (other, empty):
+        one_line_exit_2(export(str(path), "--session", SESSION), "export", str(path), "without looptrace's tables")
+        one_line_exit_2(replay(str(path), "http://127.0.0.1:9", tmp_path), "replay", "without looptrace's tables")
+
+
+def test_l2_export_of_an_empty_postgresql_database_says_so(postgres_url):
+    import postgres
+
+    empty = postgres.fresh_schema(postgres_url)  # a database (its schema) no looptrace wrote to
+    said = one_line_exit_2(export(empty, "--since", "0"), "export", "holds no looptrace tables")
+    assert postgres_url.split("://")[1].split("@")[0] not in said  # no password
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "verl", "prime-rl"])
+def test_l2_export_out_into_a_missing_folder_or_one_it_cannot_write_says_so(store, tmp_path, fmt):
+    cases = [(str(tmp_path / "no-such-folder" / "rows.out"), "there is no folder"),
+             (str(tmp_path), "is a folder"),
+             (str(tmp_path / "a-file" / "rows.out"), "there is no folder")]
+    (tmp_path / "a-file").write_text("")
+    if fmt in ("jsonl", "verl"):  # a device that is always full: the failure comes when writing, not opening
+        cases.append(("/dev/full", "cannot write --out /dev/full: No space left on device"))
+    for out, says in cases:
+        one_line_exit_2(export(store, "--session", SESSION, "--format", fmt, "--out", out), "export", says)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing made on the way
+
+
+# -- issue 41, L3: serve's flags -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--render-cache-mb", "nan"], "argument --render-cache-mb: 'nan' is not a number, 0 or more"),
+    (["--render-cache-mb", "-1"], "argument --render-cache-mb: '-1' is not a number, 0 or more"),
+    (["--render-cache-mb", "inf"], "argument --render-cache-mb: 'inf'"),
+    (["--render-check-every", "-1"], "argument --render-check-every: '-1' is not an integer, 0 or more"),
+    (["--port", "70000"], "argument --port: '70000' is not a port"),
+    (["--trace-max-mb", "nan"], "argument --trace-max-mb"),
+    (["--media-fetch-timeout", "0"], "argument --media-fetch-timeout"),
+    (["--prefix-cache-mb", "nan"], "argument --prefix-cache-mb"),
+    (["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9", "--vllm-kv-events", "tcp://[::1"],
+     "--vllm-kv-events 'tcp://[::1'"),
+    (["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9", "--vllm-kv-events", "tcp://gpu-a:99999"],
+     "each tcp://HOST:PORT"),
+    (["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9", "--vllm-timeout", "nan"], "argument --vllm-timeout"),
+    (["--backend", "replay", "--replay", "x.jsonl", "--threads", "2"], "--threads is for --backend llama.cpp"),
+    (["--trace-db", "/etc/hostname/traces.sqlite3"], "/etc/hostname is a file"),
+    (["--trace-db", "/tmp"], "--trace-db /tmp is a folder"),
+], ids=["cache nan", "cache -1", "cache inf", "check every -1", "port", "trace mb nan", "fetch timeout 0",
+        "prefix cache nan", "kv events ipv6 unclosed", "kv events port", "vllm timeout nan", "other backend's",
+        "store under a file", "store a folder"])
+def test_l3_each_serve_flag_error_is_one_line_and_exit_2_at_once(tmp_path, flags, says):
+    began = time.monotonic()
+    done = looptrace("serve", "--trace-db", str(tmp_path / "traces.sqlite3"), *flags, timeout=60)
+    one_line_exit_2(done, "serve", says)
+    assert time.monotonic() - began < 30  # refused as it is read, before a model or a store is opened
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,6 @@ import http.client
 import json
 import math
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -31,6 +30,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs
 from llama_binding import binding_llama  # noqa: E402 - after the binding is known to be there
 
 from looptrace.backends.llama_cpp.context import physical_cores
+
+from waiting import wait_until
 
 MODEL = "smollm2-llama"
 CONTEXT = 2048
@@ -285,10 +286,7 @@ def test_a_client_that_disconnects_stops_its_generation(server):
     assert server.get("/health")[1]["requests_running"] == 1
     connection.close()
     # 1,500 tokens take over ten seconds here; a stopped generation frees the model at once.
-    deadline = time.monotonic() + 2
-    while server.get("/health")[1]["requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.get("/health")[1]["requests_running"] == 0
+    wait_until(lambda: server.get("/health")[1]["requests_running"] == 0, 2, every=0.05, what="the model freed")
     assert len(span(server.trace_after(before), "decode")["tokens"]) < 1000
 
 

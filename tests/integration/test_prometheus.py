@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from openai import OpenAI
 
 from prometheus import Prometheus
+from waiting import wait_until
 
 CALL = ("\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>")
@@ -33,7 +33,7 @@ def scraped(serve, qwen3_5_dir, tmp_path_factory):
             client.chat.completions.create(model="qwen", messages=ask, tools=[WEATHER])
             list(client.chat.completions.create(model="qwen", messages=ask, stream=True))
             client.chat.completions.create(model="qwen", messages=ask)
-            time.sleep(1.2)
+            prometheus.wait_next_scrape()
         yield server, prometheus
     finally:
         prometheus.stop()
@@ -65,11 +65,8 @@ def test_tool_calls_and_requests_counted(scraped):
 
 def test_exemplars_lead_to_stored_traces(scraped):
     server, prometheus = scraped
-    deadline = time.monotonic() + 30
-    found = []
-    while not found and time.monotonic() < deadline:
-        found = prometheus.exemplars('looptrace_time_to_first_token_seconds_bucket{model="qwen"}')
-        time.sleep(0.5)
+    found = wait_until(lambda: prometheus.exemplars('looptrace_time_to_first_token_seconds_bucket{model="qwen"}'), 30,
+                       every=0.5)
     trace_ids = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
     assert trace_ids
     for trace_id in trace_ids:

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from real_vllm import VLLMServer
 
 import tiny_gemma4
+from build_cache import MissingPackage, MissingShared
 from server import Server, sse_events
 
 MODEL = "smollm2"
@@ -234,7 +235,7 @@ class TestTinyGemma4:
     def gemma(cls, logs, serve):
         try:
             checkpoint = tiny_gemma4.gemma4_checkpoint(head_dim=32)
-        except Exception as exc:  # noqa: BLE001 - ../shared (the chat template) missing: as the other fixtures
+        except (MissingShared, MissingPackage) as exc:  # ../shared (the chat template) missing: as conftest's fixtures
             pytest.skip(str(exc))
         vllm = start_vllm(checkpoint, logs, "gemma4", "--enable-scale-out", "--hf-overrides",
                           json.dumps({"architectures": ["Gemma4ForCausalLM"]}),

@@ -14,9 +14,10 @@ import pytest
 
 import postgres
 from server import free_port
-from shared_store import Client, metric, wait_for
+from shared_store import Client, metric
 from stores import Stores
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 MODEL = "m"
 
@@ -67,7 +68,7 @@ def test_a_chat_conversation_alternating_between_processes_reads_whole_on_either
         trace_ids.append(trace_id)
         messages += [answer["choices"][0]["message"], {"role": "user", "content": f"And then {turn}?"}]
     for client in pair:  # the viewer's data, from either process
-        session = wait_for(lambda: client.session(conversation, steps=4))
+        session = wait_until(lambda: client.session(conversation, steps=4))
         assert [s["trace_id"] for s in session["steps"]] == trace_ids
         assert [s["new_from"] for s in session["steps"]] == [0, 2, 4, 6]  # what was new, whichever served the turn
         assert [len(s["new_messages"]) for s in session["steps"]] == [2, 2, 2, 2]
@@ -97,7 +98,7 @@ def test_a_responses_conversation_continues_by_previous_response_id_on_either(pa
     status, error = a.get(f"/v1/responses/{ids[0]}")
     assert status == 404 and error["error"]["code"] == "response_not_found"
     for client in pair:
-        steps = wait_for(lambda: client.session(conversation, steps=3))["steps"]
+        steps = wait_until(lambda: client.session(conversation, steps=3))["steps"]
         assert [s["trace_id"] for s in steps] == trace_ids
         texts = [json.dumps(s["new_messages"]) for s in steps]
         assert "Open the first." in texts[1] and "List the files." not in texts[1]
@@ -116,7 +117,7 @@ def test_workers_on_one_port_share_the_store(serve, double, store_url):
         assert status == 200, answer
         trace_ids.append(trace_id)
         messages += [answer["choices"][0]["message"], {"role": "user", "content": f"And {turn}?"}]
-    session = wait_for(lambda: client.session(conversation, steps=6))
+    session = wait_until(lambda: client.session(conversation, steps=6))
     assert [s["trace_id"] for s in session["steps"]] == trace_ids
     assert [s["new_from"] for s in session["steps"]] == [0, 1, 3, 5, 7, 9]
 
@@ -129,13 +130,13 @@ def test_a_process_killed_mid_answer_loses_only_that_answer(pair, start, double)
     status, answer, first = doomed.chat(conversation, messages, max_tokens=6)
     assert status == 200
     # Written before the kill: spans leave in batches, and a kill takes what is not yet written with it.
-    wait_for(lambda: doomed.stored(first))
+    wait_until(lambda: doomed.stored(first))
     messages.append(answer["choices"][0]["message"])
     double.arm(kind="delay", seconds=0.05)  # the next answer streams for seconds
     streaming = threading.Thread(target=doomed.stream_quietly, args=(conversation, messages + [
         {"role": "user", "content": "A long one."}]), daemon=True)
     streaming.start()
-    wait_for(lambda: doomed.running() > 0 or None)
+    wait_until(lambda: doomed.running() > 0 or None)
     doomed.server.process.kill()  # mid-answer: its spans and that turn's state never leave it
     doomed.server.process.wait()
     streaming.join(30)
@@ -146,17 +147,16 @@ def test_a_process_killed_mid_answer_loses_only_that_answer(pair, start, double)
     messages += [answer["choices"][0]["message"], {"role": "user", "content": "The end?"}]
     status, _, fourth = restarted.chat(conversation, messages, max_tokens=6)
     assert status == 200
-    session = wait_for(lambda: restarted.session(conversation, steps=3))
+    session = wait_until(lambda: restarted.session(conversation, steps=3))
     assert [s["trace_id"] for s in session["steps"]] == [first, third, fourth]
     assert [s["new_from"] for s in session["steps"]] == [0, 1, 3]  # against the last turn that finished
 
 
 def test_postgresql_stopped_for_ten_seconds_mid_run(pair):
     """Requests keep coming to both processes, alternating, through an outage of the store."""
-    results: list[tuple[int, str]] = []
+    results: list[tuple[int, str, float]] = []  # (status, trace id, when it was answered)
     reads: list[tuple[float, int, dict]] = []
     stop = threading.Event()
-    started = time.monotonic()
 
     def drive():
         conversation, messages, turn = "outage-" + secrets.token_hex(4), [], 0
@@ -164,7 +164,7 @@ def test_postgresql_stopped_for_ten_seconds_mid_run(pair):
             client = pair[turn % 2]
             messages.append({"role": "user", "content": f"step {turn}"})
             status, answer, trace_id = client.chat(conversation, messages, max_tokens=4)
-            results.append((status, trace_id))
+            results.append((status, trace_id, time.monotonic()))
             if status == 200:
                 messages.append(answer["choices"][0]["message"])
             turn += 1
@@ -173,10 +173,10 @@ def test_postgresql_stopped_for_ten_seconds_mid_run(pair):
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     try:
-        time.sleep(3)
+        wait_until(lambda: len(results) >= 5, timeout=60)  # both processes serving, the store up
         postgres.stop()
         down = time.monotonic()
-        while time.monotonic() - down < 10:
+        while time.monotonic() - down < 10:  # the outage's ten seconds, read every second
             status, body = pair[0].get("/v1/traces?limit=5", timeout=30)
             reads.append((time.monotonic() - down, status, body))
             time.sleep(1)
@@ -184,18 +184,20 @@ def test_postgresql_stopped_for_ten_seconds_mid_run(pair):
         status, first, _ = pair[1].respond("outage-r", {"model": MODEL, "input": "hi", "max_output_tokens": 4})
     finally:
         postgres.start()
+        up = time.monotonic()
     assert status == 200, first
-    time.sleep(5)
+    wait_until(lambda: sum(when > up for _, _, when in results) >= 10, timeout=60)  # and on after it
     stop.set()
     driver.join(60)
-    statuses = [s for s, _ in results]
+    statuses = [s for s, _, _ in results]
     assert statuses and all(s == 200 for s in statuses), statuses  # never a 5xx, never a hang
-    assert len(statuses) > 20 and time.monotonic() - started > 18
+    during = [when for _, _, when in results if down < when < up]
+    assert len(during) >= 5, during  # served while the store was down
     refused = [(t, s, b) for t, s, b in reads if s != 200]
     assert refused and all(s == 503 and b["error"]["code"] == "trace_store_unreadable" for _, s, b in refused), reads
     # Caught up: every request's trace is whole, or marked as having lost spans, and those are counted.
     dropped = sum(metric(c.metrics(), "looptrace_trace_spans_dropped_total", 'sink="postgresql"') for c in pair)
-    traces = {trace_id: wait_for(lambda: pair[0].stored(trace_id), timeout=120) for _, trace_id in results}
+    traces = {trace_id: wait_until(lambda: pair[0].stored(trace_id), timeout=120) for _, trace_id, _ in results}
     incomplete = [t for t, found in traces.items() if not found["complete"]]
     assert all(traces[t].get("lost_spans") for t in incomplete)
     assert len(incomplete) <= dropped, (incomplete, dropped)
@@ -205,5 +207,5 @@ def test_postgresql_stopped_for_ten_seconds_mid_run(pair):
 
 def test_reads_answer_again_once_the_store_is_back(pair):
     for client in pair:
-        assert wait_for(lambda: client.get("/v1/sessions?limit=1")[0] == 200 or None, timeout=30)
+        assert wait_until(lambda: client.get("/v1/sessions?limit=1")[0] == 200 or None, timeout=30)
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 
 import pytest
 from openai import OpenAI
+
+from waiting import wait_until
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def smollm2(serve, smollm2_gguf_path):
-    # transformers, dequantizing the file (a .gguf gets llama.cpp by default: tests/test_llama_cpp.py);
+    # transformers, dequantizing the file (a .gguf gets llama.cpp by default: tests/integration/test_llama_cpp.py);
     # llama.cpp's quantized kernels answer this question otherwise.
     return serve(str(smollm2_gguf_path), "--backend", "local", "--served-model-name", "smollm2")
 
@@ -52,7 +53,4 @@ def test_a_client_that_disconnects_stops_its_generation(smollm2):
     assert smollm2.get("/health")[1]["requests_running"] == 1
     connection.close()
     # 400 tokens would take over ten seconds here; a stopped generation frees the model at once.
-    deadline = time.monotonic() + 3
-    while smollm2.get("/health")[1]["requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert smollm2.get("/health")[1]["requests_running"] == 0
+    wait_until(lambda: smollm2.get("/health")[1]["requests_running"] == 0, 3, every=0.05, what="the model freed")

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server import sse_events
+from speculative_checks import ROUNDING, leads
 
 MODEL = "smollm2-spec"
 CONFIG = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
@@ -30,7 +31,7 @@ NEW_TOKENS = 48
 @pytest.fixture(scope="module")
 def speculating(serve, smollm2_gguf_path):
     # The local backend: what is compared is transformers' generate() (llama.cpp's own prompt lookup is
-    # tested in tests/test_llama_cpp.py).
+    # tested in tests/integration/test_llama_cpp.py).
     return serve(str(smollm2_gguf_path), "--backend", "local", "--served-model-name", MODEL, "--speculative-config",
                  CONFIG)
 
@@ -42,8 +43,15 @@ def expected(smollm2_gguf_path) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     ids = tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True)
+    # Why the served answers must equal these on any CPU: a verification pass's scores are a step's to
+    # within rounding (under ROUNDING: speculative_checks.py measures it in process), and every winner
+    # here leads by more than twice that, so no rounding can pick another token.
+    lead = min(leads([row[0] for row in out.scores]))
+    print(f"smallest lead of generate()'s winner: {lead:.3g}")
+    assert lead > 2 * ROUNDING
+    return out.sequences[0, len(ids):].tolist()
 
 
 def decode_span(server, before: str | None) -> dict:

@@ -3,7 +3,8 @@ first turns of bench/speculative_session.json (a coding task: read files, run th
 back with a fix, show it, run them again), each a request of one conversation, answered greedily.
 
 - The local backend (transformers, float32): suffix decoding and prompt lookup give plain decoding's
-  tokens in every turn, with drafts accepted and rejected, and suffix decoding drafts more of them.
+  tokens in every turn, with drafts accepted and rejected, and suffix decoding drafts more of them
+  (equal on any CPU: no near-tie, checked as tests/support/speculative_checks.py says).
 - llama.cpp, where a verification batch's rows round differently from one-token steps (docs/backends.md,
   "llama.cpp"): a turn whose tokens differ from plain decoding's differs first where plain decoding
   had a near-tie (the two tokens' logits within 2 of each other; the kernels' difference measured
@@ -18,6 +19,7 @@ import math
 import pytest
 import torch
 from session_replay import answer, first_difference, turn_prompts
+from speculative_checks import RuleScores, assert_verified_as_plain
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from looptrace.backends.speculative.config import SpeculativeConfig
@@ -48,23 +50,27 @@ def replay(backend, prompts, stop, conversation: str) -> list[tuple[list[dict], 
     return [answer(backend, prompt, TOKENS, stop, conversation) for prompt in prompts]
 
 
-def test_local_suffix_and_ngram_give_plain_decodings_tokens(smollm2, smollm2_gguf_path):
+def test_local_suffix_and_ngram_give_plain_decodings_tokens(smollm2, smollm2_gguf_path, monkeypatch):
     from looptrace.backends.local.backend import LocalBackend
 
     tokenizer, stop, prompts = smollm2
     model = AutoModelForCausalLM.from_pretrained(smollm2_gguf_path.parent, gguf_file=smollm2_gguf_path.name,
                                                  dtype=torch.float32).eval()
+    scores = RuleScores(monkeypatch)
     backend = LocalBackend(model, Vocabulary(tokenizer), prefix_cache_tokens=65536)
-    plain = replay(backend, prompts, stop, "plain")
+    plain = [(*answer(backend, prompt, TOKENS, stop, "plain"), scores.take()) for prompt in prompts]
+    asyncio.run(backend.close())
     counts = {}
     for name, config in (("suffix", SUFFIX), ("ngram", NGRAM)):
         backend = LocalBackend(model, Vocabulary(tokenizer), prefix_cache_tokens=65536,
                                speculative=SpeculativeConfig.parse(config))
-        turns = replay(backend, prompts, stop, name)
-        asyncio.run(backend.close())
-        for (tokens, done), (want, _) in zip(turns, plain):
-            assert [t["id"] for t in tokens] == [t["id"] for t in want]
+        turns = []
+        for prompt, (want, _, rows) in zip(prompts, plain):
+            turns.append(answer(backend, prompt, TOKENS, stop, name))
+            tokens, done = turns[-1]
+            assert_verified_as_plain(rows, scores.take(), [t["id"] for t in want], [t["id"] for t in tokens])
             assert done["draft_method"] == name and done["accepted"] == sum(t["accepted"] for t in tokens)
+        asyncio.run(backend.close())
         counts[name] = (sum(d["drafted"] for _, d in turns), sum(d["accepted"] for _, d in turns))
     assert all(drafted > accepted > 0 for drafted, accepted in counts.values()), counts
     assert counts["suffix"][1] > counts["ngram"][1], counts  # it drafts what prompt lookup misses

@@ -141,3 +141,25 @@ def test_tinker_rows_are_datums(rollout, tmp_path):
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert loaded["target_tokens"] == row["loss_fn_inputs"]["target_tokens"]["data"]
     assert sum(loaded["mask"]) == sum(len(s) for s in rollout[3])
+
+
+def test_atif_trajectory_of_a_rollout_holds_its_steps_ids_and_reward(rollout):
+    import atif
+
+    from looptrace.proxy.export.atif import trajectories
+    from looptrace.proxy.replay.read import open_reader
+
+    store, steps, _, _ = rollout
+    (document,) = trajectories(open_reader(store), ["formats-1"], store)
+    atif.Trajectory.model_validate(document)
+    assert document["extra"]["rollout"]["reward"] == 0.75 and document["extra"]["rollout"]["group"] == "task-1"
+    agent = [s for s in document["steps"] if s["source"] == "agent"]
+    assert [s["extra"]["trace_id"] for s in agent] == [s.trace_id for s in steps]
+    for step, recorded in zip(agent, steps):
+        # Equal, not close: the export copies the stored numbers, no arithmetic on any CPU.
+        assert step["metrics"]["prompt_token_ids"] == recorded.prompt_ids
+        assert step["metrics"]["completion_token_ids"] == [t["id"] for t in recorded.tokens]
+        assert step["metrics"]["logprobs"] == [t["logprob"] for t in recorded.tokens]
+    # The tool's result is the first answer's observation; the rollout's user turn a step of its own.
+    assert agent[0]["observation"]["results"][0]["content"] == "hello"
+    assert [s["source"] for s in document["steps"]] == ["system", "user", "agent", "agent", "user", "agent"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 import urllib.request
@@ -253,6 +254,42 @@ def test_hovering_a_token_shows_its_five_alternatives(local, page):
     assert f"id {tokens[1]['id']}" in tip.inner_text()
 
 
+def test_a_tokens_tooltip_shows_the_text_it_adds_with_its_piece_beside(serve, qwen3_5_dir, tmp_path, page):
+    # The vocabulary's pieces are byte-level (Ċ a newline, Ġ a space): the tooltip shows a person the
+    # text a token adds, whitespace made visible, and the raw piece and id beside it; text as text.
+    answer = "First line.\n\n\tThen <b>bold</b> words.<|im_end|>"
+    replay = tmp_path / "steps.jsonl"
+    replay.write_text(json.dumps({"text": answer}) + "\n")
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", "tiny-qwen",
+                   api_key=KEY)
+    ask(server, "tooltip", "Say two lines.")
+    trace_id = stored(server, "/v1/sessions/tooltip")["steps"][0]["trace_id"]
+    tokens = stored(server, f"/v1/traces/{trace_id}/tokens")["tokens"]
+    newline = next(i for i, t in enumerate(tokens) if "\n" in t["text"])
+    assert "Ċ" in tokens[newline]["piece"]  # what the tooltip showed before
+    tab = next(i for i, t in enumerate(tokens) if "\t" in t["text"])
+    space = next(i for i, t in enumerate(tokens) if t["text"].startswith(" ") and t["text"].strip())
+    markup = next(i for i, t in enumerate(tokens) if "<" in t["text"])
+    p = open_session(page, server, "tooltip")
+    shown = p.locator("li.step .tokens").first
+    tip = p.locator("#tip")
+
+    def hover(i: int) -> tuple[str, str]:
+        shown.locator(f".tok[data-i='{i}']").hover()
+        tip.locator(".tip-raw", has_text=re.compile(rf"id {tokens[i]['id']}$")).wait_for(timeout=10_000)
+        return tip.locator(".tip-text").inner_text(), tip.locator(".tip-raw").inner_text()
+
+    text, raw = hover(newline)
+    assert text == tokens[newline]["text"].replace("\n", "⏎").replace("\t", "→").replace(" ", "·")
+    assert "⏎" in text and "Ċ" not in text
+    assert raw == f"{tokens[newline]['piece']} · id {tokens[newline]['id']}"  # the raw piece and id, beside
+    assert "→" in hover(tab)[0] and hover(space)[0].startswith("·")
+    assert "<" in hover(markup)[0] and tip.locator("b").count() == 0  # text, never markup
+    if os.environ.get("LOOPTRACE_SCREENSHOTS"):
+        hover(newline)
+        p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "tooltip.png"))
+
+
 def test_a_fork_from_the_page_continues_as_the_model_would(local, page):
     server, model = local
     ask(server, "fork", "Count to five.")
@@ -408,7 +445,7 @@ def test_drafted_tokens_are_marked_and_say_whether_the_draft_stood(serve, qwen3_
     assert {tokens[i]["draft_method"] for i in stood + rejected} == {"draft_model"}
     shown.locator(f".tok[data-i='{stood[0]}']").hover()
     p.wait_for_function("document.getElementById('tip').innerText.includes('yes: the draft stood')")
-    assert f"{stood[0]} · id {tokens[stood[0]]['id']}" in tip.inner_text()
+    assert f"{stood[0]} of the answer" in tip.inner_text() and f"id {tokens[stood[0]]['id']}" in tip.inner_text()
     p.screenshot(path=str(tmp_path / "drafts.png"))
     if os.environ.get("LOOPTRACE_SCREENSHOTS"):
         p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "drafts.png"))

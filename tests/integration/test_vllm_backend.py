@@ -1,4 +1,4 @@
-"""The vLLM backend over the vLLM test double (tests/vllm_double.py): the same events as local
+"""The vLLM backend over the vLLM test double (tests/support/vllm_double.py): the same events as local
 decoding, both routes, trace context, speculative counts, and every failure as a clear error.
 
 One double serves the module; two `looptrace serve --backend vllm` processes sit in front of it,
@@ -424,8 +424,9 @@ def test_each_failure_is_a_clear_error(servers, fresh, qwen_tokenizer, kind, rou
             sent_text = qwen_tokenizer.decode(record["token_ids"], skip_special_tokens=False).lstrip()
             assert text and sent_text.startswith(text), "the tokens before the failure reach the client"
         else:
-            assert events[-1]["type"] == "response.failed"
-            assert events[-1]["response"]["error"]["message"] == expected
+            assert events[-1] == "[DONE]"  # the terminal frame of a Responses stream too (Open Responses)
+            assert events[-2]["type"] == "response.failed"
+            assert events[-2]["response"]["error"]["message"] == expected
     else:
         assert got_status == status, raw
         assert json.loads(raw)["error"]["message"] == expected

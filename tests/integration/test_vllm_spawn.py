@@ -10,10 +10,11 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = f"{shlex.quote(sys.executable)} -m tests.support.vllm_double --model {{model}} --port {{port}}"
@@ -79,10 +80,7 @@ def test_stopping_looptrace_stops_the_server(serve, qwen3_5_dir):
     pid = server.get("/health")[1]["spawned"]["pid"]
     assert _alive(pid)
     server.stop()
-    deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(pid)
+    wait_until(lambda: not _alive(pid), 30, every=0.2, what="the spawned server gone")
 
 
 def test_a_server_that_exits_at_once_is_reported_with_its_last_lines(serve, qwen3_5_dir):

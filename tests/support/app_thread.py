@@ -22,11 +22,13 @@ from looptrace.proxy.settings import Settings
 class AppThread:
     """The real application on 127.0.0.1, its event loop in a thread of this process."""
 
-    def __init__(self, settings: Settings, send_buffer: int | None = None) -> None:
+    def __init__(self, settings: Settings, send_buffer: int | None = None, access_log=None) -> None:
         """`send_buffer`: SO_SNDBUF for the connections it accepts, fixed (else the kernel's, which grows
-        to megabytes on loopback): how much a client that stops reading leaves in the server's socket."""
+        to megabytes on loopback): how much a client that stops reading leaves in the server's socket.
+        `access_log`: a logger aiohttp writes a line to for every request answered (its status too)."""
         self.settings = settings
         self.send_buffer = send_buffer
+        self.access_log = access_log
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -49,7 +51,7 @@ class AppThread:
 
         try:
             self.app = create_app(self.settings)
-            runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+            runner = web.AppRunner(self.app, handler_cancellation=True, access_log=self.access_log)
             await runner.setup()
             if self.send_buffer is None:
                 site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -127,9 +129,9 @@ class AppThread:
                 total += float(value)
         return total
 
-    def post(self, body: dict, path: str = "/v1/responses") -> tuple[int, str, bytes]:
+    def post(self, body: dict, path: str = "/v1/responses", headers: dict | None = None) -> tuple[int, str, bytes]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as response:
                 return response.status, response.headers["Content-Type"], response.read()

@@ -1,7 +1,7 @@
 """The real agent clients (codex, pi, Claude Code, opencode, qwen-code), installed from npm once per
 cache and run in isolated homes, with nothing that calls elsewhere than looptrace.
 
-`python tests/clients.py` installs them (CI does this before the tests); the tests install them on
+`python tests/support/clients.py` installs them (CI does this before the tests); the tests install them on
 first use too. They land in `<test cache>/npm-clients-<versions>`, built in a temporary folder under
 a file lock and renamed into place, like the test checkpoints.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_cache
 
-# The versions shared/clients/README.md was recorded with; bump both here and re-run the client tests.
+# The versions ../shared/clients/README.md was recorded with; bump both here and re-run the client tests.
 CODEX = "@openai/codex@0.169.0"
 PI = "@mariozechner/pi-coding-agent@0.73.1"
 # Claude Code (a native binary inside the npm package), opencode (likewise) and qwen-code.
@@ -102,15 +102,22 @@ def client_env(home: Path, api_key: str, **extra: str) -> dict:
             API_KEY_ENV: api_key, **extra}
 
 
-def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = None) -> Path:
+def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = None, *, name: str | None = "looptrace",
+               settings: dict | None = None) -> Path:
+    """codex's config: a custom provider called `name` (docs/clients.md's is "looptrace"; one named
+    "OpenAI" or "Azure" compacts remotely), or with `name` None the built-in `openai` provider pointed at
+    `base_url` (`openai_base_url`; the key in OPENAI_API_KEY). `settings`: more top-level keys."""
     codex = home / ".codex"
     codex.mkdir(parents=True, exist_ok=True)
-    lines = [f'model = "{model}"', 'model_provider = "looptrace"']
+    lines = [f'model = "{model}"']
+    lines += [f'openai_base_url = "{base_url}"'] if name is None else ['model_provider = "looptrace"']
     if catalog is not None:
         lines.append(f'model_catalog_json = "{catalog}"')
-    lines += ["", "[model_providers.looptrace]", 'name = "looptrace"', f'base_url = "{base_url}"',
-              f'env_key = "{API_KEY_ENV}"', 'wire_api = "responses"', "request_max_retries = 0",
-              "stream_max_retries = 0"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (settings or {}).items()]
+    if name is not None:
+        lines += ["", "[model_providers.looptrace]", f'name = "{name}"', f'base_url = "{base_url}"',
+                  f'env_key = "{API_KEY_ENV}"', 'wire_api = "responses"', "request_max_retries = 0",
+                  "stream_max_retries = 0"]
     (codex / "config.toml").write_text("\n".join(lines) + "\n")
     return codex
 
@@ -127,7 +134,8 @@ def codex_catalog(path: Path, model: str) -> Path:
 def run_codex(clients: Clients, home: Path, workdir: Path, api_key: str, prompt: str, *args: str,
               timeout: float = 60) -> subprocess.CompletedProcess:
     command = [str(clients.codex), "exec", "--skip-git-repo-check", "--ephemeral", "-C", str(workdir), *args, prompt]
-    env = client_env(home, api_key, CODEX_HOME=str(home / ".codex"))
+    # OPENAI_API_KEY: the built-in provider's key (codex_home with name None); the others read API_KEY_ENV.
+    env = client_env(home, api_key, CODEX_HOME=str(home / ".codex"), OPENAI_API_KEY=api_key)
     return subprocess.run(command, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout)
 

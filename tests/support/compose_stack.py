@@ -1,5 +1,5 @@
 """compose/ read as `docker compose` reads it, for the compose tests (tests/unit/test_compose.py, and
-tests/integration/test_compose.py, which runs the schema check, the entrypoint and promtool): Compose's
+tests/integration/test_compose_schema.py, which runs the schema check, the entrypoint and promtool): Compose's
 variable substitution, its merge of a second -f file, and the parts of a service the tests look at.
 """
 

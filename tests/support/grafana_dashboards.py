@@ -1,5 +1,5 @@
 """grafana/ read as Grafana reads it, for the dashboard tests (tests/unit/test_dashboards.py,
-tests/integration/test_dashboards.py) and the several-servers test (tests/integration/test_vllm_pool.py):
+tests/integration/test_dashboards_prometheus.py) and the several-servers test (tests/integration/test_vllm_pool_processes.py):
 the provisioned dashboards and datasources, their PromQL with Grafana's variables set, the links into
 looptrace's trace viewer.
 """
@@ -20,7 +20,7 @@ CONVERSATION = "conv-dashboards-1"
 # Grafana's variables, as the test sets them: a concrete model and ranges Prometheus accepts.
 VARIABLES = {"model": MODEL, "conversation": CONVERSATION, "__rate_interval": "1m", "__interval": "15s",
              "__range": "10m"}
-EXEMPLAR_LABEL = "trace_id"  # the label looptrace's histogram exemplars carry (proxy/request_trace.py)
+EXEMPLAR_LABEL = "trace_id"  # the label looptrace's histogram exemplars carry (proxy/observe/metrics.py)
 
 
 def load_dashboards() -> list[dict]:
@@ -74,7 +74,7 @@ def is_vllm(expr: str) -> bool:
 
 
 def is_upstream(expr: str) -> bool:
-    """looptrace's per-server series exist only in front of vLLM servers: tests/integration/test_vllm_pool.py checks
+    """looptrace's per-server series exist only in front of vLLM servers: tests/integration/test_vllm_pool_processes.py checks
     those panels against a real Prometheus scraping looptrace in front of three vLLM doubles."""
     return "looptrace_upstream_" in expr
 

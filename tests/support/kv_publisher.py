@@ -91,7 +91,8 @@ class Publisher:
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=BUFFER_STEPS)
         self.publishing, self.dropping = True, 0
         self._context = zmq.asyncio.Context.instance()
-        self._pub = self._context.socket(zmq.PUB)
+        # XPUB: vLLM's PUB on the wire, and it tells when a subscriber's subscription arrived (subscribed()).
+        self._pub = self._context.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
         self._router = None
@@ -101,6 +102,14 @@ class Publisher:
             self._router.setsockopt(zmq.LINGER, 0)
             self._router.bind(replay_endpoint)
             self._task = asyncio.get_running_loop().create_task(self._serve_replays())
+
+    async def subscribed(self, timeout: float = 10.0) -> None:
+        """Until a subscriber's subscription reached this socket: what is published after it is received
+        (ZeroMQ's SUB takes only what is published once it is connected and subscribed)."""
+        while True:
+            frame = await asyncio.wait_for(self._pub.recv(), timeout)
+            if frame[:1] == b"\x01":
+                return
 
     def publish(self, events: list[dict]) -> None:
         if not events or not self.publishing:

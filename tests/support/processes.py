@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Callable
+
+import waiting
 
 
 def free_port() -> int:
@@ -42,14 +43,16 @@ class Service:
         return self.log_path.read_text(errors="replace")
 
     def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until `ready()`; a process that exits first, or the time running out, fails with its log."""
+        def answered() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            if ready():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} was not ready after {timeout} s:\n{self.log()}")
+            return ready()
+
+        try:
+            waiting.wait_until(answered, timeout, every=0.2)
+        except AssertionError:
+            raise TimeoutError(f"{self.name} was not ready after {timeout} s:\n{self.log()}") from None
 
     def stop(self, timeout: float = 20) -> None:
         if self.process.poll() is None:

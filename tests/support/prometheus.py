@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import waiting
 from processes import Service, answers_ok, free_port
 
 
@@ -46,13 +47,9 @@ class Prometheus(Service):
         return body["data"]["result"]
 
     def wait_for(self, promql: str, timeout: float = 60) -> list[dict]:
-        """The query's result once it has at least one series (scrapes and rates need a few seconds)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(promql)
-            if result or time.monotonic() > deadline:
-                return result
-            time.sleep(0.5)
+        """The query's result once it has at least one series (scrapes and rates need a few seconds), or
+        the empty result at the deadline, for the caller to say what is missing."""
+        return waiting.wait_until(lambda: self.query(promql), timeout, every=0.5, or_last=True)
 
     def exemplars(self, promql: str, seconds: float = 600) -> list[dict]:
         now = time.time()
@@ -65,6 +62,11 @@ class Prometheus(Service):
 
     def wait_scraped(self, timeout: float = 30) -> None:
         """Until looptrace has been scraped once (or the time is up: the queries then say what is missing)."""
-        deadline = time.monotonic() + timeout
-        while not self.scraped() and time.monotonic() < deadline:
-            time.sleep(0.3)
+        waiting.wait_until(self.scraped, timeout, every=0.3, or_last=True)
+
+    def wait_next_scrape(self, timeout: float = 30) -> None:
+        """Until a scrape of looptrace newer than now is stored: what a test did before it is counted, and
+        what it does next falls in a later scrape (rate() needs counters that moved between two)."""
+        now = time.time()
+        waiting.wait_until(lambda: any(float(s["value"][1]) > now for s in self.query('timestamp(up{job="looptrace"})')),
+                           timeout, every=0.2, what="a scrape of looptrace after this moment")

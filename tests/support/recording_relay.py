@@ -4,6 +4,10 @@ answers chunk by chunk; each exchange is kept as (method, path, request body, an
 
 Used to read vLLM's own echo of the prompt it read (`prompt_token_ids`, asked for with
 `return_token_ids`, which looptrace's vLLM backend sends on /v1/completions).
+
+An exchange is kept as its request arrives, so that none is missing when looptrace has already answered
+its client (the relay still finishing its side of the stream), and `generations()` waits until each
+is whole: kept only once relayed, the last turn's exchange was sometimes not there yet when a test read.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -24,7 +28,8 @@ class Exchange:
     method: str
     path: str
     request: bytes
-    answer: bytes
+    answer: bytes = b""
+    whole: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def events(self) -> list[dict]:
         """A streamed answer's `data:` payloads (JSON), `[DONE]` left out."""
@@ -68,21 +73,30 @@ class RecordingRelay:
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        exchange = Exchange(request.method, request.path, body)
+        self.exchanges.append(exchange)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with self.session.request(request.method, self.target + request.path_qs, data=body or None,
-                                        headers=headers) as upstream:
-            response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
-            await response.prepare(request)
-            answer = bytearray()
-            async for chunk in upstream.content.iter_any():
-                answer += chunk
-                await response.write(chunk)
-            await response.write_eof()
-        self.exchanges.append(Exchange(request.method, request.path, body, bytes(answer)))
-        return response
+        answer = bytearray()
+        try:
+            async with self.session.request(request.method, self.target + request.path_qs, data=body or None,
+                                            headers=headers) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    answer += chunk
+                    await response.write(chunk)
+                await response.write_eof()
+            return response
+        finally:  # whole, or as far as it went (a client that went away, an upstream that failed)
+            exchange.answer = bytes(answer)
+            exchange.whole.set()
 
-    def generations(self) -> list[Exchange]:
-        """The exchanges that generated: POSTs to /v1/completions or /inference/v1/generate, in order."""
-        return [e for e in self.exchanges
-                if e.method == "POST" and e.path in ("/v1/completions", "/inference/v1/generate")]
+    def generations(self, timeout: float = 30) -> list[Exchange]:
+        """The exchanges that generated: POSTs to /v1/completions or /inference/v1/generate, in order,
+        each once its answer is whole."""
+        found = [e for e in list(self.exchanges)
+                 if e.method == "POST" and e.path in ("/v1/completions", "/inference/v1/generate")]
+        for exchange in found:
+            assert exchange.whole.wait(timeout), f"an exchange on {exchange.path} still streaming after {timeout} s"
+        return found

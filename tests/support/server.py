@@ -25,10 +25,12 @@ class Server(Service):
 
     name = "looptrace"
 
-    def __init__(self, *args: str, log_dir: Path, env: dict | None = None, api_key: str | None = None) -> None:
+    def __init__(self, *args: str, log_dir: Path, env: dict | None = None, api_key: str | None = None,
+                 program: list[str] | None = None) -> None:
         self.port = free_port()
         self.api_key = api_key
-        command = [*looptrace_command(), "serve", *args, "--port", str(self.port)]
+        # `program`: another install's looptrace (a relay's, without torch: relay_install.py)
+        command = [*(program or looptrace_command()), "serve", *args, "--port", str(self.port)]
         if "--trace-db" not in args:  # never the user's own store
             self.trace_db = log_dir / f"traces-{self.port}.sqlite3"
             command += ["--trace-db", str(self.trace_db)]

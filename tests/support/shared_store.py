@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
-import time
 import urllib.request
 
 from server import Server
@@ -67,18 +66,6 @@ class Client:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.server.url + "/metrics", timeout=30) as response:
             return response.read().decode()
-
-
-def wait_for(found, timeout: float = 30):
-    """found()'s first answer that is something, polled."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = found()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not there after {timeout} s: {found}")
-        time.sleep(0.2)
 
 
 def metric(text: str, name: str, labels: str = "") -> float:

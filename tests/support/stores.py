@@ -118,7 +118,8 @@ class SilentState:
             time.sleep(3)
         raise ConnectionError("connection refused")
 
-    load = calls = save = put_response = get_response = delete_response = _fail
+    load = calls = save = load_turn = save_turn = put_response = get_response = delete_response = _fail
+    put_compaction = get_compaction = secret = _fail
 
     def close(self) -> None:
         pass

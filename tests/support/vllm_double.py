@@ -6,7 +6,7 @@ POST /v1/completions (token-id prompts, streamed) and POST /inference/v1/generat
 from a fixed cycle of ordinary tokens sent as fast as the event loop allows (for relay benchmarks:
 no model time). bench/_vllm_chat.py adds vLLM's /v1/chat/completions, for the relay benchmark.
 
-Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/test_vllm_protocol.py checks the
+Shapes are those of vLLM's protocol models (VLLM_VERSION; tests/integration/test_vllm_protocol.py checks the
 chunks against the wheel), and so are the semantics, read from vLLM's serving code: a sampled
 token's rank counts the tokens at least as likely; `top_logprobs` hold the sampled token first,
 then the most likely; a stop token is in `token_ids` but not in `text`; usage (with cached prompt
@@ -228,9 +228,21 @@ class Media:
                                              param="content_parts")) from None
             replacement = self._expansion(processor, token, part["type"], part.get("url", ""))
             replacement += replacement[-1:] * self.delta
-            out[at:at + 1] = replacement
-            at += len(replacement)
+            start, end = self._target(processor, out, at, part["type"])
+            out[start:end] = replacement
+            at = start + len(replacement)
         return out
+
+    def _target(self, processor, ids: list[int], at: int, kind: str) -> tuple[int, int]:
+        """Where the item's replacement goes: its placeholder; for a Qwen-VL video, the template's
+        `<|vision_start|><|video_pad|><|vision_end|>` around it, which vLLM's Qwen3-VL processor replaces
+        whole (its replacement wraps every frame in a pair of its own; transformers' does the same from
+        5.25 on, where 5.24 left the template's pair around them)."""
+        opener, closer = (getattr(processor, name, None) for name in ("vision_start_token", "vision_end_token"))
+        if kind == "video_url" and opener and closer and 0 < at < len(ids) - 1 and \
+                (ids[at - 1], ids[at + 1]) == tuple(self.tokenizer.convert_tokens_to_ids([opener, closer])):
+            return at - 1, at + 2
+        return at, at + 1
 
     def _expansion(self, processor, token: str, kind: str, url: str) -> list[int]:
         import base64

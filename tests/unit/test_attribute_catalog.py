@@ -18,12 +18,14 @@ PACKAGES = ("proxy", "trace_store", "backends", "families", "common")
 CATALOG = ROOT / "common" / "attributes.py"
 
 # The shapes the catalog's names take: an attribute or event (OpenTelemetry's namespaces, ours), a metric.
-NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url)\.[a-z0-9_.]+$|^looptrace_[a-z_]+$")
+NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url|openinference|llm|input|output)\.[a-z0-9_.]+$"
+                  r"|^looptrace_[a-z_]+$")
 # The manual's names are the same, a template's `{kind}` written `*`; or `.name`, short for the last full
 # name's namespace with this last part (`gen_ai.request.model`, `.temperature`).
-DOC_NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url)\.[a-z0-9_.*]+$")
-# Named in the manual but not written by looptrace: the older name Phoenix reads cached tokens under.
-NOT_OURS = {"gen_ai.usage.cache_read_input_tokens"}
+DOC_NAME = re.compile(r"^(gen_ai|looptrace|server|http|error|user_agent|url|openinference|llm|input|output)"
+                      r"\.[a-z0-9_.*]+$")
+# Named in the manual but not written by looptrace (none today).
+NOT_OURS: set[str] = set()
 
 
 def names_outside_catalog(source: str) -> list[tuple[int, str]]:

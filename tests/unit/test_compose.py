@@ -2,7 +2,7 @@
 
 No Docker engine runs in CI. The compose file is validated against the Compose specification's
 schema, the entrypoint script run and the Prometheus config checked by promtool in
-tests/integration/test_compose.py (they run programs); here, read in this process, what a schema
+tests/integration/test_compose_schema.py (they run programs); here, read in this process, what a schema
 cannot say: that names point at things that exist (volumes, configs, services, files,
 ports), that nothing listens beyond loopback unless asked, and that the configs beside it (Prometheus,
 Tempo, the entrypoint script, the image's build context) agree with it and with each other.

@@ -2,7 +2,7 @@
 Grafana would read them: every datasource a panel names is provisioned, the panels fit the grid, the
 latency panels show exemplars, the vLLM queries sit in the vLLM row, and every link into the trace
 viewer is there. What needs programs (promtool, the pinned vLLM's wheel, a real Prometheus scraping a
-real looptrace, the viewer in Chromium) is in tests/integration/test_dashboards.py.
+real looptrace, the viewer in Chromium) is in tests/integration/test_dashboards_prometheus.py.
 """
 
 from __future__ import annotations

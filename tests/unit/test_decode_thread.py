@@ -12,19 +12,23 @@ from looptrace.backends.base import BackendError, Busy, DecodeRequest, SamplingP
 from looptrace.backends.decode_thread import DecodeThread
 from looptrace.backends.events import done_event, prefill_event, token_event
 
+from waiting import wait_until_async
+
 
 def request(*prompt: int) -> DecodeRequest:
     return DecodeRequest(list(prompt), 4, SamplingParams(temperature=0), frozenset())
 
 
-def echo(gate: threading.Event | None = None, seen: list | None = None):
-    """A decode function: one token per prompt id, stopping early when cancelled; waits for `gate`
-    before its first token, if given."""
+def echo(gate: threading.Event | None = None, seen: list | None = None, started: threading.Event | None = None):
+    """A decode function: one token per prompt id, stopping early when cancelled; sets `started` once a
+    request is on the thread, and waits for `gate` before its first token, if given."""
 
     def decode(req: DecodeRequest, emit) -> None:
         if seen is not None:
             seen.append(req.prompt_ids[0])
         emit(prefill_event(len(req.prompt_ids), 0, 0.0))
+        if started is not None:
+            started.set()
         if gate is not None:
             gate.wait(10)
         for i, token in enumerate(req.prompt_ids):
@@ -57,12 +61,12 @@ def test_requests_run_in_order_of_arrival():
 
 def test_past_the_queue_a_request_is_refused_with_a_429():
     async def main():
-        gate = threading.Event()
-        thread = DecodeThread(echo(gate), max_queue=1, name="test")
+        gate, started = threading.Event(), threading.Event()
+        thread = DecodeThread(echo(gate, started=started), max_queue=1, name="test")
         running = asyncio.ensure_future(collect(thread, request(1)))
-        await asyncio.sleep(0.2)  # the first is on the thread, held at the gate
+        await wait_until_async(started.is_set, 10)  # the first is on the thread, held at the gate
         waiting = asyncio.ensure_future(collect(thread, request(2)))
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: thread.waiting == 1, 10)  # the second in the queue's one place
         with pytest.raises(Busy) as refused:
             await collect(thread, request(3))
         gate.set()
@@ -84,8 +88,7 @@ def test_a_consumer_that_leaves_stops_the_decoding():
         first = await stream.__anext__()
         await stream.aclose()  # the client went away after the prefill
         gate.set()
-        await asyncio.sleep(0.2)
-        after = await collect(thread, request(7))
+        after = await collect(thread, request(7))  # first in, first out: after the cancelled one ended
         await thread.close()
         return first, req.cancel.is_set(), after
 

@@ -30,6 +30,7 @@ import load_once
 from app_thread import AppThread, Wrapped
 from server import sse_events
 from tiny_models import chat_prompt_ids
+from waiting import wait_until, wait_until_async
 
 MODEL = "tiny-qwen"
 ASK = [{"role": "user", "content": "Hi"}]
@@ -162,8 +163,7 @@ def test_max_queue_zero_means_one_at_a_time_and_none_waiting(qwen3_5_dir):
         with pytest.raises(Busy):
             await anext(backend.generate(greedy()))
         gate.set()
-        while backend.running:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: not backend.running, 10)
         assert [e["type"] async for e in backend.generate(greedy())][-1] == "done"
 
     try:
@@ -263,14 +263,12 @@ def test_no_cors_headers_are_sent(replay_app):
 
 
 def _newest_trace(app, before: str | None) -> dict:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def newest() -> str | None:
         status, listing = app.call("GET", "/v1/traces?limit=1")
-        newest = listing["data"][0]["trace_id"] if status == 200 and listing["data"] else None
-        if newest and newest != before:
-            return app.call("GET", f"/v1/traces/{newest}")[1]
-        time.sleep(0.1)
-    raise TimeoutError("no new trace")
+        found = listing["data"][0]["trace_id"] if status == 200 and listing["data"] else None
+        return found if found != before else None
+
+    return app.call("GET", f"/v1/traces/{wait_until(newest, 30, what='a new trace')}")[1]
 
 
 @pytest.mark.parametrize(("megabytes", "found"), [(4, "at least "), (1.5, "")])
@@ -423,9 +421,7 @@ def test_serving_never_waits_for_the_viewers_reads(replay_app, monkeypatch):
     try:
         for search in searches:
             search.start()
-        deadline = time.monotonic() + 10
-        while len(stuck) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(stuck) >= 2, 10, every=0.01)
         replay_app.replay("Still here.<|im_end|>")
         answered = []
         long_chat = threading.Thread(target=lambda: answered.append(chat(replay_app, messages=[

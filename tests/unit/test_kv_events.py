@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,7 @@ from looptrace.backends.vllm.kv_events import KVEvents
 from looptrace.backends.vllm.kv_index import PromptBlocks
 
 from kv_publisher import PrefixCache, Publisher
+from waiting import wait_until_async
 
 
 class Server:
@@ -38,10 +40,7 @@ def prompt(n: int, length: int = 64) -> list[int]:
 
 
 async def until(check, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.02)
+    await wait_until_async(check, timeout)
 
 
 def run(test):
@@ -58,11 +57,12 @@ def run(test):
     return main
 
 
-async def subscribed(events: KVEvents) -> None:
-    """Following, and its SUB socket connected: ZeroMQ's SUB receives only what is published after it connects
-    (a reader with a replay socket asks for what came before; one without cannot)."""
+async def subscribed(events: KVEvents, server: Server) -> None:
+    """Following, and its subscription arrived at the publisher: ZeroMQ's SUB receives only what is
+    published after it is connected and subscribed (a reader with a replay socket asks for what came
+    before; one without cannot)."""
     await until(lambda: events.state == "following")
-    await asyncio.sleep(0.3)
+    await server.publisher.subscribed()
 
 
 def predicts(events: KVEvents, server: Server, tokens: list[int]) -> bool:
@@ -124,7 +124,7 @@ def test_a_gap_nothing_fills_is_counted_lost_and_followed_from_there(tmp_path):
 
 def test_without_a_replay_socket_a_gap_is_lost(tmp_path):
     async def test(server, events):
-        await subscribed(events)
+        await subscribed(events, server)
         server.request(prompt(0))
         await until(lambda: events.batches == 1)
         server.publisher.dropping = 1
@@ -191,7 +191,8 @@ def test_a_request_whose_events_came_while_it_ran_owes_nothing(tmp_path, monkeyp
         server.request(prompt(0))
         await until(lambda: events.batches == 1)
         events.owed(True, started)  # its blocks' batch came before it ended
-        await asyncio.sleep(0.4)
+        later = time.monotonic() + 1  # the silence allowed (0.2 s) has passed: nothing was owed
+        monkeypatch.setattr(kv_events, "time", SimpleNamespace(monotonic=lambda: later))
         assert events.trusted
 
     asyncio.run(run(test)(tmp_path, True))
@@ -210,7 +211,7 @@ def test_a_payload_of_another_format_is_said_and_not_used(tmp_path):
 @pytest.mark.parametrize("replay", [True, False])
 def test_health_says_how_it_follows(tmp_path, replay):
     async def test(server, events):
-        await subscribed(events)
+        await subscribed(events, server)
         server.request(prompt(0))
         await until(lambda: events.batches == 1)
         health = events.health()

@@ -1,5 +1,5 @@
 """Images reach the model (issue 14, its first part): both APIs, the local backend, the tiny Qwen3.5
-and Gemma 4 with their real processors' image settings (tests/tiny_media.py).
+and Gemma 4 with their real processors' image settings (tests/support/tiny_media.py).
 
 An image request puts the processor's image tokens into the prompt and its pixels into prefill: the
 greedy answer equals `model.generate()` on the same processor inputs. Every bad item is a 400 that
@@ -206,7 +206,8 @@ BAD = {
     "a URL": ({"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}, "media_unsupported"),
     "a file URL": ({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}, "media_unsupported"),
     "not base64 data URL": ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}}, "invalid_media"),
-    "a PDF": ({"type": "file", "file": {"file_data": data_url(b"%PDF-1.4", "application/pdf")}}, "media_unsupported"),
+    # A PDF is read as its pages' text (test_pdf_input.py); one that is only a header is broken.
+    "a broken PDF": ({"type": "file", "file": {"file_data": data_url(b"%PDF-1.4", "application/pdf")}}, "invalid_file"),
     "audio": ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "media_unsupported"),
     "a corrupt video": ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "invalid_media"),
     "an image as video": ({"type": "video_url", "video_url": {"url": data_url(png())}}, "media_unsupported"),

@@ -23,12 +23,14 @@ def indented_commands() -> list[str]:
 def test_it_starts_with_the_serve_and_test_commands():
     serve, test = indented_commands()
     assert serve.endswith("looptrace serve") and "pip install torch==2.13.0" in serve
+    # The default backend decodes here: the local extra, after the CPU torch (which it then keeps).
+    assert serve.index("pip install torch==2.13.0") < serve.index("pip install -e '.[local]'")
     assert test == "tests/run.sh"
     # CI runs exactly the README's test command.
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == f"exec {test}"
     script = (ROOT / test).read_text()
-    assert script.index("pip install -q torch==2.13.0") < script.index("pip install -q -e '.[test]'")
+    assert script.index("pip install -q torch==2.13.0") < script.index("pip install -q -e '.[local,test]'")
 
 
 def test_every_serve_option_is_documented():

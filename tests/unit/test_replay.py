@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import junitparser
 import pytest
 
 from looptrace.common import attributes as attr
 from looptrace.proxy.export import command as export
-from looptrace.proxy.replay import figures as compare, run as command
+from looptrace.proxy.replay import figures as compare
+from looptrace.proxy.replay import run as command
 from looptrace.proxy.replay.read import Recorded
 from looptrace.proxy.replay.report import write_junit
+
+from waiting import wait_until
 
 HEADERS = {"session_id": "replay-unit", "User-Agent": "pytest-replay/1"}
 
@@ -117,9 +119,8 @@ def recorded_session(local_app):
         messages += [{"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
                      {"role": "user", "content": "Again."}]
     # The store writes a step a moment after its answer: wait for the second, as stored() does for a trace.
-    deadline = time.monotonic() + 10
-    while len((session := local_app.stored("/v1/sessions/replay-unit"))["steps"]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    session = wait_until(lambda: (found := local_app.stored("/v1/sessions/replay-unit")) and
+                         len(found["steps"]) >= 2 and found, 10, every=0.05)
     assert len(session["steps"]) == 2
     return session
 

@@ -52,11 +52,12 @@ def stream(replay_app, **body) -> list[dict]:
 
 
 def sse(data: bytes) -> list[dict]:
-    """Every frame is `event: TYPE` + `data: {...}` with the same type, as OpenAI sends them."""
+    """Every frame is `event: TYPE` + `data: {...}` with the same type, as OpenAI sends them; the last
+    is the terminal `data: [DONE]`."""
     events = []
-    for block in data.decode().split("\n\n"):
-        if not block:
-            continue
+    blocks = [block for block in data.decode().split("\n\n") if block]
+    assert blocks and blocks[-1] == "data: [DONE]", blocks[-1:]
+    for block in blocks[:-1]:
         head, body = block.split("\n")
         event = json.loads(body.removeprefix("data: "))
         assert head == f"event: {event['type']}" and body.startswith("data: ")
@@ -241,7 +242,8 @@ def test_calls_come_back_as_the_clients_own_tools(replay_app):
     assert {k: v for k, v in edit.items() if k not in ("id", "call_id")} == {
         "type": "custom_tool_call", "status": "completed", "name": "apply_patch", "input": patch}
     assert len({shell["call_id"], close["call_id"], edit["call_id"]}) == 3
-    assert response["tools"] == TOOLS  # echoed as sent
+    # Echoed as sent, each function tool with the `strict` in effect (arguments are not constrained).
+    assert response["tools"] == [{**t, "strict": False} if t.get("type") == "function" else t for t in TOOLS]
 
 
 def test_the_tools_the_model_sees(replay_app):

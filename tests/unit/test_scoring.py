@@ -1,4 +1,4 @@
-"""Teacher-forced scoring (backends/scoring.py, vllm_scoring.py): each answer token's logprob, rank and
+"""Teacher-forced scoring (backends/scoring.py, vllm/scoring.py): each answer token's logprob, rank and
 the model's greedy choice, read in one prefill, equal what decoding that answer reported token by token."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from looptrace.backends import scoring
 from looptrace.backends.base import BackendError, DecodeRequest, SamplingParams
 from looptrace.backends.local.backend import LocalBackend
-from looptrace.backends.prompt_logprobs import read_scores, score_body
+from looptrace.backends.vllm.prompt_logprobs import read_scores, score_body
 
 import load_once
 from tiny_models import chat_prompt_ids

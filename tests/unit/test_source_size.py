@@ -1,5 +1,5 @@
 """Modules small enough to hold in one's head, functions that fit on a screen: no source module over
-400 lines, no function over 80 (STYLE.md; issue 25). A module that grows past it is split by concept."""
+400 lines, no function over 80 (../shared/STYLE.md; issue 25). A module that grows past it is split by concept."""
 
 from __future__ import annotations
 

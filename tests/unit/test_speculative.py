@@ -4,7 +4,7 @@ Prompt lookup's verification and rollback are checked with an oracle drafter (te
 it proposes the plain decoder's own next tokens with mistakes put in on purpose (a rejection mid-way, a
 first draft wrong, all right), so every path runs on every architecture: here the tiny Qwen3.5 (its Gated
 DeltaNet state put back and the accepted tokens run again) and the tiny Gemma 4 well past its 32-token
-sliding window; SmolLM2 (plain attention, a real model) in tests/integration/test_speculative.py. Greedy
+sliding window; SmolLM2 (plain attention, a real model) in tests/integration/test_speculative_smollm2.py. Greedy
 output must be the plain decoder's token for token. Prompt lookup itself, on real copying, is checked end
 to end with SmolLM2 (tests/integration/test_speculative_serving.py). A draft model is checked with the
 tiny model drafting for itself, its weights nudged so that it mostly agrees: its own cache is cut back too.
@@ -24,7 +24,17 @@ from looptrace.backends.local.backend import LocalBackend
 from looptrace.backends.speculative.drafting import Backoff, Drafting, PromptLookup, SpeculativeConfig
 
 import load_once
-from speculative_checks import NEW_TOKENS, NGRAM, Oracle, VerifiedDecodingChecks, collect, prompt_of, tokens
+from speculative_checks import (
+    NEW_TOKENS,
+    NGRAM,
+    Oracle,
+    RuleScores,
+    VerifiedDecodingChecks,
+    assert_verified_as_plain,
+    collect,
+    prompt_of,
+    tokens,
+)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "gemma4"])
@@ -67,6 +77,34 @@ def test_backoff_pauses_after_failures_and_never_shortens():
     for _ in range(10):
         backoff.record(0)
     assert [backoff.next_length() for _ in range(65)] == [0] * 64 + [4]  # at most 64 steps without drafting
+
+
+def test_a_rollback_puts_back_the_length_that_places_the_next_tokens(qwen3_5_dir):
+    # transformers 5.25 counts on each linear-attention layer the tokens it has read, and the cache's
+    # length, which gives the next token its position, is read from the first layer: a linear one in
+    # Qwen3.5. A rollback that put back the Gated DeltaNet state but not that count left every later
+    # rotary position ahead by the rejected drafts, and the verified output drifted from plain decoding's.
+    from looptrace.backends.speculative.drafting import Rollback
+
+    tokenizer = load_once.tokenizer(qwen3_5_dir)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_5_dir, dtype=torch.float32).eval()
+    prompt = prompt_of(tokenizer)
+    last, drafts, following = prompt[-1], prompt[:3], prompt[3]  # what the tokens are does not matter here
+    with torch.inference_mode():
+        cache = model(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).cache
+        rollback = Rollback(cache)
+        rollback.before()
+        model(input_ids=torch.tensor([[last, *drafts]]), cache=cache, use_cache=True)  # a verification pass
+        assert rollback.after(4, 2) == 2  # `last` and one draft stand: the DeltaNet state is put back
+        model(input_ids=torch.tensor([[last, drafts[0]]]), cache=cache, use_cache=True)  # they go in again
+        assert cache.get_seq_length() == len(prompt) + 1
+        got = model(input_ids=torch.tensor([[following]]), cache=cache, use_cache=True).logits[0, -1]
+        fresh = model(input_ids=torch.tensor([[*prompt, drafts[0], following]])).logits[0, -1]
+    # The same tokens at the same positions, run in other pieces: equal but for float32 rounding (1e-5
+    # here); positions four ahead (the pass left counted) move them by tenths.
+    difference = float((got - fresh).abs().max())
+    print(f"largest logit difference from a fresh run: {difference:.2e}")
+    assert difference < 1e-3
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -144,19 +182,21 @@ def nudged(folder, scale: float = 0.01):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
-def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family):
+def test_a_draft_model_drafts_and_the_output_is_the_plain_decoders(request, family, monkeypatch):
     folder = request.getfixturevalue(f"{family}_dir")
     tokenizer = load_once.tokenizer(folder)
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompt = prompt_of(tokenizer)
     greedy = SamplingParams(temperature=0)
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(target, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset())))]
     asyncio.run(plain.close())
+    plain_scores = scores.take()
     spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=DRAFTING, drafter=nudged(folder))
     events = collect(spec, DecodeRequest(prompt, NEW_TOKENS, greedy, frozenset()))
     got = tokens(events)
-    assert [e["id"] for e in got] == truth
+    assert_verified_as_plain(plain_scores, scores.take(), truth, [e["id"] for e in got])
     marks = "".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in got)
     assert "AAAA." in marks and "Ax" in marks, marks  # whole drafts stood, others were cut mid-way
     assert events[-1]["accepted"] == marks.count("A")
@@ -172,7 +212,7 @@ SUFFIX = SpeculativeConfig.parse('{"method": "suffix", "num_speculative_tokens":
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
-def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_output(request, family):
+def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_output(request, family, monkeypatch):
     # Each turn's prompt holds the turns before it and their answers, as an agent's does. The tiny
     # Qwen3.5 answers the second turn with its first answer again, which suffix decoding drafts from
     # the first turn, whole drafts standing; Gemma 4's answers repeat less, drafted where they do.
@@ -181,17 +221,21 @@ def test_suffix_decoding_over_a_conversations_turns_gives_the_plain_decoders_out
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     greedy = SamplingParams(temperature=0)
     first = prompt_of(tokenizer)
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(target, load_once.vocabulary(tokenizer))
-    prompts, truths = [], []
+    prompts, truths, plain_scores = [], [], []
     for more in (first, first, first[:20]):  # the user's next message
         prompts.append([*prompts[-1], *truths[-1], *more] if prompts else more)
         truths.append([e["id"] for e in tokens(collect(plain, DecodeRequest(prompts[-1], 40, greedy, frozenset())))])
+        plain_scores.append(scores.take())
     asyncio.run(plain.close())
     spec = LocalBackend(target, load_once.vocabulary(tokenizer), speculative=SUFFIX)
-    turns = [collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")) for prompt in prompts]
+    turns = []
+    for prompt, truth, rows in zip(prompts, truths, plain_scores):
+        turns.append(collect(spec, DecodeRequest(prompt, 40, greedy, frozenset(), conversation="c")))
+        assert_verified_as_plain(rows, scores.take(), truth, [e["id"] for e in tokens(turns[-1])])
     assert spec.health_details()["drafting"]["kept"]["sequences"] == 1  # each turn extended the one before's
     asyncio.run(spec.close())
-    assert [[e["id"] for e in tokens(events)] for events in turns] == truths
     marks = ["".join("." if not e["drafted"] else "A" if e["accepted"] else "x" for e in tokens(events))
              for events in turns]
     assert all(events[-1]["draft_method"] == "suffix" for events in turns)
@@ -236,9 +280,11 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     def request():
         return DecodeRequest(rendered.ids, 40, greedy, frozenset(), media=rendered.media)
 
+    scores = RuleScores(monkeypatch)  # why the output must be equal: speculative_checks.py
     plain = LocalBackend(model, load_once.vocabulary(tokenizer))
     truth = [e["id"] for e in tokens(collect(plain, request()))]
     asyncio.run(plain.close())
+    plain_scores = scores.take()
 
     class Drafted(Drafting):
         def __init__(self, *args, **kwargs):
@@ -249,4 +295,5 @@ def test_a_prompt_with_an_image_verifies_as_plain_decoding(qwen3_5_dir, monkeypa
     spec = LocalBackend(model, load_once.vocabulary(tokenizer), speculative=NGRAM)
     events = collect(spec, request())
     asyncio.run(spec.close())
-    assert [e["id"] for e in tokens(events)] == truth and events[-1]["accepted"] > 10
+    assert_verified_as_plain(plain_scores, scores.take(), truth, [e["id"] for e in tokens(events)])
+    assert events[-1]["accepted"] > 10

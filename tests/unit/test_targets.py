@@ -1,4 +1,4 @@
-"""What a replay asks of a looptrace target (proxy/api/native/targets.py), on the tiny Qwen3.5 decoding here:
+"""What a replay asks of a looptrace target (proxy/api/native/score.py, generate.py), on the tiny Qwen3.5 decoding here:
 POST /v1/score reads a recorded answer back with the numbers its decoding reported, POST /v1/generate
 decodes a recorded prompt again into the same tokens, text and tool calls; and each refuses what it
 cannot do with a 4xx in the API's shape."""

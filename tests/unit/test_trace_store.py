@@ -17,6 +17,7 @@ from looptrace.trace_store.sqlite.schema import VERSION
 from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
 from .test_tracing import ANSWER, ASK, CALL, SESSION, WEATHER, App, run, settings_for
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +129,7 @@ def hold(processor, tracer) -> None:
     """One lone span, taken by the exporting thread, which then waits at the held store: what
     follows stays in the queue."""
     tracer.start_span("held").end()
-    deadline = time.monotonic() + 5
-    while processor.depth:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: not processor.depth, 5, every=0.01, what="the span taken by the exporting thread")
 
 
 def test_the_queue_is_bounded_by_bytes_and_a_trace_that_lost_a_span_says_so(stores):
@@ -182,7 +180,7 @@ def test_the_queue_is_bounded_by_spans(stores):
 
 def test_a_failed_batch_marks_its_traces_once_the_store_writes_again(stores, monkeypatch):
     # A batch the store refuses (a disk error in SQLite, bad data in PostgreSQL) is dropped and
-    # counted; one PostgreSQL cannot take for now is held instead (test_postgres_store.py).
+    # counted; one PostgreSQL cannot take for now is held instead (tests/integration/test_shared_store.py, the outage).
     store = stores.make()
     dropped = []
     processor = QueueingSpanProcessor(store, name="sqlite", on_dropped=lambda _, n: dropped.append(n),

@@ -1,7 +1,7 @@
 """Several vLLM servers behind one looptrace (backends/vllm/pool.py), the pool's choice driven directly:
 each conversation on one server, a server that stops loses only its own conversations, which come back
 when it returns; a failed server not chosen again for the same request. Three vLLM test doubles behind
-a real `looptrace serve` are in tests/integration/test_vllm_pool.py.
+a real `looptrace serve` are in tests/integration/test_vllm_pool_processes.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a real vLLM does that the double did not, handled where looptrace talks to it (backends/vllm/upstream.py,
-vllm_stream.py); against the real server in tests/integration/test_real_vllm.py.
+vllm/stream.py); against the real server in tests/integration/test_real_vllm.py.
 
 - vLLM's HTTP server closes a connection idle for 5 s; a request looptrace sends on a pooled connection
   as that happens was never read, and goes again on a new one (it was a 502 "Server disconnected").

@@ -1,6 +1,6 @@
 """`--workers` in this process: which settings may have several workers, the supervisor's hold on its
 port, and the metrics of several workers summed (prometheus_client's multiprocess mode, two workers
-simulated by two process ids). tests/integration/test_workers.py runs real workers."""
+simulated by two process ids). tests/integration/test_workers_processes.py runs real workers."""
 
 from __future__ import annotations
 

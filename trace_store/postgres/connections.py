@@ -1,5 +1,6 @@
 """Connections to the PostgreSQL store: pools for reading and for conversation state, rows read by
-position or by name as sqlite3's are, and what a store that cannot be reached raises."""
+position or by name as sqlite3's are. What a store that cannot be reached raises is interface.py's
+StoreUnavailable."""
 
 from __future__ import annotations
 
@@ -14,10 +15,6 @@ CONNECT_SECONDS = 5  # libpq's connect_timeout
 
 
 READ_WAIT = 3.0  # seconds a read waits for a pooled connection before it is a 503
-
-
-class StoreUnavailable(OSError):
-    """The store cannot be reached or read now (the trace API answers 503, saying why)."""
 
 
 class Row:

@@ -9,9 +9,10 @@ from typing import Iterator
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ..interface import StoreUnavailable
 from ..queries import TraceQueries
 from ..urls import redacted
-from .connections import READ_WAIT, StoreUnavailable, _Reading, pool
+from .connections import READ_WAIT, _Reading, pool
 
 
 class PostgresQueries(TraceQueries):

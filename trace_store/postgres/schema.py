@@ -18,7 +18,7 @@ together take turns (concurrent CREATE … IF NOT EXISTS can fail).
 
 from __future__ import annotations
 
-VERSION = 3  # store_version.version
+VERSION = 4  # store_version.version
 LOCK = 0x6C6F6F70  # pg_advisory_xact_lock key: "loop"
 TEXT_PART = 65536
 
@@ -56,6 +56,10 @@ CREATE TABLE IF NOT EXISTS state_conversations (
     key text PRIMARY KEY, seen bytea, digests bytea, updated_ns bigint NOT NULL, seen_trace text, encoding bigint,
     digests_trace text, seen_prompt bigint
 );
+CREATE TABLE IF NOT EXISTS state_turns (
+    key text PRIMARY KEY, ids bytea NOT NULL, prompt_length bigint NOT NULL, encoding bigint, label text,
+    digests bytea, updated_ns bigint NOT NULL
+);
 CREATE TABLE IF NOT EXISTS state_calls (
     call_id text PRIMARY KEY, conversation text, trace_id text NOT NULL, span_id text NOT NULL, name text,
     noted_ns bigint NOT NULL
@@ -64,8 +68,12 @@ CREATE TABLE IF NOT EXISTS state_responses (
     id text PRIMARY KEY, conversation bytea NOT NULL, response bytea NOT NULL, size bigint NOT NULL,
     created_ns bigint NOT NULL
 );
+CREATE TABLE IF NOT EXISTS state_compactions (
+    id text PRIMARY KEY, summary bytea NOT NULL, conversation text, trace_id text, created_ns bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_secrets (name text PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
-                                     weight_version text, updated_ns bigint NOT NULL);
+                                     weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,
                                             info text, noted_ns bigint NOT NULL, PRIMARY KEY (key, step));
 CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id text PRIMARY KEY, key text NOT NULL, logprobs bytea NOT NULL,
@@ -83,9 +91,11 @@ CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
 CREATE INDEX IF NOT EXISTS sessions_by_model ON sessions (model);
 CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
+CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts (grp, updated_ns);
 CREATE INDEX IF NOT EXISTS rollouts_by_time ON rollouts (updated_ns);
 CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
@@ -100,6 +110,8 @@ UPGRADES: dict[int, str] = {
     # How many of a conversation's seen ids are its prompt (token continuity); rollouts' rewards and the
     # trainer's logprobs (trace_store/rollouts.py).
     3: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_prompt bigint;""",
+    # What each rollout holds, in bytes: the rollouts are bounded by it (trace_store/rollouts.py).
+    4: """ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS size bigint;""",
 }
 
 

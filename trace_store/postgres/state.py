@@ -16,9 +16,10 @@ import threading
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from ..interface import StoreUnavailable
 from ..state import StateStore
 from ..urls import redacted
-from .connections import StoreUnavailable, pool
+from .connections import pool
 from .schema import prepare
 
 WAIT = 0.5  # seconds to wait for a pooled connection

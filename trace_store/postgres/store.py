@@ -154,7 +154,7 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
             pass
 
     def _retire(self, limit: int | None) -> bool:
-        """As SQLite's (sqlite.py): up to `limit` traces past their age, else the oldest while the
+        """As SQLite's (sqlite/store.py): up to `limit` traces past their age, else the oldest while the
         stored rows' bytes are past the size; True once nothing is left to delete."""
         db = self._writer()
         cutoff = time.time_ns() - int(self.retention_seconds * 1e9)

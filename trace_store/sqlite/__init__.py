@@ -34,7 +34,10 @@ def unreadable(target: str) -> str | None:
         return f"no such file: {path} (a SQLite store is the file `looptrace serve --trace-db` writes)"
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sessions'").fetchone()
     except sqlite3.Error as exc:
         return f"{path} cannot be read as a SQLite store: {exc}"
+    if found is None:
+        return (f"{path} is a SQLite file without looptrace's tables (a store is the file `looptrace serve "
+                "--trace-db` writes)")
     return None

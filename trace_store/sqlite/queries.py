@@ -5,8 +5,11 @@ yet reads as empty."""
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from ..interface import StoreUnavailable
 from ..queries import TraceQueries
 from ..records import storable
 
@@ -16,25 +19,28 @@ class SQLiteQueries(TraceQueries):
         self.path = Path(path)
         self.where = str(self.path)
 
-    def _reader(self) -> _Reads:
+    @contextmanager
+    def _reader(self) -> Iterator[_Reads]:
+        """A read-only connection, closed after the query. SQLite's errors (not a database, locked, a
+        folder) leave as StoreUnavailable, what every store raises."""
         if not self.path.exists():
             raise FileNotFoundError(f"no trace store at {self.path} yet")
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-        db.row_factory = sqlite3.Row
-        return _Reads(db)
+        try:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+            try:
+                db.row_factory = sqlite3.Row
+                yield _Reads(db)
+            finally:
+                db.close()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.path}: {exc}") from exc
 
 
 class _Reads:
-    """A read-only connection, closed after the query; text a client sent is made storable first."""
+    """A connection's queries; text a client sent is made storable first."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
-
-    def __enter__(self) -> _Reads:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._db.close()
 
     def execute(self, sql: str, args=()):
         return self._db.execute(sql, [storable(a) if type(a) is str else a for a in args])

@@ -6,24 +6,34 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from ..interface import StoreUnavailable
 from ..state import StateStore
 
 SQLITE_TABLES = """
 CREATE TABLE IF NOT EXISTS state_conversations (key TEXT PRIMARY KEY, seen BLOB, digests BLOB,
                                                 updated_ns INTEGER NOT NULL, seen_trace TEXT, encoding INTEGER,
                                                 digests_trace TEXT, seen_prompt INTEGER);
+CREATE TABLE IF NOT EXISTS state_turns (key TEXT PRIMARY KEY, ids BLOB NOT NULL, prompt_length INTEGER NOT NULL,
+                                        encoding INTEGER, label TEXT, digests BLOB, updated_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_calls (call_id TEXT PRIMARY KEY, conversation TEXT, trace_id TEXT NOT NULL,
                                         span_id TEXT NOT NULL, name TEXT, noted_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BLOB NOT NULL, response BLOB NOT NULL,
                                             size INTEGER NOT NULL, created_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_compactions (id TEXT PRIMARY KEY, summary BLOB NOT NULL, conversation TEXT,
+                                              trace_id TEXT, created_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS state_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
+CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
 CREATE INDEX IF NOT EXISTS state_calls_by_conversation ON state_calls (conversation);
 CREATE INDEX IF NOT EXISTS state_calls_by_time ON state_calls (noted_ns);
 CREATE INDEX IF NOT EXISTS state_responses_by_time ON state_responses (created_ns);
 CREATE TABLE IF NOT EXISTS rollouts (key TEXT PRIMARY KEY, grp TEXT, reward REAL, info TEXT, weight_version TEXT,
-                                     updated_ns INTEGER NOT NULL);
+                                     updated_ns INTEGER NOT NULL, size INTEGER);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key TEXT NOT NULL, step TEXT NOT NULL, reward REAL NOT NULL, info TEXT,
                                             noted_ns INTEGER NOT NULL, PRIMARY KEY (key, step));
 CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id TEXT PRIMARY KEY, key TEXT NOT NULL, logprobs BLOB NOT NULL,
@@ -34,9 +44,10 @@ CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
 """
 
 
-# Added to state_conversations after its first version: (column, type), for a file made before.
-ADDED_COLUMNS = (("seen_trace", "TEXT"), ("encoding", "INTEGER"), ("digests_trace", "TEXT"),
-                 ("seen_prompt", "INTEGER"))
+# Added to a table after its first version: (table, column, type), for a file made before.
+ADDED_COLUMNS = (("state_conversations", "seen_trace", "TEXT"), ("state_conversations", "encoding", "INTEGER"),
+                 ("state_conversations", "digests_trace", "TEXT"), ("state_conversations", "seen_prompt", "INTEGER"),
+                 ("rollouts", "size", "INTEGER"))
 
 
 class SQLiteState(StateStore):
@@ -55,15 +66,14 @@ class SQLiteState(StateStore):
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(SQLITE_TABLES)
-            have = {row[1] for row in conn.execute("PRAGMA table_info(state_conversations)")}
-            for column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
-                if column not in have:
-                    conn.execute(f"ALTER TABLE state_conversations ADD COLUMN {column} {kind}")
+            for table, column, kind in ADDED_COLUMNS:  # a file made by an earlier looptrace
+                if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             self._conn = conn
         return self._conn
 
     def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
-        with self._lock:
+        with self._lock, _unavailable(self.path):
             conn = self._connection()
             conn.execute("BEGIN")
             try:
@@ -72,7 +82,7 @@ class SQLiteState(StateStore):
                 conn.execute("COMMIT")
 
     def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:
-        with self._lock:
+        with self._lock, _unavailable(self.path):
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no upgrade from a read to wait on
             try:
@@ -88,6 +98,15 @@ class SQLiteState(StateStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+@contextmanager
+def _unavailable(path: Path) -> Iterator[None]:
+    """SQLite's errors (locked past the timeout, not a database, a full disk) as every store says them."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"{path}: {exc}") from exc
 
 
 def sqlite_state_path(trace_path: str | Path) -> Path:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
+from looptrace.common.vocabulary import AlternativeTexts
 from looptrace.trace_store.records import request_span
 
 from ...engine.request import StoredPrompt
@@ -25,9 +26,8 @@ from ..errors import APIError, invalid
 from ..keys import RUNTIME
 from ..request_parts import seed, temperature_and_top_p
 from ..serving import traced
+from ..stored import stored_trace
 from ..validation import field, in_range, json_body
-from ..viewer.prompt_view import AlternativeTexts
-from ..viewer.traces import stored_trace
 from .stored_run import run_stored
 
 DEFAULT_MAX_TOKENS = 1024  # when the original request said none

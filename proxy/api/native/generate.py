@@ -15,8 +15,7 @@ from looptrace.common.jsonio import dumps
 
 from ...engine.request import StoredPrompt
 from ..errors import invalid
-from ..openai.chat_request import parse_tools
-from ..request_parts import at_most, seed, temperature_and_top_p
+from ..request_parts import at_most, parse_tools, seed, temperature_and_top_p
 from ..serving import traced
 from ..validation import field, in_range, json_body
 from .stored_run import ready_for, run_stored, token_ids

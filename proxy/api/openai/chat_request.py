@@ -18,10 +18,11 @@ from ..request_parts import (
     media_note,
     media_part,
     parse_tool_choice,
+    parse_tools,
     seed,
     temperature_and_top_p,
 )
-from ..validation import field, in_range, is_a, tool_name
+from ..validation import field, in_range, is_a
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -161,31 +162,6 @@ def _history_call(call: object, where: str) -> dict:
     call_id = call.get("id")
     if isinstance(call_id, str):
         out["id"] = call_id
-    return out
-
-
-def parse_tools(tools: list | None) -> list[dict] | None:
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
-        if tool.get("type", "function") != "function":
-            raise invalid(f"Invalid value for '{where}.type': {tool.get('type')!r}; only 'function' tools are "
-                          "supported here.", param=f"{where}.type")
-        function = field(tool, "function", dict, f"{where}.function", required=True)
-        name = field(function, "name", str, f"{where}.function.name", required=True)
-        if not name:
-            raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
-        spec = {"name": tool_name(name, f"{where}.function.name")}
-        description = field(function, "description", str, f"{where}.function.description")
-        if description is not None:
-            spec["description"] = description
-        parameters = field(function, "parameters", dict, f"{where}.function.parameters")
-        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": spec})
     return out
 
 

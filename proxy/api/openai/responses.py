@@ -1,52 +1,77 @@
-"""/v1/responses: the Responses API, which codex speaks (and only it)."""
+"""/v1/responses: the Responses API, which codex speaks (and only it); `respond` is one response's
+run, whichever transport brought its request (an HTTP POST here, a WebSocket message: websocket.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import aclosing
 
 from aiohttp import web
 
 from looptrace.common import attributes as attr
 
+from ...observe.telemetry import RequestTelemetry
 from ..serving import prepared, traced
 from ..streaming import relay
 from ..validation import field, json_body
+from . import compact
 from .response_store import RESPONSE_STORE
-from .responses_request import parse_responses
-from .responses_stream import ResponseBuilder
+from .running import RUNNING
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     async with traced(request, attr.ENDPOINT_RESPONSES) as trace:
-        store = request.app[RESPONSE_STORE]
         body = await json_body(request)
         previous_id = field(body, "previous_response_id", str, "previous_response_id")
-        previous = await store.conversation(previous_id) if previous_id else None
-        generation_request, options, names = parse_responses(body, previous)
-        generation = await prepared(request, trace, body, generation_request, model=options.model,
-                                    stream=options.stream)
-        builder = ResponseBuilder(options.model, names, options.echo, stream=options.stream,
-                                  token_messages=options.token_messages)
-        trace.responded(builder.id)
+        previous = await request.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
+        return await respond(request, trace, body, previous)
 
-        async def keep() -> None:
-            # Before the client hears the end: its next turn may name this response at once, on any process.
-            if options.store and builder.status in ("completed", "incomplete"):
+
+async def respond(request: web.Request, trace: RequestTelemetry, body: dict, previous: list | None, *,
+                  sink=None, conversation: str | None = None,
+                  kept: Callable[[dict, list], None] | None = None) -> web.StreamResponse:
+    """One response: `previous` is the conversation it continues. With `sink` (a WebSocket's) it is
+    streamed there, whatever `stream` says; `conversation` names it when the client does not; `kept`
+    is told of the response once it ended as answers do (a WebSocket keeps its lane's last one).
+    Compaction (compact.py) on either transport: its items expanded, a trigger answered with one
+    compaction item, context_management's compaction made first."""
+    store = request.app[RESPONSE_STORE]
+    plan, generation_request, options, names = await compact.planned(request, trace, body, previous)
+    first = await compact.first(request, body, previous, plan, options)  # context_management
+    if first is not None:
+        generation_request, names = first.request, first.names
+    stream = options.stream or sink is not None
+    generation = await prepared(request, trace, body, generation_request, model=options.model, stream=stream,
+                                conversation=conversation)
+    builder = compact.builder_for(request, plan, first, options, names, generation_request.conversation,
+                                  stream=stream)
+    trace.responded(builder.id)
+
+    async def keep() -> None:
+        # Before the client hears the end: its next turn may name this response at once, on any process.
+        await compact.kept(builder, trace, plan)
+        if builder.status in ("completed", "incomplete"):
+            if options.store:
                 await store.put(builder.final, options.items)
+            if kept is not None:
+                kept(builder.final, options.items)
 
-        try:
-            if options.stream:
-                response = await relay(request, generation, builder, trace, keep)
-            else:
-                async with aclosing(generation.run()) as steps:
-                    async for step in steps:
-                        builder.frames(step)
-                builder.finish(generation)
-                await keep()
-                response = web.json_response(builder.final)
-        finally:
-            generation.cancel()  # a client that went away stops its generation
-        return response
+    running = request.app[RUNNING]
+    running.started(builder, generation)
+    try:
+        if stream:
+            response = await relay(request, generation, builder, trace, keep, sink)
+        else:
+            async with aclosing(generation.run()) as steps:
+                async for step in steps:
+                    builder.frames(step)
+            builder.finish(generation)
+            await keep()
+            response = web.json_response(builder.final)
+    finally:
+        running.ended(builder.id)
+        generation.cancel()  # a client that went away stops its generation
+    return response
 
 
 async def get_response(request: web.Request) -> web.Response:

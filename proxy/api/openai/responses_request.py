@@ -29,6 +29,7 @@ from ..request_parts import (
     warn_once,
 )
 from ..validation import describe, field, in_range, tool_name
+from .response_fields import echoed, penalties
 
 log = logging.getLogger("looptrace")
 
@@ -82,8 +83,10 @@ class ResponsesOptions:
     token_messages: bool = False  # vLLM's enable_response_messages: the prompt's and the answer's ids
 
 
-def parse_responses(body: dict, previous_items: list | None = None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
-    """`previous_items`: the stored conversation of `previous_response_id`, its output included."""
+def parse_responses(body: dict, previous_items: list | None = None,
+                    compacting=None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
+    """`previous_items`: the stored conversation of `previous_response_id`, its output included;
+    `compacting`: what the request asks of compaction, its compaction items expanded (compaction.py's Plan)."""
     model = field(body, "model", str, "model", required=True)
     instructions = field(body, "instructions", str, "instructions")
     items = previous_items + _input(body) if previous_items else _input(body)
@@ -101,7 +104,7 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
     for name, kind in (("prompt_cache_key", str), ("include", list), ("client_metadata", dict), ("metadata", dict)):
         field(body, name, kind, name)  # accepted, typed, otherwise unused
 
-    messages = to_messages(items, instructions, names)
+    messages = to_messages(items, instructions, names, compacting)
     if not messages:
         raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     request = GenerationRequest(
@@ -115,16 +118,12 @@ def parse_responses(body: dict, previous_items: list | None = None) -> tuple[Gen
         temperature=temperature,
         top_p=top_p,
     )
+    request.presence_penalty, request.frequency_penalty = penalties(body)
     stream = field(body, "stream", bool, "stream", default=False)
     store = field(body, "store", bool, "store", default=True)
-    echo = {
-        "instructions": instructions, "max_output_tokens": max_tokens, "parallel_tool_calls": parallel,
-        "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
-        "temperature": temperature, "top_p": top_p, "text": {"format": text.get("format") or {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "metadata": body.get("metadata") or {}, "prompt_cache_key": body.get("prompt_cache_key"), "store": store,
-    }
+    echo = echoed(body, instructions=instructions, max_output_tokens=max_tokens, parallel_tool_calls=parallel,
+                  reasoning={"effort": effort, "summary": reasoning.get("summary")}, temperature=temperature,
+                  top_p=top_p, text={"format": text.get("format") or {"type": "text"}}, store=store)
     options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo,
                                token_messages=field(body, "enable_response_messages", bool, "enable_response_messages",
                                                     default=False))
@@ -238,7 +237,7 @@ def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> 
 
 # -- input items → messages --
 
-def to_messages(items: list, instructions: str | None, names: ToolNames) -> list[dict]:
+def to_messages(items: list, instructions: str | None, names: ToolNames, compacting=None) -> list[dict]:
     """Responses items → Hugging Face messages.
 
     System and developer messages before the first other item, with `instructions` first, become
@@ -259,6 +258,8 @@ def to_messages(items: list, instructions: str | None, names: ToolNames) -> list
             out.output(item, where)
         elif kind == "reasoning":
             out.reasoning(reasoning_text(item))
+        elif kind in ("compaction_trigger", "compaction", "compaction_summary") and compacting is not None:
+            compacting.render(item, out)  # a summary asked for, or one given back: compaction.py
         else:
             text = _loose_text(item)
             if not text:

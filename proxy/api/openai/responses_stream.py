@@ -22,9 +22,11 @@ from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallD
 from ...engine.generation import Generation
 from ...engine.request import Step
 from ..errors import APIError
+from .response_fields import with_sampling
 from .responses_request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"
+DONE = b"data: [DONE]\n\n"
 
 
 def usage(generation: Generation) -> dict:
@@ -56,6 +58,7 @@ class ResponseBuilder:
         self.status = "in_progress"
         self.sequence = 0
         self.final: dict | None = None  # the response object, once it ended
+        self.cancelled = False  # set by a cancel (running.py): the generation stops, the response ends "cancelled"
         self._item: dict | None = None  # the reasoning or message item being written
         self._index = 0  # its place in the output
         self._texts: list[str] = []
@@ -73,11 +76,19 @@ class ResponseBuilder:
         body = dumps({"type": kind, "sequence_number": number, **payload})
         return f"event: {kind}\ndata: {body}\n\n".encode()
 
-    def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None) -> dict:
-        return {**self.head, "status": self.status, "error": error, "incomplete_details": incomplete,
-                "output": self.output, **self.echo, "truncation": "disabled", "usage": usage}
+    def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None,
+                 completed_at: int | None = None) -> dict:
+        return {**self.head, "completed_at": completed_at, "status": self.status, "error": error,
+                "incomplete_details": incomplete, "output": self.output, **self.echo, "truncation": "disabled",
+                "usage": usage}
+
+    def sampled(self, generation: Generation) -> None:
+        """The sampling settings the prepared generation decodes with, echoed from here on."""
+        with_sampling(self.echo, generation.sampling)
 
     def start(self, generation: Generation | None = None) -> bytes:
+        if generation is not None:
+            self.sampled(generation)
         snapshot = self.response()
         return self._event("response.created", {"response": snapshot}) + self._event(
             "response.in_progress", {"response": snapshot})
@@ -185,15 +196,34 @@ class ResponseBuilder:
     # -- the end --
 
     def finish(self, generation: Generation) -> bytes:
-        """`response.completed`, or `response.incomplete` when the token budget ran out."""
+        """`response.completed`, or `response.incomplete` when the token budget ran out; a response
+        cancelled (`POST /v1/responses/{id}/cancel`) ends as `cancelled`, with `response.failed`: the
+        stream events have none of its own."""
+        self.sampled(generation)
+        if self.cancelled:
+            closed = self._close("incomplete")
+            self.status = "cancelled"
+            self.final = self.response(usage=usage(generation))
+            return closed + self._event("response.failed", {"response": self.final}) + self._done()
         cut = generation.finish_reason == "length"
         closed = self._close("incomplete" if cut else "completed")
         self.status = "incomplete" if cut else "completed"
-        body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation))
+        body = self.response(incomplete={"reason": "max_output_tokens"} if cut else None, usage=usage(generation),
+                             completed_at=None if cut else int(time.time()))
         if self._ids is not None:
             body.update(token_messages(generation, self._ids))
         self.final = body
-        return closed + self._event(f"response.{self.status}", {"response": body})
+        return closed + self._event(f"response.{self.status}", {"response": body}) + self._done()
+
+    def without_output(self) -> bytes:
+        """The end of a response that generates nothing (the WebSocket mode's `generate: false`)."""
+        self.status = "completed"
+        self.final = self.response(completed_at=int(time.time()))
+        return self._event("response.completed", {"response": self.final}) + self._done()
+
+    def _done(self) -> bytes:
+        """The terminal `data: [DONE]` the specification's stream ends with (the openai SDKs stop on it)."""
+        return DONE if self.stream else b""
 
     def frames(self, step: Step) -> bytes:
         if self._ids is not None and step.token is not None:
@@ -211,7 +241,7 @@ class ResponseBuilder:
         body = self.response(error={"code": code, "message": error.message},
                              usage=usage(generation) if generation is not None else None)
         self.final = body
-        return self._event("response.failed", {"response": body})
+        return self._event("response.failed", {"response": body}) + self._done()
 
 
 def token_messages(generation: Generation, ids: list[int]) -> dict:

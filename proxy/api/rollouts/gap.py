@@ -13,10 +13,10 @@ from looptrace.common.jsonio import dumps
 from looptrace.trace_store.gap import DEFAULT_CAP, rollout_gap
 
 from ..errors import APIError, invalid
-from ..keys import TELEMETRY
+from ..query import query_number
+from ..stored import on_store, on_viewer_thread, store_of
 from ..validation import field, json_body
-from ..viewer.traces import on_viewer_thread, read, store_of
-from .store import on_store, rollout_key, rollouts_of, step_of
+from .store import rollout_key, rollout_steps, rollouts_of, step_of
 
 MAX_VERSION_CHARS = 256
 
@@ -25,17 +25,16 @@ async def post_trainer_logprobs(request: web.Request) -> web.Response:
     """{"steps": [{"step": 1, "logprobs": [...]}, …]} (a step named by its place from 1, or by
     "trace_id"; one logprob per token it generated), or {"logprobs": [...]} for every generated token
     of the rollout in order; "weight_version": the trainer's label for its weights."""
-    rollouts, store, key = rollouts_of(request), store_of(request), rollout_key(request)
+    rollouts, key = rollouts_of(request), rollout_key(request)
     body = await json_body(request)
     version = field(body, "weight_version", str, "weight_version")
     if version is not None and (len(version) > MAX_VERSION_CHARS or not version.isprintable()):
         raise invalid(f"'weight_version' is at most {MAX_VERSION_CHARS} printable characters.", param="weight_version")
-    await on_store(request.app[TELEMETRY].flush, 5)  # the rollout's last steps, written now
-    session = await read(store.session, None, key)
-    if session is None:
+    found = await rollout_steps(request, key)
+    if found is None:
         raise APIError(404, f"No rollout {key!r} in the trace store (it may not be written yet, or was retired).",
                        param="rollout", code="rollout_not_found")
-    steps = _per_step(body, session["steps"])
+    steps = _per_step(body, found)
     await on_store(rollouts.set_trainer_logprobs, key, steps, version)
     return web.json_response(await _gap(request, key, DEFAULT_CAP), dumps=dumps)
 
@@ -61,7 +60,8 @@ def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
         if not isinstance(item, dict):
             raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
         step = step_of(item, param)
-        trace_id = order[int(step) - 1] if step.isdigit() and int(step) <= len(order) else step
+        by_place = item.get("step") is not None  # a trace id may be all digits
+        trace_id = order[int(step) - 1] if by_place and len(step) < 10 and int(step) <= len(order) else step
         if trace_id not in counts:
             raise invalid(f"'{param}' names no step of this rollout (it has {len(order)}).", param=param)
         values = _logprobs(item.get("logprobs"), f"{param}.logprobs")
@@ -75,7 +75,10 @@ def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
 def _logprobs(value: object, param: str) -> list[float]:
     if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
         raise invalid(f"Invalid type for '{param}': expected an array of numbers.", param=param, code="invalid_type")
-    values = [float(v) for v in value]
+    try:
+        values = [float(v) for v in value]
+    except OverflowError:  # an integer of hundreds of digits
+        values = [math.inf]
     if not all(math.isfinite(v) and v <= 0 for v in values):
         raise invalid(f"'{param}' must hold log-probabilities: finite numbers, none above 0.", param=param)
     return values
@@ -83,11 +86,8 @@ def _logprobs(value: object, param: str) -> list[float]:
 
 async def get_gap(request: web.Request) -> web.Response:
     key = rollout_key(request)
-    try:
-        cap = float(request.query.get("cap", DEFAULT_CAP))
-    except ValueError:
-        cap = math.nan
-    if not 1 < cap <= 1000:
+    cap = query_number(request.query.get("cap", str(DEFAULT_CAP)), "cap")
+    if cap is None or not 1 < cap <= 1000:
         raise invalid("'cap' must be a number above 1 (an importance ratio's cap), at most 1000.", param="cap")
     return web.json_response(await _gap(request, key, cap), dumps=dumps)
 

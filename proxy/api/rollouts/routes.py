@@ -10,14 +10,20 @@ from ..anthropic.messages import count_tokens, create_message
 from ..clients import ROLLOUT_PREFIX as PREFIX
 from ..errors import error_shape
 from ..openai.chat import chat_completions
+from ..openai.compact import compact_response
 from ..openai.models import models
+from ..openai.response_actions import cancel_response, input_items, input_tokens
 from ..openai.responses import create_response, delete_response, get_response
+from ..openai.websocket import responses_socket
 from .gap import get_gap, post_trainer_logprobs
 from .rewards import get_reward, list_rollouts, post_reward
 
 API = (("GET", "/v1/models", models), ("POST", "/v1/chat/completions", chat_completions),
-       ("POST", "/v1/responses", create_response), ("GET", "/v1/responses/{response_id}", get_response),
-       ("DELETE", "/v1/responses/{response_id}", delete_response), ("POST", "/v1/messages", create_message),
+       ("POST", "/v1/responses", create_response), ("POST", "/v1/responses/compact", compact_response),
+       ("GET", "/v1/responses/{response_id}", get_response),
+       ("DELETE", "/v1/responses/{response_id}", delete_response), ("GET", "/v1/responses", responses_socket),
+       ("POST", "/v1/responses/input_tokens", input_tokens), ("POST", "/v1/responses/{response_id}/cancel", cancel_response),
+       ("GET", "/v1/responses/{response_id}/input_items", input_items), ("POST", "/v1/messages", create_message),
        ("POST", "/v1/messages/count_tokens", count_tokens))
 
 

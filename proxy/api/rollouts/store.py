@@ -1,21 +1,17 @@
-"""What the rollout routes share: the rollouts' store, a rollout named in the path, and a step named
-by its place or its trace."""
+"""What the rollout routes share: the rollouts' store, a rollout named in the path, its steps as the
+trace store holds them, and a step named by its place or its trace (a query of the store runs through
+../stored.py, as every API's does)."""
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
-
 from aiohttp import web
 
-from looptrace.common.jsonio import dumps
-from looptrace.trace_store.rollouts import Rollouts
+from looptrace.trace_store.rollouts import MAX_INFO_BYTES, Rollouts, info_json
 
 from ..clients import rollout_of
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
-
-MAX_INFO_BYTES = 65536  # a reward's `info`, as JSON
+from ..stored import on_store, read, store_of
 
 
 def rollouts_of(request: web.Request) -> Rollouts:
@@ -31,13 +27,12 @@ def rollout_key(request: web.Request) -> str:
     return key
 
 
-async def on_store(function, *args):
-    """A rollouts query off the event loop; a store that fails is a 503 that says why."""
-    try:
-        return await asyncio.to_thread(function, *args)
-    except (sqlite3.Error, OSError) as exc:
-        raise APIError(503, f"The rollouts store cannot be used: {exc}", type="server_error",
-                       code="trace_store_unreadable") from exc
+async def rollout_steps(request: web.Request, key: str) -> list[dict] | None:
+    """The rollout's steps in the trace store, in order (its last ones written first: a trainer posts
+    right after the last answer), or None when the store holds no such session."""
+    await on_store(request.app[TELEMETRY].flush, 5)
+    session = await read(store_of(request).session, None, key)
+    return None if session is None else session["steps"]
 
 
 def info_of(value: object, param: str) -> dict | None:
@@ -46,7 +41,7 @@ def info_of(value: object, param: str) -> dict | None:
         return None
     if not isinstance(value, dict):
         raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
-    if len(dumps(value)) > MAX_INFO_BYTES:
+    if len(info_json(value)) > MAX_INFO_BYTES:  # as stored
         raise invalid(f"'{param}' is larger than {MAX_INFO_BYTES} bytes as JSON.", param=param)
     return value
 

@@ -23,7 +23,7 @@ from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.records import request_span
 
 from ..errors import APIError, invalid
-from .traces import read, store_of
+from ..stored import read, store_of
 
 MAX_STEPS = 200  # steps compared at most: each is two traces read whole
 SHOWN_CHARS = 2000  # of each prompt's differing part

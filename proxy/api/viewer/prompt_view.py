@@ -13,7 +13,7 @@ from difflib import SequenceMatcher
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
-from looptrace.common.vocabulary import Vocabulary
+from looptrace.common.vocabulary import AlternativeTexts, Vocabulary
 
 DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
 
@@ -35,26 +35,6 @@ def _media(render: dict) -> list[dict]:
 def generated_ids(trace: dict) -> list[int]:
     decode = next((s for s in trace["spans"] if s["name"] == attr.SPAN_DECODE), None)
     return [t["id"] for t in (decode or {}).get("tokens", ()) if "id" in t]
-
-
-class AlternativeTexts:
-    """A token's text on its own (what a person reads for an alternative), each id decoded once."""
-
-    def __init__(self, vocab: Vocabulary) -> None:
-        self.vocab = vocab
-        self._known: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self._known.get(token_id)
-        if text is None:
-            text = self._known[token_id] = self.vocab.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
-
-    def add_to(self, tokens: list[dict]) -> None:
-        """`top_texts` beside each token's `top_ids`."""
-        for token in tokens:
-            if "top_ids" in token:
-                token["top_texts"] = [self(i) for i in token["top_ids"]]
 
 
 def with_alternative_texts(trace: dict, vocab: Vocabulary) -> dict:

@@ -12,8 +12,9 @@ from looptrace.common.jsonio import dumps
 
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
+from ..query import cursor, query_int, timestamp
+from ..stored import on_viewer_thread, read, store_of
 from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
-from .traces import bounded_int, cursor, on_viewer_thread, read, store_of, timestamp
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}
 
@@ -27,7 +28,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     page = await read(store_of(request).list_sessions, EMPTY, keys=keys, model=query.get("model") or None,
                       client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
                       until_ns=timestamp(query.get("until"), "until"), text=search_text(query.get("q", "")),
-                      before=before, limit=bounded_int(query.get("limit", "50"), "limit", 1, 500))
+                      before=before, limit=query_int(query.get("limit", "50"), "limit", 1, 500))
     return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
@@ -71,8 +72,8 @@ async def get_session(request: web.Request) -> web.Response:
     if not key:
         raise invalid("Name the session: /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
     query = request.query
-    offset = bounded_int(query.get("offset", "0"), "offset", 0, 1 << 31)
-    limit = bounded_int(query["limit"], "limit", 1, 10_000) if "limit" in query else None
+    offset = query_int(query.get("offset", "0"), "offset", 0, 1 << 31)
+    limit = query_int(query["limit"], "limit", 1, 10_000) if "limit" in query else None
     found = await read(store_of(request).session, None, key, offset, limit)
     if found is None:
         raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",

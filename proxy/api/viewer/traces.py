@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import math
-import sqlite3
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
-
 from aiohttp import web
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
-from looptrace.common.vocabulary import Vocabulary
+from looptrace.common.vocabulary import AlternativeTexts, Vocabulary
 from looptrace.trace_store.records import request_span
-from looptrace.trace_store.sqlite.store import SQLiteTraceStore
 
-from ..errors import APIError, invalid
-from ..keys import RUNTIME, TELEMETRY
-from .prompt_view import AlternativeTexts, prompt_view, with_alternative_texts
+from ..errors import APIError
+from ..keys import RUNTIME
+from ..query import cursor, query_int, timestamp
+from ..stored import on_viewer_thread, read, store_of, stored_trace
+from .prompt_view import prompt_view, with_alternative_texts
 
 
 async def list_traces(request: web.Request) -> web.Response:
     store = store_of(request)
     query = request.query
-    limit = bounded_int(query.get("limit", "50"), "limit", 1, 1000)
+    limit = query_int(query.get("limit", "50"), "limit", 1, 1000)
     since = timestamp(query.get("since"), "since")
     before = cursor(query.get("before"))
     page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
@@ -71,81 +65,3 @@ def vocabulary_for(request: web.Request, trace: dict) -> Vocabulary | None:
     root = request_span(trace["spans"])
     model = root["attributes"].get(attr.GEN_AI_REQUEST_MODEL) if root else None
     return runtime.vocab if runtime.status == "ready" and model == runtime.model_name else None
-
-
-async def stored_trace(request: web.Request, trace_id: str, param: str = "trace_id") -> dict:
-    found = await read(store_of(request).get_trace, None, trace_id.lower())
-    if found is None:
-        raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
-                       param=param, code="trace_not_found")
-    return found
-
-
-# The viewer's reads, and the work on what they read, run on threads of their own, a few at most: a
-# slow search (or eight) then waits for the viewer's threads, never for those serving requests (a long
-# prompt renders on the event loop's default pool), and holds at most this many cores.
-VIEWER_THREADS = 4
-_VIEWER_POOL = ThreadPoolExecutor(VIEWER_THREADS, thread_name_prefix="looptrace-viewer")
-
-
-async def on_viewer_thread(function, *args, **kwargs):
-    return await asyncio.get_running_loop().run_in_executor(_VIEWER_POOL, functools.partial(function, *args, **kwargs))
-
-
-async def read(query, empty, *args, **kwargs):
-    """A store query on the viewer's threads; a store with nothing written yet reads as `empty`, and one
-    that cannot be read (not a database, a directory, locked) is a 503 that says why."""
-    try:
-        return await on_viewer_thread(query, *args, **kwargs)
-    except FileNotFoundError:
-        return empty
-    except (sqlite3.Error, OSError) as exc:
-        store = getattr(query, "__self__", None)
-        raise APIError(503, f"The trace store at {getattr(store, 'path', '?')} cannot be read: {exc}",
-                       type="server_error", code="trace_store_unreadable") from exc
-
-
-def store_of(request: web.Request) -> SQLiteTraceStore:
-    store = request.app[TELEMETRY].store
-    if store is None:
-        raise APIError(404, "The trace store is off (--trace-db off).", code="trace_store_off")
-    return store
-
-
-def bounded_int(value: str, name: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise invalid(f"'{name}' must be an integer.", param=name) from None
-    if not low <= number <= high:
-        raise invalid(f"'{name}' must be between {low} and {high}.", param=name)
-    return number
-
-
-def cursor(value: str | None) -> tuple[int, str] | None:
-    """`?before=`: the `next` of a previous page, "NANOSECONDS:KEY"."""
-    if not value:
-        return None
-    stamp, _, key = value.partition(":")
-    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 19 or int(stamp) >= 1 << 63 or not key:
-        raise invalid("'before' must be the 'next' value of a previous page.", param="before")
-    return int(stamp), key
-
-
-MAX_SECONDS = (1 << 63) / 1e9  # nanoseconds past this do not fit SQLite's 64-bit integers (year 2262)
-
-
-def timestamp(value: str | None, name: str) -> int | None:
-    """Unix seconds or an ISO 8601 time → nanoseconds."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except (ValueError, OverflowError):
-            raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time.", param=name) from None
-    if not (math.isfinite(seconds) and 0 <= seconds < MAX_SECONDS):
-        raise invalid(f"'{name}' must be Unix seconds or an ISO 8601 time between 1970 and 2262.", param=name)
-    return int(seconds * 1e9)

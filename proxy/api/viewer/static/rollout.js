@@ -25,7 +25,7 @@ export function rolloutPanel(facts, {onMode, onNavigate}) {
   if (!gap) return panel;
   panel.append(h("p", {class: "facts gap-facts"},
     h("span", {class: "label"}, "Training–inference gap "),
-    `KL (k3) ${gap.kl_k3 === null ? "–" : gap.kl_k3.toExponential(2)} · ${percent(gap.past_cap)} of ${gap.tokens} tokens past ` +
+    `KL (k3) ${gap.kl_k3_overflow ? "past 1.8e308 (a float's range)" : gap.kl_k3 === null ? "–" : gap.kl_k3.toExponential(2)} · ${percent(gap.past_cap)} of ${gap.tokens} tokens past ` +
     `ratio ${gap.cap} · mean |log-ratio| ${gap.mean_abs_log_ratio?.toFixed(4) ?? "–"}`));
   const toggle = h("div", {class: "mode", role: "radiogroup", "aria-label": "Heat map"},
     ["p", "gap"].map((mode) => h("label", {}, h("input", {type: "radio", name: "heat", value: mode, checked: mode === "p",

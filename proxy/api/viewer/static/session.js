@@ -3,6 +3,7 @@
 // token by token, its tool calls, why it stopped, and how long each part took.
 
 import {get, sessionPath} from "./api.js";
+import {compactionBadges} from "./compaction.js";
 import {sessionLinks} from "./compare-links.js";
 import {forkPanel} from "./fork.js";
 import {promptView} from "./prompt.js";
@@ -18,8 +19,15 @@ const FIRST_PAGE = 50, PAGE = 200;
 const CONTINUITY = {
   clean: "clean: the prompt starts with the last prompt and the ids the model sampled",
   realign: "realign: the same conversation, other ids (the template or tokenizer rewrote what came before)",
-  fork: "fork: the history was edited (or the answer sent back is not the model's)",
+  fork: "fork: the turn does not continue the last",
   kept: "kept: the prompt is the last prompt and the ids the model sampled, then the new messages",
+};
+// Why a step is a fork (looptrace.prompt.continuity_fork).
+const FORKS = {
+  history: "the history was edited",
+  answer: "the answer sent back is not the model's as it wrote it",
+  settings: "the tools or template settings changed",
+  system: "a later system message, which the template moves before the answer",
 };
 const OUTCOMES = {valid: "valid", invalid_args: "invalid arguments", unknown_tool: "unknown tool", unparsed: "unparsed"};
 
@@ -247,11 +255,13 @@ export class SessionView {
       step.backend || "",
       step.route ? routeChip(step.route) : "",
     ].filter(Boolean);
+    const why = step.continuity_fork ? ` (${step.continuity_fork})` : "";
     const badge = step.continuity ? h("span", {class: `badge continuity ${step.continuity}`,
-      title: CONTINUITY[step.continuity] || step.continuity}, step.continuity) : "";
+      title: (CONTINUITY[step.continuity] || step.continuity) + (step.continuity_fork
+        ? `: ${FORKS[step.continuity_fork] || step.continuity_fork}` : "")}, step.continuity + why) : "";
     el.append(h("header", {},
       h("h3", {}, h("a", {href: `/traces/${step.trace_id}`, onclick: (e) => this.follow(e, `/traces/${step.trace_id}`)}, `Step ${i + 1}`)),
-      h("time", {}, when(step.start_ns)), badge,
+      h("time", {}, when(step.start_ns)), badge, ...compactionBadges(step),
       h("ul", {class: "chips"}, chips.map((c) => typeof c === "string" ? h("li", {}, c) : h("li", {title: c.title}, c.text)))));
     if (step.error || (step.http_status && step.http_status >= 400)) {
       el.append(h("p", {class: "error"}, `Failed: ${step.error || "error"} (HTTP ${step.http_status ?? "–"})`));

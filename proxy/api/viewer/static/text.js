@@ -27,6 +27,24 @@ export function visible(text) {
   return out;
 }
 
+// A token's text with its whitespace made visible (a newline ⏎, a space ·, a tab →, a carriage
+// return ␍), each mark set apart as whitespace so that a real "·" in the text still reads as itself.
+const WHITESPACE = {"\n": "⏎", " ": "·", "\t": "→", "\r": "␍"};
+const WHITESPACE_NAMES = {"\n": "a newline", " ": "a space", "\t": "a tab", "\r": "a carriage return"};
+
+export function spaced(text) {
+  const out = document.createDocumentFragment();
+  const s = String(text ?? "");
+  let last = 0;
+  for (const m of s.matchAll(/[\n \t\r]/g)) {
+    if (m.index > last) out.append(visible(s.slice(last, m.index)));
+    out.append(h("span", {class: "ws", title: WHITESPACE_NAMES[m[0]]}, WHITESPACE[m[0]]));
+    last = m.index + 1;
+  }
+  if (last < s.length) out.append(visible(s.slice(last)));
+  return out;
+}
+
 // h("div", {class: "x", onclick: fn, dataset: {i: 1}}, "text", child): an element; strings become
 // visible text. Attribute values are set as strings by the DOM, never parsed as markup.
 export function h(tag, attrs, ...children) {

@@ -4,7 +4,7 @@
 // alternatives; a click or Enter forks from it. Tokens inside a tool call's arguments that the model
 // was unsure of are flagged: that is where agents' calls go wrong.
 
-import {h, percent, visible} from "./text.js";
+import {h, percent, spaced, visible} from "./text.js";
 
 export const BINS = [ // lower bound of p, class, label
   [0.9, "p0", "≥ 90%"], [0.7, "p1", "70–90%"], [0.4, "p2", "40–70%"],
@@ -157,7 +157,15 @@ export function tokenStream(tokens, {onPick, first = 0, label = "Generated token
   return box;
 }
 
-// The one tooltip: what the model thought of a token.
+// What a token shows as in the tooltip: the text it adds, whitespace made visible; a special token
+// (which adds none) as itself; "∅" for a byte that only begins a character (the next one completes it).
+function tipText(text, special) {
+  if (text === undefined) return "▪"; // recorded without content
+  if (text === "") return h("span", {class: "no-text", title: "adds no text on its own"}, "∅");
+  return special ? visible(text) : spaced(text);
+}
+
+// The one tooltip: what the model thought of a token. Its text first, the raw piece and id beside.
 export function showTip(token, anchor, index) {
   const tip = document.getElementById("tip");
   const ps = topP(token);
@@ -167,13 +175,16 @@ export function showTip(token, anchor, index) {
     const bar = h("span", {class: "bar"});
     bar.style.width = Math.max(1, Math.round((p ?? 0) * 100)) + "%";
     return h("li", {class: id === token.id ? "chosen" : ""},
-      h("span", {class: "alt-text"}, text === undefined ? "▪" : h("code", {}, text === "" ? "∅" : text)),
+      h("span", {class: "alt-text"}, text === undefined ? "▪" : h("code", {}, tipText(text, false))),
       h("span", {class: "alt-p"}, percent(p)), h("span", {class: "alt-bar"}, bar),
       h("span", {class: "alt-id"}, `#${id}`));
   });
+  const head = h("div", {class: "tip-head"},
+    h("code", {class: "tip-text"}, tipText(token.special ? tokenText(token) : token.text, token.special)),
+    h("span", {class: "tip-raw"}, token.piece !== undefined ? [h("code", {}, token.piece), " · "] : "",
+      `id ${token.id ?? "–"}`));
   const rows = [
-    ["token", `${index} · id ${token.id ?? "–"}`],
-    ["piece", token.piece !== undefined ? h("code", {}, token.piece) : "–"],
+    ["token", `${index} of the answer`],
     ["p", percent(token.p)],
     ["logprob", token.logprob?.toFixed(4)],
     ["rank", token.rank ?? "not in the top five"],
@@ -186,7 +197,7 @@ export function showTip(token, anchor, index) {
     if (token.draft_method) rows.push(["drafted by", DRAFT_METHODS[token.draft_method] || token.draft_method]);
   }
   if (flagged(token)) rows.push(["flag", `unsure: p ${percent(token.p)}, lead over the runner-up ${percent(margin(token))}`]);
-  tip.replaceChildren(
+  tip.replaceChildren(head,
     h("dl", {}, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")])),
     alternatives.length ? h("ol", {class: "alts", "aria-label": "The five most likely tokens"}, alternatives) : "",
     h("p", {class: "hint"}, "Click or Enter: fork from this token"));

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 
 import pytest
 
 from grafana_dashboards import DASHBOARDS, VARIABLES, promql_targets, substitute
 from server import free_port, sse_events
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 MODEL = "pooled"
 CONVERSATIONS = [f"agent-session-{i}" for i in range(12)]
@@ -86,12 +86,14 @@ def served(doubles: list[DoubleProcess]) -> dict[int, int]:
     return {d.port: sum(1 for r in d.requests() if r["body"] and r["outcome"] == "done") for d in doubles}
 
 
-def decode_spans(server, conversation: str) -> list[dict]:
-    """The decode span of each stored request of the conversation, oldest first."""
+def decode_spans(server, conversation: str, requests: int) -> list[dict]:
+    """The decode span of each stored request of the conversation, oldest first, once its `requests`
+    are stored (the store writes a request's spans a moment after its answer)."""
     def listing():
-        return server.get(f"/v1/traces?conversation={conversation}&limit=100")[1]["data"]
+        found = server.get(f"/v1/traces?conversation={conversation}&limit=100")[1]["data"]
+        return found if len(found) >= requests and all(t["complete"] for t in found) else None
     spans = []
-    for item in reversed(listing()):
+    for item in reversed(wait_until(listing, 15, what=f"{requests} requests of {conversation} stored")):
         trace = server.get(f"/v1/traces/{item['trace_id']}")[1]
         spans.append(next(s for s in trace["spans"] if s["name"] == "decode"))
     return spans
@@ -99,15 +101,6 @@ def decode_spans(server, conversation: str) -> list[dict]:
 
 def metric(prometheus, expr: str) -> dict[tuple, float]:
     return {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in prometheus.query(expr)}
-
-
-def wait_for(check, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.25)
-    return check()
 
 
 def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pooled, doubles, qwen3_5_dir):
@@ -147,13 +140,13 @@ def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pool
 
     # The traces say where each turn went, and the one retried says from where.
     for c in CONVERSATIONS:
-        spans = decode_spans(server, c)
+        spans = decode_spans(server, c, 4)
         ports = [s["attributes"]["server.port"] for s in spans]
         assert ports == [home[c].port] * 3 + [expected[c].port], c
         assert {s["attributes"]["server.address"] for s in spans} == {"127.0.0.1"}
         if c in moved:
             assert spans[-1]["attributes"]["looptrace.upstream.moved_from"] == f"127.0.0.1:{gone.port}"
-    retried = [s for c in moved for s in decode_spans(server, c)
+    retried = [s for c in moved for s in decode_spans(server, c, 4)
                if any(e["name"] == "looptrace.upstream.retry" for e in s.get("events", []))]
     # At most the first request after the stop found out (retried elsewhere); the pool's health probe may
     # find out first, and then none is (the retry itself: test_a_failure_before_the_first_token_is_retried...).
@@ -164,17 +157,17 @@ def test_sessions_stick_move_when_a_server_stops_and_return_when_it_rejoins(pool
                          served_model_name=MODEL)
     doubles[doubles.index(gone)] = back
     back.wait_ready()
-    assert wait_for(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
+    wait_until(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
     for c in CONVERSATIONS:
         status, body = turn(server, c, "after the return")
         assert status == 200, body
     assert served([back])[back.port] == len(moved)
     for c in CONVERSATIONS:
-        assert decode_spans(server, c)[-1]["attributes"]["server.port"] == home[c].port
+        assert decode_spans(server, c, 5)[-1]["attributes"]["server.port"] == home[c].port
 
     # Counted, as Prometheus scraped it, through the dashboard's own queries.
     name = f"127.0.0.1:{gone.port}"
-    assert wait_for(lambda: metric(prometheus, f'sum(looptrace_upstream_sessions_moved_total{{server="{name}"}})')
+    wait_until(lambda: metric(prometheus, f'sum(looptrace_upstream_sessions_moved_total{{server="{name}"}})')
                     .get((), 0) == len(moved), timeout=15)
     errors = metric(prometheus, f'looptrace_upstream_errors_total{{server="{name}"}}')
     # Counted per request that met the stopped server: the one retried, if the probe did not find out first.
@@ -191,13 +184,12 @@ def dashboard_queries_return_each_server(prometheus, servers: list[str], errors:
     for query in queries:
         expr = query["expr"].replace(f'model="{VARIABLES["model"]}"', f'model="{MODEL}"')
         assert substitute(expr)
-        found = set()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def servers_in(expr=expr) -> set:
             found = {s["metric"].get("server") for s in prometheus.query(expr)}
-            if set(servers) <= found or "code" in expr:
-                break
-            time.sleep(0.5)
+            return found if set(servers) <= found or "code" in expr else set()
+
+        found = wait_until(servers_in, 20, every=0.5, or_last=True) or \
+            {s["metric"].get("server") for s in prometheus.query(expr)}
         if "errors" in expr:
             assert found or not errors, query  # only servers that failed have error series
         else:
@@ -206,7 +198,7 @@ def dashboard_queries_return_each_server(prometheus, servers: list[str], errors:
 
 def test_requests_without_a_conversation_take_turns_on_idle_servers(pooled, doubles):
     server, _ = pooled
-    assert wait_for(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
+    wait_until(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
     for d in doubles:
         d.reset()
     for i in range(6):
@@ -218,7 +210,7 @@ def test_requests_without_a_conversation_take_turns_on_idle_servers(pooled, doub
 def test_a_stream_cut_after_its_first_token_fails_clearly_and_is_not_retried(pooled, doubles):
     server, _ = pooled
     conversation = CONVERSATIONS[0]
-    assert wait_for(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
+    wait_until(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), timeout=15)
     home = rendezvous(conversation, doubles)
     for d in doubles:
         d.reset()
@@ -244,10 +236,11 @@ def test_a_failure_before_the_first_token_is_retried_on_another_server(pooled, d
     for d in doubles:
         d.reset()
     home.arm(kind="status", status=500, message="engine dead")
+    before = server.newest_trace_id()
     status, body = turn(server, conversation, "hello")
     assert status == 200, body
     assert served([home])[home.port] == 0 and sum(served(doubles).values()) == 1
-    span = decode_spans(server, conversation)[-1]
+    span = next(s for s in server.trace_after(before)["spans"] if s["name"] == "decode")
     retry = next(e for e in span["events"] if e["name"] == "looptrace.upstream.retry")
     assert retry["attributes"]["error.type"] == "upstream_error"
     assert "engine dead" in retry["attributes"]["looptrace.upstream.error"]

@@ -10,9 +10,10 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import many_items
 import pytest
 
-import many_items
+from waiting import wait_until
 
 MODEL = "tiny-qwen"
 ASK = [{"role": "user", "content": "Hi"}]
@@ -95,13 +96,8 @@ def test_a_session_named_like_a_path_step_opens_in_the_viewer(replayed, browser,
     status, answer = server.post("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": f"In session {conversation}"}]}, headers={"session_id": conversation})
     assert status == 200, answer
-    deadline = time.monotonic() + 15
-    while True:
-        listing = server.get("/v1/sessions?" + urllib.parse.urlencode({"q": conversation}))[1]["data"]
-        if any(s["key"] == conversation for s in listing):
-            break
-        assert time.monotonic() < deadline, listing
-        time.sleep(0.1)
+    wait_until(lambda: any(s["key"] == conversation for s in
+                           server.get("/v1/sessions?" + urllib.parse.urlencode({"q": conversation}))[1]["data"]), 15)
     page = Page(browser)
     try:
         p = page.page

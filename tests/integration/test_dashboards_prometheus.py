@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from grafana_dashboards import (
     viewer_links,
     walk_panels,
 )
+from waiting import wait_until
 
 VLLM_IMAGE = re.compile(r"vllm/vllm-openai:v(\d+\.\d+\.\d+)")
 # Where vLLM's Prometheus metrics are defined, in the wheel of the pinned release.
@@ -173,7 +173,7 @@ def scraped(serve, qwen3_5_dir, tmp_path_factory):
             client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], extra_headers=session)
             list(client.chat.completions.create(model=MODEL, messages=ask, stream=True, extra_headers=session))
             client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], extra_headers=session)
-            time.sleep(1.2)
+            prometheus.wait_next_scrape()
         yield server, prometheus
     finally:
         prometheus.stop()
@@ -206,11 +206,7 @@ def test_exemplars_lead_to_stored_traces(scraped, expressions):
     with_exemplars = [e for e in expressions if e["exemplar"] and not is_upstream(e["expr"])]
     assert any("time_to_first_token" in e["expr"] for e in with_exemplars)
     for e in with_exemplars:
-        deadline = time.monotonic() + 30
-        found: list = []
-        while not found and time.monotonic() < deadline:
-            found = prometheus.exemplars(e["expr"])
-            time.sleep(0.5)
+        found = wait_until(lambda: prometheus.exemplars(e["expr"]), 30, every=0.5, or_last=True)
         trace_ids = {x["labels"][EXEMPLAR_LABEL] for series in found for x in series["exemplars"]}
         assert trace_ids, f"no exemplars for {e['panel']}: {e['expr']}"
         for trace_id in trace_ids:
@@ -221,13 +217,8 @@ def test_exemplars_lead_to_stored_traces(scraped, expressions):
 def test_trace_searches_filter_on_attributes_the_spans_carry(scraped, dashboards):
     # Tempo can't run here; what its TraceQL needs from the spans can be checked in the store.
     server, _ = scraped
-    deadline = time.monotonic() + 15  # spans are written in batches, off the request path
-    while True:
-        status, listing = server.get(f"/v1/traces?conversation={CONVERSATION}")
-        if len(listing.get("data", [])) == 3 * ROUNDS or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
-    assert status == 200 and len(listing["data"]) == 3 * ROUNDS
+    # Spans are written in batches, off the request path.
+    listing = wait_until(lambda: _traces(server, lambda data: len(data) == 3 * ROUNDS), 15, every=0.3)
     status, trace = server.get(f"/v1/traces/{listing['data'][0]['trace_id']}")
     root = next(s for s in trace["spans"] if s["parent_span_id"] is None)
     assert root["attributes"]["gen_ai.request.model"] == MODEL
@@ -255,12 +246,7 @@ def test_every_link_into_the_viewer_opens_that_trace_or_session(scraped, dashboa
     from browser import Page, chromium
 
     server, _ = scraped
-    deadline = time.monotonic() + 15
-    while True:
-        status, listing = server.get(f"/v1/traces?conversation={CONVERSATION}")
-        if listing.get("data") or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
+    listing = wait_until(lambda: _traces(server, bool), 15, every=0.3)
     trace_id = listing["data"][0]["trace_id"]
     links = viewer_links(dashboards, datasources)
     with chromium() as browser:
@@ -282,3 +268,9 @@ def test_every_link_into_the_viewer_opens_that_trace_or_session(scraped, dashboa
                 assert page.errors == [], (where, page.errors)
             finally:
                 page.close()
+
+
+def _traces(server, enough) -> dict | None:
+    """The conversation's trace listing, once `enough(its rows)`."""
+    status, listing = server.get(f"/v1/traces?conversation={CONVERSATION}")
+    return listing if status == 200 and enough(listing.get("data", [])) else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from compose_stack import POSTGRES_FILE, postgres_stack, raw_stack
 from looptrace.proxy.cli import build_parser, settings_from
 
-from .test_compose import _entrypoint, validate
+from .test_compose_schema import _entrypoint, validate
 
 STORE = "postgresql://looptrace@postgres:5432/looptrace"
 

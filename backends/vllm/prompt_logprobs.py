@@ -1,5 +1,5 @@
 """vLLM's `prompt_logprobs` as teacher-forced scoring: the request that asks for them and the reading
-of what comes back (no I/O here; vllm_scoring.py sends it for the vLLM backend, and `looptrace replay`
+of what comes back (no I/O here; scoring.py sends it for the vLLM backend, and `looptrace replay`
 for a vLLM target).
 
 The prompt and the answer go as one token-id prompt to /v1/completions with `prompt_logprobs: 1`,
@@ -15,8 +15,8 @@ the answer's are read.
 
 from __future__ import annotations
 
-from .base import TokenScore
-from .vllm.protocol import NEUTRAL
+from ..base import TokenScore
+from .protocol import NEUTRAL
 
 
 def score_body(model: str, prompt_ids: list[int], answer_ids: list[int]) -> dict:

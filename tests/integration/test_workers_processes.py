@@ -15,11 +15,12 @@ import time
 import urllib.request
 
 import pytest
+from server_workers import all_ready, children, counted_by_pid, metrics_dir, ready_count, slot_of
 
 from prometheus import Prometheus
 from server import Server, free_port, sse_events
-from server_workers import all_ready, children, counted_by_pid, metrics_dir, ready_count, slot_of
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 MODEL = "fleet"
 TOKENS = 12
@@ -76,12 +77,10 @@ def value(prometheus: Prometheus, expr: str) -> float | None:
 
 
 def settles_at(prometheus: Prometheus, expr: str, expected: float, timeout: float = 30) -> float | None:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = value(prometheus, expr)
-        if got == expected or time.monotonic() > deadline:
-            return got
-        time.sleep(0.5)
+    """The query's value once it is `expected`, or the last one read at the deadline."""
+    if wait_until(lambda: value(prometheus, expr) == expected, timeout, every=0.5, or_last=True):
+        return expected
+    return value(prometheus, expr)
 
 
 def workers_of(server: Server) -> dict[int, int]:
@@ -148,11 +147,8 @@ def test_exemplars_survive_and_lead_to_stored_traces(fleet):
     server, prometheus = fleet
     for _ in range(4):
         ask(server)
-    found: list = []
-    deadline = time.monotonic() + 30
-    while not found and time.monotonic() < deadline:
-        found = prometheus.exemplars(f'looptrace_time_to_first_token_seconds_bucket{{model="{MODEL}"}}')
-        time.sleep(0.5)
+    found = wait_until(lambda: prometheus.exemplars(f'looptrace_time_to_first_token_seconds_bucket{{model="{MODEL}"}}'),
+                       30, every=0.5)
     trace_ids = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
     assert trace_ids
     for trace_id in trace_ids:  # whichever worker wrote it, the store both share has it
@@ -222,10 +218,7 @@ def test_sigterm_drains_a_request_in_flight_and_exits_cleanly(double, logs):
     assert status == 200 and events[-1] == "[DONE]" and usage[-1]["completion_tokens"] == 30  # all of it
     assert code == 0, server.log()[-3000:]
     assert "stopping 2 workers" in server.log()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), 10, what="the workers gone")
     assert not folder.exists()  # the metrics folder goes with the server
 
 

@@ -14,6 +14,7 @@ pyarrow, and the compare page in Chromium marks the divergent tokens on both sid
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -213,3 +214,83 @@ def test_the_compare_page_shows_both_sides_with_the_divergent_tokens_marked(reco
         page.page.screenshot(path=str(tmp_path / "compare.png"))
         # No script failed; the one refused request is the first, before the key was given.
         assert not page.errors and all("401" in m for m in page.console), (page.errors, page.console)
+
+
+def atif_export(recording) -> dict:
+    import atif
+
+    done = replays.looptrace("export", "--store", str(recording.store), "--session", recording.session, "--format",
+                             "atif")
+    assert done.returncode == 0, replays.outcome(done)
+    (line,) = done.stdout.splitlines()
+    document = json.loads(line)
+    atif.Trajectory.model_validate(document)
+    return document
+
+
+def test_the_atif_export_is_codexs_session_with_the_traces_ids_and_logprobs(recording):
+    document = atif_export(recording)
+    assert document["agent"]["name"] == "codex_exec" and document["agent"]["model_name"] == replays.MODEL
+    assert "exec_command" in [t["function"]["name"] for t in document["agent"]["tool_definitions"]]
+    assert any(tiny_agent.PROMPT in json.dumps(s["message"]) for s in document["steps"] if s["source"] == "user")
+    agent = [s for s in document["steps"] if s["source"] == "agent"]
+    traces = steps_of(recording)
+    assert [s["extra"]["trace_id"] for s in agent] == [t["trace_id"] for t in traces]
+    for step, trace in zip(agent, traces):
+        tokens = span(trace, "decode")["tokens"]
+        # Equal, not close: the export copies the stored numbers, no arithmetic on any CPU.
+        assert step["metrics"]["prompt_token_ids"] == span(trace, "render")["attributes"][attr.PROMPT_IDS]
+        assert step["metrics"]["completion_token_ids"] == [t["id"] for t in tokens]
+        assert step["metrics"]["logprobs"] == [t["logprob"] for t in tokens]
+    (call,) = agent[0]["tool_calls"]
+    assert (call["function_name"], call["arguments"], call["extra"]["outcome"]) == \
+        ("exec_command", {"cmd": tiny_agent.COMMAND}, "valid")
+    (result,) = agent[0]["observation"]["results"]  # what codex sent back: the command's output
+    assert result["source_call_id"] == call["tool_call_id"] and result["content"]
+    assert agent[1]["message"] == tiny_agent.ANSWER and "tool_calls" not in agent[1]
+
+
+PHOENIX_IMPORT = """
+import json, sys, time
+import httpx
+from phoenix.client import Client
+from phoenix.client.helpers.atif import upload_atif_trajectories_as_spans
+client = Client(base_url=sys.argv[1])
+upload_atif_trajectories_as_spans(client, [json.load(open(sys.argv[2]))], project_name="atif")
+spans = []
+for _ in range(120):  # Phoenix queues what it receives and writes it (and makes the project) a moment later
+    try:
+        spans = client.spans.get_spans(project_identifier="atif", limit=1000)
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code != 404:
+            raise
+    if sum(s["span_kind"] == "LLM" for s in spans) >= int(sys.argv[3]):
+        break
+    time.sleep(0.5)
+print(json.dumps(spans, default=str))
+"""
+
+
+def test_phoenix_imports_the_atif_export(recording, tmp_path):
+    from phoenix import Phoenix, phoenix_binary
+
+    document = atif_export(recording)
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(document))
+    phoenix = Phoenix(tmp_path / "phoenix")
+    try:
+        phoenix.wait_ready()
+        calls = sum(s["source"] == "agent" and "metrics" in s for s in document["steps"])
+        done = subprocess.run([str(phoenix_binary().parent / "python"), "-c", PHOENIX_IMPORT, phoenix.url, str(path),
+                               str(calls)], capture_output=True, text=True, timeout=300)
+    finally:
+        phoenix.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    spans = json.loads(done.stdout)
+    llm = sorted((s for s in spans if s["span_kind"] == "LLM"), key=lambda s: s["start_time"])
+    agent = [s for s in document["steps"] if s["source"] == "agent"]
+    # Phoenix's own converter (phoenix.client.helpers.atif, for ATIF up to v1.7: it warns of v1.8 and reads it)
+    # made an LLM span of each model call, with its token counts, and a TOOL span of the call.
+    assert [s["attributes"]["llm.token_count.prompt"] for s in llm] == [s["metrics"]["prompt_tokens"] for s in agent]
+    assert {s["attributes"]["session.id"] for s in spans} == {recording.session}
+    assert [s["name"] for s in spans if s["span_kind"] == "TOOL"] == ["exec_command"]

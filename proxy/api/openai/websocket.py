@@ -1,0 +1,255 @@
+"""GET /v1/responses: the Responses API's WebSocket mode (OpenAI's "WebSocket mode" guide; the Open
+Responses specification's `x-openresponses-websocket`), what codex's built-in `openai` provider tries
+first and the openai SDKs' `client.responses.connect()` speaks.
+
+The client sends `response.create` messages: the POST body's fields (no `stream`: every response is
+streamed), with an optional `stream_id`, a lane. Each lane runs its responses one after another in the
+order they came; lanes run side by side. The server sends each response's ordinary stream events, one
+message each, with the lane's `stream_id`; a request refused before its stream is an `error` event
+with its HTTP-style `status` (the specification's WebSocketErrorEvent), and the socket goes on.
+
+A conversation on one socket sends only what it adds: `previous_response_id` names the response
+before, which the socket keeps whether or not it was stored (`store: false` included, as OpenAI's
+mode does), and each lane is a conversation of its own to the long-session machinery (unless the
+client's headers name one), so a turn's prompt is tokenized from where it departs from the lane's
+last one (docs/long-sessions.md). Every turn is a request of its own to the traces and metrics
+(`looptrace.endpoint` `responses_websocket`, `looptrace.transport` `websocket`).
+
+Limits, like the HTTP ones: a message of at most MAX_MESSAGE_BYTES (the HTTP body limit; past it the
+socket is closed with 1009), MAX_LANES lanes with work at once and MAX_QUEUED responses waiting in
+each (past them an `error` event, 429), a socket idle (nothing sent, nothing running) for IDLE_SECONDS
+is closed; a client that stops reading is dropped after --stream-write-timeout as a stream's is, and
+its generation stopped. `response.steer` is answered `response.steer.failed`
+(`steering_not_supported`): steering needs a successor response the model can be switched to
+mid-answer, which no backend here has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+
+from aiohttp import WSMsgType, web
+
+from looptrace.backends.base import BackendError
+from looptrace.common import attributes as attr
+from looptrace.common.jsonio import dumps
+
+from ...engine.errors import Refused, Unavailable
+from ..errors import APIError, ClientStoppedReading, answered, invalid
+from ..serving import traced
+from ..validation import field, json_object
+from .response_store import RESPONSE_STORE
+from .responses import respond
+from .responses_request import parse_responses
+from .responses_stream import ResponseBuilder
+
+log = logging.getLogger("looptrace")
+
+MAX_MESSAGE_BYTES = 256 * 1024**2  # as an HTTP body (app.py's client_max_size)
+MAX_LANES = 16
+MAX_QUEUED = 16
+MAX_LANE_ID = 256  # characters of a stream_id
+IDLE_SECONDS = 3600.0
+KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may name (its lanes' latest, and more)
+TRANSPORT_ONLY = ("type", "stream_id", "stream", "stream_options")  # the envelope, and HTTP's streaming switches
+
+
+async def responses_socket(request: web.Request) -> web.WebSocketResponse:
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        raise APIError(426, "GET /v1/responses is the Responses API's WebSocket mode: connect with a WebSocket "
+                       "upgrade (POST /v1/responses creates a response over HTTP).", code="upgrade_required")
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, compress=False)  # no deflate on the token path
+    await ws.prepare(request)
+    socket = Socket(request, ws)
+    try:
+        await socket.serve()
+    finally:
+        await socket.stop()
+    return ws
+
+
+class Lane:
+    __slots__ = ("queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: deque[dict] = deque()
+        self.task: asyncio.Task | None = None
+
+
+class Socket:
+    """One client's socket: its lanes, and the responses it may continue."""
+
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
+        self.request, self.ws = request, ws
+        self.id = "ws_" + secrets.token_hex(8)
+        self.lanes: dict[str | None, Lane] = {}
+        self.kept: OrderedDict[str, list] = OrderedDict()  # response id → its conversation, output included
+        self.sequence = 0  # for events outside any response (errors, steering)
+
+    async def serve(self) -> None:
+        while not self.ws.closed:
+            try:
+                message = await self.ws.receive(timeout=IDLE_SECONDS)
+            except TimeoutError:
+                if self.lanes:
+                    continue  # a turn is running: not idle
+                await self.ws.close(code=1000, message=b"idle")
+                return
+            if message.type == WSMsgType.TEXT:
+                await self.received(message.data)
+            elif message.type == WSMsgType.BINARY:
+                await self.error(invalid("Binary messages are not read: send each event as JSON text.",
+                                         code="invalid_json"), None)
+            else:  # closing, closed, or an error (a message past MAX_MESSAGE_BYTES: aiohttp closed with 1009)
+                return
+
+    async def received(self, text: str) -> None:
+        event: dict = {}
+        try:
+            event = json_object(text.encode(), text)
+            kind = field(event, "type", str, "type", required=True)
+            if kind == "response.steer":
+                await self.steer_refused(event)
+                return
+            if kind != "response.create":
+                raise invalid(f"Unknown event type {kind!r}: this socket takes 'response.create' (and "
+                              "'response.steer').", param="type", code="unknown_event")
+            lane = field(event, "stream_id", str, "stream_id")
+            if lane is not None and not 0 < len(lane) <= MAX_LANE_ID:
+                # It is repeated in every event of the lane's responses: a long one would be copied thousands of times.
+                raise invalid(f"'stream_id' must be 1 to {MAX_LANE_ID} characters.", param="stream_id")
+            self.queue(event, lane)
+        except APIError as err:
+            lane = event.get("stream_id")
+            await self.error(err, lane if isinstance(lane, str) else None)
+
+    def queue(self, event: dict, lane_id: str | None) -> None:
+        lane = self.lanes.get(lane_id)
+        if lane is None:
+            if len(self.lanes) >= MAX_LANES:
+                raise APIError(429, f"This socket has {MAX_LANES} lanes with responses running or waiting; at "
+                               "most that many run at once.", param="stream_id", code="too_many_lanes")
+            lane = self.lanes[lane_id] = Lane()
+        if len(lane.queue) >= MAX_QUEUED:
+            raise APIError(429, f"{MAX_QUEUED} responses are already waiting on this lane.", param="stream_id",
+                           code="too_many_queued")
+        lane.queue.append(event)
+        if lane.task is None:
+            lane.task = asyncio.create_task(self.drain(lane_id, lane))
+
+    async def drain(self, lane_id: str | None, lane: Lane) -> None:
+        """A lane's responses, in the order they came."""
+        try:
+            while lane.queue:
+                await self.create(lane.queue.popleft(), lane_id)
+        except (ClientStoppedReading, ConnectionResetError) as exc:
+            # Its connection is aborted (or gone): the socket's loop sees it closed and stops the other lanes.
+            log.info("WebSocket %s dropped: %s", self.id, exc)
+        finally:
+            self.lanes.pop(lane_id, None)
+
+    async def create(self, event: dict, lane_id: str | None) -> None:
+        body = {k: v for k, v in event.items() if k not in TRANSPORT_ONLY}
+        try:
+            if body.get("generate") is False:
+                await self.warm_up(body, lane_id)  # no generation: nothing to trace
+                return
+            async with traced(self.request, attr.ENDPOINT_RESPONSES_WEBSOCKET, {attr.TRANSPORT: "websocket"},
+                              continued=False) as trace:  # a trace per turn, not one for the socket's life
+                previous = await self.previous(body)
+                await respond(self.request, trace, body, previous, sink=Frames(self.ws, lane_id),
+                              conversation=f"{self.id}/{lane_id or ''}", kept=self.keep)
+        except (APIError, Refused, Unavailable, BackendError) as err:
+            await self.error(err if isinstance(err, APIError) else answered(self.request, err), lane_id)
+        except (ClientStoppedReading, ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer, as an error event, and be logged
+            log.exception("WebSocket %s: response.create failed", self.id)
+            await self.error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                                      code="internal_error"), lane_id)
+
+    async def previous(self, body: dict) -> list | None:
+        """The conversation `previous_response_id` continues: this socket's own first (stored or not)."""
+        previous_id = field(body, "previous_response_id", str, "previous_response_id")
+        if previous_id is None:
+            return None
+        kept = self.kept.get(previous_id)
+        if kept is not None:
+            self.kept.move_to_end(previous_id)
+            return kept
+        return await self.request.app[RESPONSE_STORE].conversation(previous_id)
+
+    def keep(self, response: dict, items: list) -> None:
+        self.kept[response["id"]] = items + response["output"]
+        while len(self.kept) > KEPT_RESPONSES:
+            self.kept.popitem(last=False)
+
+    async def warm_up(self, body: dict, lane_id: str | None) -> None:
+        """`generate: false`: a response with no output, whose id later turns continue from."""
+        body.pop("generate")
+        _, options, names = parse_responses(body, await self.previous(body))
+        builder = ResponseBuilder(options.model, names, options.echo, stream=True)
+        frames = builder.start() + builder.without_output()
+        self.keep(builder.final, options.items)
+        await Frames(self.ws, lane_id).write(frames)
+
+    async def steer_refused(self, event: dict) -> None:
+        steer = {"input": event.get("input"), "previous_response_id": event.get("previous_response_id")}
+        await self.send({"type": "response.steer.failed", "steer": steer, "error": {
+            "type": "invalid_request_error", "code": "steering_not_supported",
+            "message": "Steering is not supported by this server: send the input with the next response.create."}})
+
+    async def error(self, err: APIError, lane_id: str | None) -> None:
+        """A refusal as the specification's WebSocketErrorEvent (the openai SDK's ResponseWsError)."""
+        event = {"type": "error", "status": err.status, "error": err.body()["error"]}
+        if lane_id is not None:
+            event["stream_id"] = lane_id
+        await self.send(event)
+
+    async def send(self, event: dict) -> None:
+        event["sequence_number"] = self.sequence
+        self.sequence += 1
+        if not self.ws.closed:
+            try:
+                await self.ws.send_str(dumps(event))
+            except ConnectionResetError:
+                pass  # the client left: its lanes are stopped on the way out
+
+    async def stop(self) -> None:
+        """The socket closed: every lane's response stops (its generation with it)."""
+        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - each was traced as it ended; nothing to report here
+                pass
+
+
+class Frames:
+    """A response's stream frames as WebSocket messages: each SSE event's `data` is one text message
+    (the terminal `[DONE]` is SSE's alone), with the lane's `stream_id` spliced in."""
+
+    __slots__ = ("ws", "tag", "since")
+
+    def __init__(self, ws: web.WebSocketResponse, lane_id: str | None) -> None:
+        self.ws = ws
+        self.tag = b'{"stream_id":' + dumps(lane_id).encode() + b"," if lane_id is not None else b""
+        self.since = time.monotonic()
+
+    async def write(self, data: bytes) -> None:
+        for block in data.split(b"\n\n"):
+            at = block.find(b"data: ")
+            if at < 0:
+                continue
+            payload = block[at + 6:]
+            if payload == b"[DONE]":
+                continue
+            if self.tag:
+                payload = self.tag + payload[1:]
+            await self.ws.send_frame(payload, WSMsgType.TEXT)

@@ -1,0 +1,109 @@
+"""codex's app-server (`codex app-server`), driven over its stdio transport: JSON-RPC 2.0 without the
+`jsonrpc` field, one message a line (as codex 0.169's `app-server generate-json-schema` describes it).
+What a rich client (the VS Code extension) does: start a thread, run turns, compact it on demand."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import clients
+
+
+class AppServer:
+    def __init__(self, installed: clients.Clients, home: Path, api_key: str, **env: str) -> None:
+        environment = clients.client_env(home, api_key, CODEX_HOME=str(home / ".codex"), **env)
+        self.process = subprocess.Popen([str(installed.codex), "app-server"], env=environment, cwd=home,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, bufsize=1)
+        self.notifications: list[dict] = []
+        self._answers: dict[int, dict] = {}
+        self._arrived: queue.Queue = queue.Queue()
+        self._next = 0
+        self._stderr: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self._stderr.extend(self.process.stderr), daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.strip():
+                self._arrived.put(json.loads(line))
+        self._arrived.put(None)
+
+    def _pump(self, deadline: float) -> None:
+        """One message read (or the deadline passed): an answer kept by id, a notification appended;
+        a request of the server's (an approval) is refused, as a client that allows nothing would."""
+        try:
+            message = self._arrived.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if message is None:
+            raise RuntimeError(f"codex app-server exited ({self.process.poll()}): {''.join(self._stderr)[-3000:]}")
+        if "id" in message and "method" in message:
+            self.send({"id": message["id"], "error": {"code": -32601, "message": "not allowed by the test"}})
+        elif "id" in message:
+            self._answers[message["id"]] = message
+        else:
+            self.notifications.append(message)
+
+    def send(self, message: dict) -> None:
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def call(self, method: str, params: dict | None = None, timeout: float = 60) -> dict:
+        self._next += 1
+        number = self._next
+        self.send({"method": method, "id": number, "params": params or {}})
+        deadline = time.monotonic() + timeout
+        while number not in self._answers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{method}: no answer in {timeout} s; stderr: {''.join(self._stderr)[-3000:]}")
+            self._pump(deadline)
+        answer = self._answers.pop(number)
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return answer["result"]
+
+    def wait_for(self, method: str, after: int = 0, timeout: float = 120, **params) -> dict:
+        """The first notification `method` (its params including `params`) from index `after` on."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for note in self.notifications[after:]:
+                if note["method"] == method and params.items() <= note.get("params", {}).items():
+                    return note
+            if time.monotonic() > deadline:
+                seen = [n["method"] for n in self.notifications[after:]]
+                raise TimeoutError(f"no {method} in {timeout} s; seen: {seen}; stderr: {''.join(self._stderr)[-3000:]}")
+            self._pump(deadline)
+
+    def start(self, cwd: Path) -> str:
+        """Initialized, and a thread started in `cwd` that asks for no approval: its id."""
+        self.call("initialize", {"clientInfo": {"name": "looptrace-tests", "version": "1"}})
+        self.send({"method": "initialized"})
+        thread = self.call("thread/start", {"cwd": str(cwd), "approvalPolicy": "never", "sandbox": "read-only"})
+        return thread["thread"]["id"]
+
+    def turn(self, thread: str, text: str) -> dict:
+        """A turn run to its end: its turn/completed notification."""
+        mark = len(self.notifications)
+        self.call("turn/start", {"threadId": thread, "input": [{"type": "text", "text": text}]})
+        return self.wait_for("turn/completed", after=mark, threadId=thread)
+
+    def compact(self, thread: str) -> dict:
+        """thread/compact/start, run to its end: its turn/completed notification."""
+        mark = len(self.notifications)
+        self.call("thread/compact/start", {"threadId": thread})
+        return self.wait_for("turn/completed", after=mark, threadId=thread)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
