@@ -3,7 +3,7 @@ them (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`), and th
 finds cached across them: a full-attention prefix is no hit without the sliding window's last blocks or the recurrent
 state at its end. Where the kinds leave it unsaid, the receipt says `estimate`. The expected hits are worked out by
 hand from vLLM 0.32's managers (vllm/v1/core/single_type_kv_cache_manager.py: FullAttentionManager,
-SlidingWindowManager, MambaManager, and kv_cache_coordinator.py's fixed point)."""
+SlidingWindowManager, MambaManager, and vllm/v1/core/kv_cache_coordinator.py's fixed point)."""
 
 from __future__ import annotations
 
