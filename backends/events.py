@@ -53,6 +53,7 @@ class DoneEvent(TypedDict):
     drafted: int
     accepted: int
     draft_method: str  # the method that drafted them ("" without speculative decoding)
+    weight_version: str | None  # the weights that sampled them, where the server says (vLLM); None elsewhere
 
 
 class UpstreamEvent(TypedDict):
@@ -92,12 +93,14 @@ def token_event(index: int, token_id: int, piece: str, text: str, special: bool,
 
 
 def done_event(finish_reason: str, tokens: int, seconds: float, *, cached_tokens: int, cache_write_tokens: int = 0,
-               drafts: int = 0, drafted: int = 0, accepted: int = 0, draft_method: str = "") -> DoneEvent:
+               drafts: int = 0, drafted: int = 0, accepted: int = 0, draft_method: str = "",
+               weight_version: str | None = None) -> DoneEvent:
     # The first token comes out of prefill, so the decode rate counts the ones after it.
     rate = (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
     return {"type": "done", "finish_reason": finish_reason, "tokens": tokens, "seconds": seconds,
             "tokens_per_second": rate, "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
-            "drafts": drafts, "drafted": drafted, "accepted": accepted, "draft_method": draft_method}
+            "drafts": drafts, "drafted": drafted, "accepted": accepted, "draft_method": draft_method,
+            "weight_version": weight_version}
 
 
 def upstream_event(server: str, address: str, port: int, route: str, *, moved_from: str | None = None,

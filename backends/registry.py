@@ -224,7 +224,8 @@ ENTRIES: tuple[BackendEntry, ...] = (
             Option("routing", ("--routing",), {
                 "choices": list(ROUTING),
                 "help": "which server takes a request: rendezvous (each conversation on its hashed home), "
-                        "least-loaded, or cache-aware (the server holding most of the prompt, unless overloaded)"}),
+                        "least-loaded, or cache-aware (the least expected time to first token: the prompt tokens each server "
+                        "would read after its cache, and its queue, over its measured prefill rate; home on near-ties)"}),
             Option("vllm_kv_events", ("--vllm-kv-events",), {
                 "metavar": "ENDPOINT[,REPLAY]", "action": "append",
                 "help": "a --vllm-url server's KV-event sockets (vLLM's --kv-events-config endpoint and "

@@ -100,7 +100,8 @@ INPUT_NEW_MESSAGES = "looptrace.input.new_messages"  # JSON: those new messages,
 # gen_ai.input.messages stored as what it adds to an earlier step's (trace_store/chains.py; reads return it whole):
 INPUT_BASE_TRACE_ID = "looptrace.input.base_trace_id"  # the trace whose input messages these continue
 INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come first; then the new messages
-WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label (X-Weight-Version), as a trainer names them
+WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label: X-Weight-Version, else what vLLM said
+WEIGHT_VERSION_SOURCE = "looptrace.weight_version.source"  # where it came from: header or vllm
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
 AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says
@@ -205,6 +206,7 @@ SPEC_METHOD = "looptrace.spec.method"  # how the drafts were made: ngram, suffix
 # -- looptrace.* of a vLLM server, on the decode span ----------------------------------------------
 
 UPSTREAM_MOVED_FROM = "looptrace.upstream.moved_from"  # the other server the conversation's last request went to
+UPSTREAM_WEIGHT_VERSION = "looptrace.upstream.weight_version"  # the weights vLLM said sampled the answer
 EVENT_UPSTREAM_RETRY = "looptrace.upstream.retry"  # a server failed before the first token, and another was tried
 UPSTREAM_FAILED = "looptrace.upstream.failed"  # on that event: the server that failed (and ERROR_TYPE, its code)
 UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server said
@@ -212,8 +214,8 @@ UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server sa
 # -- looptrace.route.*: the routing receipt, on the decode span (backends/vllm/routing.py) ---------
 
 ROUTE_POLICY = "looptrace.route.policy"  # --routing: rendezvous, least-loaded or cache-aware
-ROUTE_REASON = "looptrace.route.reason"  # home, prefix, least_loaded, home_overloaded, retry or only
-ROUTE_SCORE = "looptrace.route.score"  # what the policy ranked the chosen server by (higher first)
+ROUTE_REASON = "looptrace.route.reason"  # home, faster, least_loaded, retry or only
+ROUTE_SCORE = "looptrace.route.score"  # what the policy ranked the chosen server by (cache-aware: seconds, least first)
 ROUTE_LOAD = "looptrace.route.load"  # its requests running and waiting when chosen
 ROUTE_PREDICTED_CACHED_TOKENS = "looptrace.route.predicted_cached_tokens"  # prompt tokens predicted in its cache
 ROUTE_INDEX = "looptrace.route.index"  # what predicted them: events (its KV events) or estimate (what it was sent)
@@ -223,6 +225,20 @@ ROUTE_RUNNER_UP = "looptrace.route.runner_up"  # the server ranked next ("host:p
 ROUTE_RUNNER_UP_SCORE = "looptrace.route.runner_up_score"  # its score
 ROUTE_RUNNER_UP_LOAD = "looptrace.route.runner_up_load"  # its load
 ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS = "looptrace.route.runner_up_predicted_cached_tokens"  # its prediction
+# The chosen server's price (backends/vllm/cost.py), every policy's: the request's expected time to first token there
+ROUTE_EXPECTED_TTFT = "looptrace.route.expected_ttft"  # seconds: overhead + tokens ÷ rate + decode pressure
+ROUTE_PREFILL_TOKENS = "looptrace.route.prefill_tokens"  # prompt tokens it would compute there (after its cache)
+ROUTE_QUEUED_TOKENS = "looptrace.route.queued_tokens"  # uncached prompt tokens ahead of it (looptrace's, others')
+ROUTE_OTHERS_WAITING = "looptrace.route.others_waiting"  # vLLM's waiting requests beyond looptrace's
+ROUTE_PREFILL_RATE = "looptrace.route.prefill_rate"  # the server's measured prefill tokens a second
+ROUTE_DECODING = "looptrace.route.decoding"  # requests it was decoding
+ROUTE_DECODE_SECONDS = "looptrace.route.decode_seconds"  # what those add, as measured
+ROUTE_OVERHEAD_SECONDS = "looptrace.route.overhead_seconds"  # the server's measured time to first token of no tokens
+ROUTE_TTFT = "looptrace.route.ttft"  # the time to first token it then took (sent → first token)
+ROUTE_TTFT_ERROR = "looptrace.route.ttft_error"  # that minus expected_ttft
+ROUTE_RUNNER_UP_EXPECTED_TTFT = "looptrace.route.runner_up_expected_ttft"  # the runner-up's price
+ROUTE_RUNNER_UP_PREFILL_TOKENS = "looptrace.route.runner_up_prefill_tokens"  # what it would have computed
+ROUTE_RUNNER_UP_QUEUED_TOKENS = "looptrace.route.runner_up_queued_tokens"  # and what was queued there
 
 # -- the decode span's token events ---------------------------------------------------------------
 
@@ -286,7 +302,7 @@ METRIC_UPSTREAM_REQUESTS = "looptrace_upstream_requests"  # requests sent to eac
 METRIC_UPSTREAM_ERRORS = "looptrace_upstream_errors"  # requests a vLLM server failed, by error code
 METRIC_UPSTREAM_GENERATION_TOKENS = "looptrace_upstream_generation_tokens"  # tokens each vLLM server generated
 METRIC_UPSTREAM_TIME_TO_FIRST_TOKEN = "looptrace_upstream_time_to_first_token_seconds"  # the same, by server
-METRIC_UPSTREAM_SESSIONS_MOVED = "looptrace_upstream_sessions_moved"  # conversations moved, by the server left
+METRIC_UPSTREAM_SESSIONS_MOVED = "looptrace_upstream_sessions_moved"  # conversations moved, by server left and why
 METRIC_UPSTREAM_UP = "looptrace_upstream_up"  # 1 while a vLLM server takes requests
 METRIC_UPSTREAM_REQUESTS_RUNNING = "looptrace_upstream_requests_running"  # requests streaming from each server
 METRIC_UPSTREAM_ROUTED = "looptrace_upstream_routed"  # requests routed to each server, by the routing's reason
@@ -295,6 +311,7 @@ METRIC_UPSTREAM_CACHED_TOKENS = "looptrace_upstream_cached_tokens"  # of which i
 METRIC_UPSTREAM_PREDICTED_CACHED_TOKENS = "looptrace_upstream_predicted_cached_tokens"  # as routing predicted
 METRIC_UPSTREAM_PREDICTION_ERROR = "looptrace_upstream_cache_prediction_error_ratio"  # |error| ÷ prompt tokens
 METRIC_UPSTREAM_KV_EVENTS_TRUSTED = "looptrace_upstream_kv_events_trusted"  # 1 while its KV events are followed
+METRIC_UPSTREAM_TTFT_PREDICTION_ERROR = "looptrace_upstream_ttft_prediction_error_seconds"  # |ttft − expected|
 METRIC_REQUESTS_RUNNING = "looptrace_requests_running"  # requests being decoded
 METRIC_REQUESTS_WAITING = "looptrace_requests_waiting"  # requests queued for the model
 METRIC_TRACE_SPANS_DROPPED = "looptrace_trace_spans_dropped"  # spans a trace sink lost, by sink

@@ -12,9 +12,10 @@ JSON document per step instead of every prompt and token.
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
 the trace was recorded without content. `tools` counts the tool calls by outcome. `route` is the vLLM
 routing's receipt: the server, the policy and its reason, the cached tokens predicted and those the
-server then reported, and the runner-up. `compaction` marks a compaction step (how it was asked for, the
-summary's id, the input items it replaces); `compactions_expanded`, a step whose input held compaction
-items, each read as its summary.
+server then reported, the expected time to first token and its terms (backends/vllm/cost.py) and the one it
+took, and the runner-up. `compaction` marks a compaction step (how it was asked for, the summary's id, the
+input items it replaces); `compactions_expanded`, a step whose input held compaction items, each read as
+its summary.
 
 Spans of a request end before its server span, so they are gathered first and the summary is
 finished when the server span arrives.
@@ -126,7 +127,15 @@ _ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score"
           ("load", attr.ROUTE_LOAD), ("predicted", attr.ROUTE_PREDICTED_CACHED_TOKENS), ("index", attr.ROUTE_INDEX),
           ("cached", attr.ROUTE_CACHED_TOKENS), ("runner_up", attr.ROUTE_RUNNER_UP),
           ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
-          ("runner_up_predicted", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS))
+          ("runner_up_predicted", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS),
+          ("expected_ttft", attr.ROUTE_EXPECTED_TTFT), ("ttft", attr.ROUTE_TTFT),
+          ("prefill_tokens", attr.ROUTE_PREFILL_TOKENS), ("queued_tokens", attr.ROUTE_QUEUED_TOKENS),
+          ("others_waiting", attr.ROUTE_OTHERS_WAITING), ("prefill_rate", attr.ROUTE_PREFILL_RATE),
+          ("decoding", attr.ROUTE_DECODING), ("decode_seconds", attr.ROUTE_DECODE_SECONDS),
+          ("overhead_seconds", attr.ROUTE_OVERHEAD_SECONDS),
+          ("runner_up_expected_ttft", attr.ROUTE_RUNNER_UP_EXPECTED_TTFT),
+          ("runner_up_prefill_tokens", attr.ROUTE_RUNNER_UP_PREFILL_TOKENS),
+          ("runner_up_queued_tokens", attr.ROUTE_RUNNER_UP_QUEUED_TOKENS))
 
 
 def _compaction(attrs: dict) -> dict | None:

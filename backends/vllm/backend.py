@@ -30,6 +30,7 @@ from looptrace.common.vocabulary import Vocabulary
 
 from ..base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
 from ..events import Event, upstream_event
+from .cost import Price
 from .kv_index import PromptBlocks
 from .pool import Pool
 from .scoring import score_on
@@ -151,7 +152,7 @@ class VLLMBackend:
                                  retry_after=failed, receipt=route.receipt())
             first = True
             try:
-                async for event in self._stream(up, request):
+                async for event in self._stream(up, request, route.chosen.price, prompt):
                     first = False
                     yield event
                 return
@@ -175,7 +176,8 @@ class VLLMBackend:
         route = self.pool.choose(None)
         return await score_on(route.upstream, prompt_ids, answer_ids)
 
-    async def _stream(self, up: Upstream, request: DecodeRequest) -> AsyncIterator[Event]:
+    async def _stream(self, up: Upstream, request: DecodeRequest, price: Price,
+                      prompt: PromptBlocks) -> AsyncIterator[Event]:
         room = up.max_model_len - len(request.prompt_ids)
         if room <= 0:
             raise BackendError(f"This model's maximum context length is {up.max_model_len} tokens, and the prompt "
@@ -184,10 +186,15 @@ class VLLMBackend:
         reader: SSEReader | None = None
         sent = time.monotonic()
         up.running += 1
+        ticket = up.cost.sent(price)  # ahead of the requests routed after it, until its first token
+        coming = up.holdings.sending(prompt)  # its blocks, held for the requests queued behind it
         try:
             reader = SSEReader(await post(up, request, tokens.max_tokens))
             async for chunk in reader:
-                for event in tokens.read(chunk):
+                events = tokens.read(chunk)
+                if tokens.prefilled and not ticket.answered:
+                    up.cost.first_token(ticket)
+                for event in events:
                     yield event
                 if tokens.finish == "cancelled":
                     break
@@ -202,11 +209,16 @@ class VLLMBackend:
                                f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
         finally:
             up.running -= 1
+            up.cost.closed(ticket)
+            up.holdings.ended(coming)
             if reader is not None:
                 reader.close()
-        done = tokens.done(reader.ended)
+        done = tokens.done(reader.ended, up.weight_version)
         if done["finish_reason"] != "cancelled":  # what the server now holds: the estimate's, and events owed
             up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent)
+            if tokens.prefilled:  # what its wait teaches the server's price (vLLM counts cached tokens at the end)
+                up.cost.learn(ticket, len(tokens.upstream_prompt or request.prompt_ids) - tokens.cached,
+                              tokens.first_at - tokens.started)
         yield done
 
     async def close(self) -> None:

@@ -106,6 +106,9 @@ class KVEvents:
                 "block_size": self.index.block_size, "batches": self.batches, "gaps": self.gaps,
                 "replayed": self.replayed, "lost": self.lost, "restarts": self.restarts,
                 "skipped_blocks": self.index.skipped}
+        if len(self.index.groups) > 1:  # a hybrid model: each group's kind, and whether the prediction is exact
+            body["kv_cache_groups"] = self.index.kinds()
+            body["index"] = self.index.source
         if self._owed_since is not None and not self.trusted:
             body["silent_seconds"] = round(time.monotonic() - self._owed_since, 1)
         if self.error:

@@ -2,10 +2,10 @@
 
 vLLM caches a prompt in blocks of `block_size` tokens and finds a block by a hash chained over every
 block before it. looptrace never computes vLLM's hash (it depends on vLLM's version, its hash
-function and a seed): it keys each block on its tokens, chained the same way (a block's key is a hash
-of the previous block's key and its own tokens), so a prompt's blocks are looked up by their tokens
-alone. A `BlockStored` event carries both its blocks' tokens and vLLM's hashes: each hash is mapped to
-its key once, for the `BlockRemoved` events, which carry hashes only.
+function and a seed): it keys each block on its tokens, chained the same way (block_keys.py), so a
+prompt's blocks are looked up by their tokens alone. A `BlockStored` event carries both its blocks'
+tokens and vLLM's hashes: each hash is mapped to its key once, for the `BlockRemoved` events, which
+carry hashes only. A hybrid model's KV-cache groups each hold their own blocks (kv_groups.py).
 
 Two indexes answer the same question (`cached_tokens(prompt)`: how much of this prompt the server
 would find cached):
@@ -15,117 +15,99 @@ would find cached):
   recent kept up to the server's capacity: an estimate, for a server without events, or while its
   events cannot be trusted (a publisher gone silent).
 
-`Holdings` keeps both for one server and says which one a prediction came from. `SharedPrefixes` tells
-the part of a prompt it shares with other conversations (a system prompt, tool definitions): every server
-holds that sooner or later, and routing weighs what a conversation holds beyond it.
+`Holdings` keeps both for one server and says which one a prediction came from, and adds the blocks of the prompts
+looptrace sent the server and has not seen the end of: the server computes them ahead of a request queued behind
+them, which finds them cached (without them, a conversation's turn routed while another conversation's first turn
+was being read was predicted to miss the system prompt both share; that was most of bench/routing.py's prediction
+error). `SharedPrefixes` tells the part of a prompt it shares with other conversations (a system prompt, tool
+definitions): every server holds that sooner or later, and routing finds a conversation's home by what it holds
+beyond it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
 
-ROOT = 0  # the chain's key before a prompt's first block
+from . import kv_groups
+from .block_keys import PromptBlocks, walk
+
 DEFAULT_BLOCK = 16  # vLLM's block size on GPUs, until the server says (its events, its /metrics)
 PRIMARY = (None, "GPU")  # the engine's own cache; an offloading tier's events ("CPU", …) are not it
-
-
-class PromptBlocks:
-    """A prompt's block keys, computed once per block size and only as far as a lookup walks."""
-
-    __slots__ = ("ids", "_keys")
-
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-        self._keys: dict[int, list[int]] = {}
-
-    def keys(self, block_size: int, limit: int) -> Iterator[int]:
-        """The keys of the first `limit` whole blocks, in order."""
-        keys = self._keys.setdefault(block_size, [])
-        yield from keys[:limit]
-        ids, n = self.ids, len(keys)
-        key = keys[-1] if keys else ROOT
-        while n < limit:
-            key = hash((key, *ids[n * block_size:(n + 1) * block_size]))
-            keys.append(key)
-            n += 1
-            yield key
-
-    def usable_blocks(self, block_size: int) -> int:
-        """Whole blocks vLLM may find cached: it computes at least the prompt's last token again."""
-        return max(0, len(self.ids) - 1) // block_size
+ORPHANS = 4096  # events kept waiting for their parent block (EventIndex)
 
 
 class EventIndex:
-    """The blocks a server's KV events say it holds."""
-
-    source = "events"
+    """The blocks a server's KV events say it holds, per KV-cache group (kv_groups.py: a hybrid model's groups
+    each hold their own, and a prefix is a hit where all of them can serve it)."""
 
     def __init__(self) -> None:
-        self.block_size: int | None = None
-        self.group: int | None = None  # the KV-cache group followed (several only in hybrid models)
-        self._key_of: dict[object, int] = {}  # vLLM's block hash → our key
-        self._held: dict[int, int] = {}  # our key → how many of vLLM's hashes hold it
-        self.skipped = 0  # blocks of events that could not be placed (an unknown parent, media, LoRA)
-
+        self.groups: dict[int, kv_groups.Group] = {}
+        # Events waiting for a block another group's event places, by that block's hash: a sparse group's (a
+        # window's, a state's) comes before the full-attention group's in vLLM's batch, and says its blocks by hash.
+        self._orphans: OrderedDict[object, list[dict]] = OrderedDict()
+        self._orphaned = 0  # blocks given up on, the orphans past ORPHANS
     def __len__(self) -> int:
-        return len(self._key_of)
+        return sum(len(g.key_of) for g in self.groups.values())
+
+    @property
+    def block_size(self) -> int | None:
+        return self.groups[min(self.groups)].block_size if self.groups else None
+
+    @property
+    def skipped(self) -> int:
+        """Blocks of events it could not place: an unknown parent (waiting for it, or given up), media, LoRA."""
+        waiting = sum(len(e.get("block_hashes") or ()) for events in self._orphans.values() for e in events)
+        return sum(g.skipped for g in self.groups.values()) + self._orphaned + waiting
+
+    @property
+    def source(self) -> str:
+        """"events" where they say exactly what the server will find; "estimate" where the groups' kinds or sizes
+        leave it unsaid (kv_groups.exact)."""
+        return "events" if kv_groups.exact(list(self.groups.values())) else "estimate"
+
+    def kinds(self) -> dict[int, str | None]:
+        return {n: g.kind for n, g in sorted(self.groups.items())}
 
     def stored(self, event: dict) -> None:
-        hashes, tokens = event.get("block_hashes") or [], event.get("token_ids") or []
-        size, parent = event.get("block_size"), event.get("parent_block_hash")
         if event.get("medium") not in PRIMARY or event.get("lora_name") or event.get("lora_id") is not None:
             return
-        group = event.get("group_idx") or 0
-        if self.group is None:
-            self.group = group
-        if group != self.group:
+        n = event.get("group_idx") or 0
+        group = self.groups.get(n)
+        if group is None:
+            group = self.groups[n] = kv_groups.Group()
+        waits_for = group.stored(event, self._key_of)
+        if waits_for is not None:
+            self._orphans.setdefault(waits_for, []).append(event)
+            while len(self._orphans) > ORPHANS:
+                _, lost = self._orphans.popitem(last=False)
+                self._orphaned += sum(len(e.get("block_hashes") or ()) for e in lost)
             return
-        if self.block_size is None:
-            self.block_size = size
-        extra = event.get("extra_keys") or ()
-        key = ROOT if parent is None else self._key_of.get(parent)
-        # A block of another size (a partial one) or of unknown parent cannot be placed in the chain; nor can
-        # one whose hash took more than its tokens (media, a cache salt): what follows them is unknown too.
-        if (size != self.block_size or key is None or len(tokens) != len(hashes) * size
-                or any(e for e in extra)):
-            self.skipped += len(hashes)
-            return
-        held, key_of = self._held, self._key_of
-        for n, block_hash in enumerate(hashes):
-            key = hash((key, *tokens[n * size:(n + 1) * size]))
-            before = key_of.get(block_hash)
-            if before == key:
-                continue  # announced again (vLLM's "full" report mode)
-            if before is not None:
-                self._release(before)
-            key_of[block_hash] = key
-            held[key] = held.get(key, 0) + 1
+        for block_hash in event.get("block_hashes") or ():  # the events that waited for these, placed now
+            for waiting in self._orphans.pop(block_hash, ()):
+                self.stored(waiting)
+
+    def _key_of(self, block_hash: object) -> int | None:
+        for group in self.groups.values():
+            key = group.key_of.get(block_hash)
+            if key is not None:
+                return key
+        return None
 
     def removed(self, event: dict) -> None:
-        if event.get("medium") not in PRIMARY or (event.get("group_idx") or 0) != (self.group or 0):
-            return
-        for block_hash in event.get("block_hashes") or ():
-            key = self._key_of.pop(block_hash, None)
-            if key is not None:
-                self._release(key)
+        group = self.groups.get(event.get("group_idx") or 0)
+        if event.get("medium") in PRIMARY and group is not None:
+            group.removed(event)
 
     def cleared(self) -> None:
-        self._key_of.clear()
-        self._held.clear()
+        self.groups.clear()
+        self._orphans.clear()
 
-    def _release(self, key: int) -> None:
-        left = self._held[key] - 1
-        if left:
-            self._held[key] = left
-        else:
-            del self._held[key]
-
-    def cached_tokens(self, prompt: PromptBlocks) -> int:
-        size = self.block_size
-        if not size or not self._held:
-            return 0
-        return _walk(prompt, size, self._held) * size
+    def cached_tokens(self, prompt: PromptBlocks, coming: dict | None = None, block_size: int | None = None) -> int:
+        """`block_size`: the server's, until its events say it (with `coming`, a prompt on its way before any)."""
+        groups = list(self.groups.values())
+        if not groups:
+            return walk(prompt, block_size, {}, coming) * block_size if coming and block_size else 0
+        return kv_groups.cached_tokens(groups, prompt, coming)[0]
 
 
 class SentIndex:
@@ -165,20 +147,10 @@ class SentIndex:
             while len(self._held) > self.capacity:
                 self._held.popitem(last=False)
 
-    def cached_tokens(self, prompt: PromptBlocks) -> int:
-        if not self._held:
+    def cached_tokens(self, prompt: PromptBlocks, coming: dict | None = None, block_size: int | None = None) -> int:
+        if not (self._held or coming):
             return 0
-        return _walk(prompt, self.block_size, self._held) * self.block_size
-
-
-def _walk(prompt: PromptBlocks, size: int, held) -> int:
-    """How many of the prompt's leading blocks are held, stopping at the first that is not."""
-    n = 0
-    for key in prompt.keys(size, prompt.usable_blocks(size)):
-        if key not in held:
-            break
-        n += 1
-    return n
+        return walk(prompt, self.block_size, self._held, coming) * self.block_size
 
 
 class SharedPrefixes:
@@ -213,6 +185,7 @@ class Holdings:
     def __init__(self, events=None) -> None:
         self.events = events
         self.sent = SentIndex()
+        self._coming: dict[int, int] = {}  # blocks of prompts sent it and not yet ended → how many hold each
 
     @property
     def index(self) -> EventIndex | SentIndex:
@@ -226,7 +199,24 @@ class Holdings:
     def predict(self, prompt: PromptBlocks) -> tuple[int, str]:
         """(prompt tokens predicted cached, which index said so: "events" or "estimate")."""
         index = self.index
-        return index.cached_tokens(prompt), index.source
+        return index.cached_tokens(prompt, self._coming, self.sent.block_size), index.source
+
+    def sending(self, prompt: PromptBlocks) -> list[int]:
+        """A request goes out: its prompt's blocks count as held until it ends (`ended`, with what this returns)."""
+        size = self.block_size
+        keys = list(prompt.keys(size, prompt.usable_blocks(size)))
+        coming = self._coming
+        for key in keys:
+            coming[key] = coming.get(key, 0) + 1
+        return keys
+
+    def ended(self, keys: list[int]) -> None:
+        """The request ended: what it stored, its server's events (or the estimate) say from now on."""
+        coming = self._coming
+        for key in keys:
+            left = coming.pop(key) - 1
+            if left:
+                coming[key] = left
 
     def served(self, prompt_ids: list[int], output_ids: list[int], cached: int, since: float) -> None:
         """A request sent at `since` (time.monotonic) finished on the server, `cached` of its prompt tokens found

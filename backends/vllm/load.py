@@ -1,51 +1,31 @@
-"""A vLLM server's load, as routing weighs it (routing.py): its requests in flight now, and that averaged
-over the last BUSY_SECONDS, so that a burst can be told from a server that stays busy.
+"""A vLLM server's load, as routing reads it (routing.py): its requests in flight now, and the server's own counts
+of those running and waiting.
 
-In flight is the larger of this process's own count (known at once) and the server's (its /metrics'
-requests running and waiting, read every second by the pool: every looptrace process's requests). The
-average is exponential in time, brought up to date whenever either count changes or is read.
+In flight is the larger of this process's own count (known at once) and the server's (its /metrics' requests
+running plus waiting, read every second by the pool for the policies that weigh load: every looptrace process's
+requests, and any other client's). The cost model (cost.py) reads the two counts apart: a waiting request
+looptrace did not send is prefill ahead of the next one, a running one may be decoding.
 """
 
 from __future__ import annotations
 
-import math
-import time
-
-BUSY_SECONDS = 10.0  # the time constant of a server's averaged load
-
 
 class Load:
-    """One server's load: `now` (requests in flight) and `busy` (that, averaged over about BUSY_SECONDS)."""
+    """One server's load: `now` (requests in flight), and `running` and `waiting` as it last said."""
 
-    __slots__ = ("own", "reported", "_busy", "_at")
+    __slots__ = ("own", "running", "waiting")
 
     def __init__(self) -> None:
         self.own = 0  # this process's requests streaming from it
-        self.reported = 0  # running and waiting, as the server last said (every process's)
-        self._busy = 0.0
-        self._at = time.monotonic()
+        self.running = 0  # as the server last said (every process's)
+        self.waiting = 0
 
     @property
     def now(self) -> int:
-        return max(self.own, self.reported)
-
-    def _settle(self) -> None:
-        """`busy` brought up to now: the load held constant since the last change decays the average toward it."""
-        t = time.monotonic()
-        if t > self._at:
-            now = self.now
-            self._busy = now + (self._busy - now) * math.exp((self._at - t) / BUSY_SECONDS)
-            self._at = t
+        return max(self.own, self.running + self.waiting)
 
     def set_own(self, value: int) -> None:
-        self._settle()
         self.own = value
 
-    def report(self, value: int) -> None:
-        self._settle()
-        self.reported = value
-
-    @property
-    def busy(self) -> float:
-        self._settle()
-        return self._busy
+    def report(self, running: int, waiting: int) -> None:
+        self.running, self.waiting = running, waiting

@@ -40,6 +40,8 @@ class Pool:
             raise ValueError(f"no routing policy {policy!r}; there are {', '.join(routing.POLICIES)}")
         self.upstreams = upstreams
         self.policy = policy
+        for upstream in upstreams:  # one model on every server: one that has answered nothing is priced as its peers
+            upstream.cost.peers = [u.cost for u in upstreams if u is not upstream]
         self.reference: Upstream | None = None  # the first to connect: its model is the model
         self._connected = asyncio.Event()
         self._fatal: Exception | None = None  # why loading cannot go on (the one server serves something unusable)

@@ -27,6 +27,7 @@ GENERATE = "/inference/v1/generate"  # vLLM started with --enable-scale-out
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0}
 
 _ID_PREFIX = len("token_id:")
+MAX_WEIGHT_LABEL = 256  # characters of a weight version kept
 
 
 def sampling_fields(request: DecodeRequest, max_tokens: int) -> dict:
@@ -146,6 +147,26 @@ def error_message(body: object, fallback: str) -> str:
     return fallback
 
 
+def weight_versions(spans: list | None) -> str | None:
+    """The weights that sampled a response, from a choice's `weight_versions` (vLLM's final chunk: spans of output
+    tokens, each `{"version", "start", "end"}`): the versions in the order they sampled, comma-separated where
+    weights changed mid-answer; None where the server says nothing."""
+    versions: list[str] = []
+    for span in spans or ():
+        version = weight_label(span.get("version") if isinstance(span, dict) else None)
+        if version and (not versions or versions[-1] != version):
+            versions.append(version)
+    return ",".join(versions) or None
+
+
+def weight_label(value: object) -> str | None:
+    """A weight version as vLLM names it, where it is one: a printable string of at most MAX_WEIGHT_LABEL
+    characters (it goes on spans and into exports as it is)."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_WEIGHT_LABEL and value.isprintable():
+        return value
+    return None
+
+
 def speculative_counts(metrics: dict | None) -> tuple[int, int, int] | None:
     """(drafts, drafted, accepted) from a response's `metrics.speculative_decoding`, when sent."""
     spec = (metrics or {}).get("speculative_decoding")
@@ -157,20 +178,22 @@ def speculative_counts(metrics: dict | None) -> tuple[int, int, int] | None:
 _CACHE_LABEL = re.compile(r'\b(block_size|num_gpu_blocks)="(\d+)"')
 
 
-def metrics_load(text: str) -> tuple[int | None, int | None, int | None]:
-    """From a vLLM server's /metrics (Prometheus text): its requests running and waiting (summed over its
-    engines), and its prefix cache's block size and number of blocks (`vllm:cache_config_info`'s labels);
-    None for what it does not say."""
-    in_flight = block_size = blocks = None
+def metrics_load(text: str) -> tuple[tuple[int, int] | None, int | None, int | None]:
+    """From a vLLM server's /metrics (Prometheus text): its requests (running, waiting), each summed over its engines,
+    and its prefix cache's block size and number of blocks (`vllm:cache_config_info`'s labels); None for what it
+    does not say."""
+    counts: dict[str, int] | None = None
+    block_size = blocks = None
     for line in text.splitlines():
         if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
             value = line.rpartition("}")[2].split() if "}" in line else line.split()[1:]
-            in_flight = (in_flight or 0) + int(float(value[0]))
+            counts = counts or {"running": 0, "waiting": 0}
+            counts["running" if line.startswith("vllm:num_requests_running") else "waiting"] += int(float(value[0]))
         elif line.startswith("vllm:cache_config_info") and block_size is None:
             labels = dict(_CACHE_LABEL.findall(line))
             block_size = int(labels["block_size"]) if "block_size" in labels else None
             blocks = int(labels["num_gpu_blocks"]) if "num_gpu_blocks" in labels else None
-    return in_flight, block_size, blocks
+    return (counts["running"], counts["waiting"]) if counts else None, block_size, blocks
 
 
 _second = operator.itemgetter(1)

@@ -6,19 +6,22 @@ leaves (`Route`), which the decode span, the metrics and the trace viewer show.
                   leaves moves only its own conversations. Blind to load and to what each server holds.
     least-loaded  the server with the fewest requests running and waiting; ties go to the home, so that
                   a conversation keeps its cache while the servers are evenly loaded.
-    cache-aware   the server predicted to hold the most of this conversation's own prompt (kv_index.py: beyond
-                  the prefix it shares with other conversations, a system prompt every server soon holds), among
-                  those not overloaded; ties go to the home, then to the least loaded. A server is overloaded when
-                  its load averaged over the last BUSY_SECONDS passes BALANCE × the servers' mean (and at least
-                  one request), and it has more requests in flight now than the least loaded: a burst does not
-                  move a conversation off its cache, a lasting imbalance does (load.py).
+    cache-aware   the server where the request's expected time to first token is least (cost.py: the prompt tokens
+                  it would compute there after what that server holds of it, plus the uncached prompt tokens queued
+                  there, over the server's measured prefill rate, plus its decode pressure). The conversation's home
+                  wins ties and near-ties: another server takes the request only when it saves more than NEAR of the
+                  home's expected time, and at least NEAR_SECONDS. Its home is the server predicted to hold the most
+                  of its own prompt (kv_index.py: beyond the prefix it shares with other conversations, a system
+                  prompt every server soon holds), or its rendezvous server while none holds any. So a move happens
+                  only where reading the conversation again elsewhere costs less than the queue it escapes.
 
-A request without a conversation goes to the least loaded server (idle ones take turns), by every policy
-but cache-aware, which still prefers the server holding most of its prompt (a shared system prompt).
+A request without a conversation goes to the least loaded server (idle ones take turns) by rendezvous and
+least-loaded, to the least expected time to first token by cache-aware (idle ones take turns on ties).
 
 A server's load is its requests running and waiting: vLLM's own count (its /metrics, read every
 LOAD_SECONDS, which counts every looptrace process's requests) or this process's own (known at once),
-whichever is larger.
+whichever is larger. Every policy's receipt carries each server's price (cost.py), so that what cache-aware
+would have expected is on the receipts of the others too.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .cost import Price
     from .kv_index import PromptBlocks
     from .upstream import Upstream
 
-BALANCE = 1.5  # cache-aware: a server busier than this × the mean (its load averaged: load.py) is overloaded
 LOAD_SECONDS = 1.0  # between readings of each server's /metrics, for the policies that weigh load
+NEAR = 0.1  # cache-aware: the share of the home's expected time another server must save to take the request
+NEAR_SECONDS = 0.05  # and the least it must save
 
 
 @dataclass(slots=True)
@@ -43,17 +48,17 @@ class Candidate:
     own: int  # of which beyond the prefix the prompt shares with other conversations
     index: str  # which index predicted it: "events" or "estimate"
     load: int
-    busy: float
+    price: Price  # the request's expected time to first token there, and its terms
     home: bool = False
-    overloaded: bool = False
 
     def score(self, policy: str) -> float:
-        """What the policy ranks by, higher first (the receipt's numbers)."""
+        """What the policy ranks by (the receipt's numbers): rendezvous its hash, least-loaded minus its load (higher
+        first); cache-aware the expected time to first token, in seconds (least first)."""
         if policy == "rendezvous":
             return self.weight / 2**64
         if policy == "least-loaded":
             return -float(self.load)
-        return float(self.own)
+        return round(self.price.seconds, 6)
 
 
 @dataclass(slots=True)
@@ -62,19 +67,27 @@ class Route:
 
     upstream: Upstream
     policy: str
-    reason: str  # home | prefix | least_loaded | home_overloaded | retry | only
+    reason: str  # home | faster | least_loaded | retry | only
     chosen: Candidate
     runner_up: Candidate | None = None
     moved_from: str | None = None  # the server the conversation's last request went to, when another
 
     def receipt(self) -> dict:
         """What the upstream event carries (events.py)."""
-        chosen, other = self.chosen, self.runner_up
+        chosen, other, price = self.chosen, self.runner_up, self.chosen.price
         body = {"policy": self.policy, "reason": self.reason, "predicted_cached_tokens": chosen.predicted,
-                "index": chosen.index, "score": chosen.score(self.policy), "load": chosen.load}
+                "index": chosen.index, "score": chosen.score(self.policy), "load": chosen.load,
+                "expected_ttft": round(price.seconds, 6), "prefill_tokens": price.prefill,
+                "queued_tokens": round(price.queued + price.others_tokens), "others_waiting": price.others,
+                "prefill_rate": round(price.rate, 1), "decoding": price.decoding,
+                "decode_seconds": round(price.per_decoding * price.decoding, 6),
+                "overhead_seconds": round(price.overhead, 6)}
         if other is not None:
             body.update(runner_up=other.upstream.name, runner_up_score=other.score(self.policy),
-                        runner_up_predicted_cached_tokens=other.predicted, runner_up_load=other.load)
+                        runner_up_predicted_cached_tokens=other.predicted, runner_up_load=other.load,
+                        runner_up_expected_ttft=round(other.price.seconds, 6),
+                        runner_up_prefill_tokens=other.price.prefill,
+                        runner_up_queued_tokens=round(other.price.queued + other.price.others_tokens))
         return body
 
 
@@ -89,11 +102,13 @@ def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlo
     """Each live server as a policy sees it, in the order given (ties keep it). `shared`: the prompt's tokens
     another conversation sent first."""
     out = []
+    length = len(prompt.ids) if prompt is not None else 0
     for upstream in live:
         predicted, index = upstream.holdings.predict(prompt) if prompt is not None else (0, "estimate")
         load = upstream.load
+        price = upstream.cost.price(max(1, length - predicted) if length else 0)
         out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted,
-                             max(0, predicted - shared), index, load.now, load.busy))
+                             max(0, predicted - shared), index, load.now, price))
     if conversation:
         max(out, key=lambda c: c.weight).home = True
     return out
@@ -113,19 +128,18 @@ def _least_loaded(found: list[Candidate], conversation: str | None) -> tuple[lis
 
 
 def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list[Candidate], str]:
-    mean = sum(c.busy for c in found) / len(found)
-    least = min(c.load for c in found)
-    for c in found:
-        c.overloaded = c.busy > max(BALANCE * mean, 1.0) and c.load > least
-    ranked = sorted(found, key=lambda c: (c.overloaded, -c.own, not c.home, c.load))
-    best = ranked[0]
+    if conversation and any(c.own for c in found):  # its cache is where its own prompt is held
+        for c in found:
+            c.home = False
+        max(found, key=lambda c: (c.own, c.weight)).home = True
+    ranked = sorted(found, key=lambda c: (c.price.seconds, not c.home))
     home = next((c for c in found if c.home), None)
-    if home is not None and home.overloaded and best is not home:
-        return ranked, "home_overloaded"
-    runner = ranked[1] if len(ranked) > 1 else None
-    if runner is not None and best.own > runner.own:
-        return ranked, "prefix"
-    return ranked, "home" if best.home else "least_loaded"
+    if home is not None and home is not ranked[0]:
+        saved = home.price.seconds - ranked[0].price.seconds
+        if saved <= max(NEAR * home.price.seconds, NEAR_SECONDS):  # a near-tie: the cache it has stays in use
+            ranked.remove(home)
+            ranked.insert(0, home)
+    return ranked, "home" if ranked[0].home else "faster"
 
 
 POLICIES = {"rendezvous": _rendezvous, "least-loaded": _least_loaded, "cache-aware": _cache_aware}

@@ -87,6 +87,7 @@ class TokenEmitter:
         self.prefilled, self.count, self.finish, self.reason = False, 0, "", None
         self.output_ids: list[int] = []  # what the server generated: in its prefix cache now, with the prompt
         self.cached, self.upstream_prompt, self.spec = 0, None, None
+        self.weight_version: str | None = None  # what the server said sampled the answer (its final chunk)
         self.started = self.first_at = time.perf_counter()
 
     def read(self, chunk: dict) -> list[Event]:
@@ -96,6 +97,7 @@ class TokenEmitter:
         if choices:
             choice = choices[0]
             self.reason = choice.get("finish_reason")
+            self.weight_version = protocol.weight_versions(choice.get("weight_versions")) or self.weight_version
             self._tokens(self.parse(choice), events)
             if self.finish != "cancelled" and self.reason is not None and self.reason not in ("stop", "length"):
                 raise BackendError(f"the vLLM server at {self.url} ended the generation with finish_reason "
@@ -134,7 +136,8 @@ class TokenEmitter:
             if self.finish == "cancelled":
                 return
 
-    def done(self, ended: bool) -> Event:
+    def done(self, ended: bool, weight_version: str | None = None) -> Event:
+        """`weight_version`: the server's current one (its /weight_info), for a response that says none."""
         finish = self.finish
         if finish != "cancelled":
             if not ended or self.reason is None:
@@ -142,7 +145,8 @@ class TokenEmitter:
             finish = self.reason
         drafts, drafted, accepted = self.spec or (0, 0, 0)
         return done_event(finish, self.count, time.perf_counter() - self.first_at, cached_tokens=self.cached,
-                          drafts=drafts, drafted=drafted, accepted=accepted)
+                          drafts=drafts, drafted=drafted, accepted=accepted,
+                          weight_version=self.weight_version or weight_version)
 
 
 async def _refusal(up: Upstream, response: aiohttp.ClientResponse) -> BackendError:

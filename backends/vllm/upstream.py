@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from . import protocol
+from .cost import ServerCost
 from .kv_index import Holdings
 from .load import Load
 
@@ -61,6 +62,11 @@ class Upstream:
         # What its prefix cache holds: read from its KV events (vllm/kv_events.py) when the loader gives it
         # them, else estimated from what was sent to it.
         self.holdings = Holdings()
+        self.cost = ServerCost()  # what a request would wait there for its first token, as measured (cost.py)
+        # Its weights' label (GET /weight_info: vLLM started with VLLM_SERVER_DEV_MODE=1), read with each probe; for a
+        # response that does not say which weights sampled it.
+        self.weight_version: str | None = None
+        self._weight_info = True  # it offers /weight_info, until it answers otherwise
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -124,6 +130,7 @@ class Upstream:
             self.route, self.route_note = protocol.COMPLETIONS, f"{protocol.GENERATE} answered {status}: {why}"
         self.connected = True
         self.answered()
+        await self.read_weight_version()
         log.info("vLLM at %s serves %s (context %d) from %s; using %s%s", self.url, self.model, self.max_model_len,
                  self.root, self.route, f" ({self.route_note})" if self.route_note else "")
 
@@ -148,8 +155,23 @@ class Upstream:
             return
         if status == 200:
             self.answered()
+            await self.read_weight_version()
         else:
             self.unreachable(f"GET /health answered {status}: {protocol.error_message(body, '')}")
+
+    async def read_weight_version(self) -> None:
+        """Its weights' label, from GET /weight_info where it offers it (vLLM's RL routes, in its dev mode; a weight
+        update's `finish_weight_update` or `update_weight_version` sets it): asked no more once it says it has none."""
+        if not self._weight_info:
+            return
+        try:
+            status, body = await self._call("GET", "/weight_info")
+        except Unreachable:
+            return
+        if status != 200:
+            self._weight_info, self.weight_version = status >= 500, None  # 404: not offered; a 5xx: asked again
+            return
+        self.weight_version = protocol.weight_label(body.get("weight_version") if isinstance(body, dict) else None)
 
     async def read_metrics(self, load: bool) -> None:
         """Its prefix cache's block size and capacity (for the estimate of what it holds), and with `load` its
@@ -162,9 +184,10 @@ class Upstream:
                     text = await response.text()
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise Unreachable(f"cannot read the /metrics of the vLLM server at {self.url}: {describe(exc)}") from exc
-        in_flight, block_size, blocks = protocol.metrics_load(text)
-        if load and in_flight is not None:
-            self.load.report(in_flight)
+        counts, block_size, blocks = protocol.metrics_load(text)
+        if load and counts is not None:
+            self.load.report(*counts)
+            self.cost.reported(*counts)
         if block_size:
             self.holdings.sent.resize(block_size, blocks)
 
@@ -202,9 +225,12 @@ class Upstream:
                 "reachable": self.reachable, "serving": self.serving, "requests_running": self.running}
         if self.route_note:
             body["route_note"] = self.route_note
+        if self.weight_version is not None:
+            body["weight_version"] = self.weight_version
         if self.error:
             body["error"] = self.error
         body.update(self.holdings.health())
+        body["cost"] = self.cost.health()
         return body
 
     async def close(self) -> None:

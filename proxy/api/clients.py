@@ -88,7 +88,7 @@ def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> di
     attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **subagent_of(headers)}
     version = _label(headers.get("X-Weight-Version"))
     if version:  # a trainer's label; one that is not is refused (weight_version)
-        attributes[attr.WEIGHT_VERSION] = version
+        attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"
     agent = headers.get("User-Agent")
     if agent:
         name, version = client_of(agent)

@@ -42,6 +42,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                 10.0, 20.0, 40.0, 80.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+MOVE_REASONS = ("faster", "least_loaded", "home", "retry", "only")  # why a conversation leaves a server (routing.py)
 ERROR_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # a prediction's error, as a share of the prompt
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000)
 
@@ -108,7 +109,7 @@ class Metrics:
         """Routing among vLLM servers: why each request went where it did, and its prefix-cache hits there."""
         r = self.registry
         self.upstream_routed = Counter(attr.METRIC_UPSTREAM_ROUTED, "Requests routed to each vLLM server, by why "
-                                       "(home, prefix, least_loaded, home_overloaded, retry, only).",
+                                       "(home, faster, least_loaded, retry, only).",
                                        ["model", "server", "reason"], registry=r)
         self.upstream_prompt_tokens = Counter(attr.METRIC_UPSTREAM_PROMPT_TOKENS, "Prompt tokens of the requests each "
                                               "vLLM server finished.", ["model", "server"], registry=r)
@@ -120,6 +121,10 @@ class Metrics:
         self.upstream_prediction_error = histogram(attr.METRIC_UPSTREAM_PREDICTION_ERROR, "How far each request's "
                                                    "predicted cached tokens were from the server's, as a share of its "
                                                    "prompt.", ["model", "server"], buckets=ERROR_BUCKETS, registry=r)
+        self.upstream_ttft_prediction_error = histogram(attr.METRIC_UPSTREAM_TTFT_PREDICTION_ERROR, "How far each "
+                                                        "request's time to first token was from the routing's "
+                                                        "expected one (|taken − expected|).", ["model", "server"],
+                                                        buckets=TTFT_BUCKETS, registry=r)
         self.upstream_kv_events_trusted = Gauge(attr.METRIC_UPSTREAM_KV_EVENTS_TRUSTED, "1 while routing reads what a "
                                                 "vLLM server holds from its KV events; 0 while it estimates (no events, "
                                                 "a silent or unreadable publisher).", ["model", "server"], registry=r,
@@ -179,8 +184,8 @@ class Metrics:
                                        "From the request's arrival to its first token, by the vLLM server that "
                                        "produced it.", ["model", "server"], buckets=TTFT_BUCKETS, registry=r)
         self.upstream_moved = Counter(attr.METRIC_UPSTREAM_SESSIONS_MOVED, "Conversations whose request went to "
-                                      "another server than their last one, by the server they left.", ["model", "server"],
-                                      registry=r)
+                                      "another server than their last one, by the server they left and the routing's "
+                                      "reason.", ["model", "server", "reason"], registry=r)
         self._routing_metrics(histogram)
         # Each gauge's multiprocess_mode says how workers' values add up (ignored in one process).
         self.upstream_up = Gauge(attr.METRIC_UPSTREAM_UP, "1 while a vLLM server takes requests (connected, "
@@ -230,10 +235,13 @@ class Metrics:
             self._read_by(self.upstream_running.labels(model, name), lambda u=upstream: u.running)
             self._read_by(self.upstream_kv_events_trusted.labels(model, name),
                           lambda u=upstream: float(u.holdings.index.source == "events"))
-            for family in (self.upstream_requests, self.upstream_tokens, self.upstream_ttft, self.upstream_moved,
+            for family in (self.upstream_requests, self.upstream_tokens, self.upstream_ttft,
                            self.upstream_prompt_tokens, self.upstream_cached_tokens,
-                           self.upstream_predicted_cached_tokens, self.upstream_prediction_error):
+                           self.upstream_predicted_cached_tokens, self.upstream_prediction_error,
+                           self.upstream_ttft_prediction_error):
                 family.labels(model, name)
+            for reason in MOVE_REASONS:
+                self.upstream_moved.labels(model, name, reason)
 
     def watch_queue(self, sink: str, spans, held_bytes) -> None:
         self._read_by(self.trace_queue_spans.labels(sink), spans)

@@ -40,6 +40,7 @@ class RequestMetrics(Observer):
         self._server: str | None = None  # the vLLM server the tokens come from, once the backend says
         self._receipt: dict | None = None  # why that server (the routing's receipt)
         self._prefill: PrefillEvent | None = None  # until its cached tokens are counted
+        self._ttft: float | None = None  # the backend's time to first token (its prefill event's)
         # The children the per-group counts go to, labelled once: inter-token latency (from submission),
         # generated tokens by channel, and by the vLLM server that generated them (once it is known).
         self._itl = None
@@ -91,9 +92,10 @@ class RequestMetrics(Observer):
         metrics = self.metrics
         metrics.upstream_requests.labels(self.model, server).inc()
         self._upstream_tokens = metrics.upstream_tokens.labels(self.model, server)
-        if event["moved_from"]:
-            metrics.upstream_moved.labels(self.model, event["moved_from"]).inc()
         receipt = self._receipt = event.get("receipt")
+        if event["moved_from"]:
+            why = receipt["reason"] if receipt else "retry"
+            metrics.upstream_moved.labels(self.model, event["moved_from"], why).inc()
         if receipt:
             metrics.upstream_routed.labels(self.model, server, receipt["reason"]).inc()
         retry = event["retry_after"]
@@ -101,7 +103,7 @@ class RequestMetrics(Observer):
             metrics.upstream_errors.labels(self.model, retry["server"], retry["code"]).inc()
 
     def prefill(self, event: PrefillEvent) -> None:
-        self._prefill = event
+        self._prefill, self._ttft = event, event["seconds"]
         self.metrics.prompt_tokens.labels(self.model).inc(event["prompt_tokens"])
 
     def _count_cached(self, cached: int | None) -> None:
@@ -158,6 +160,9 @@ class RequestMetrics(Observer):
         metrics.upstream_cached_tokens.labels(*labels).inc(cached)
         metrics.upstream_predicted_cached_tokens.labels(*labels).inc(predicted)
         metrics.upstream_prediction_error.labels(*labels).observe(abs(cached - predicted) / max(prompt, 1))
+        expected = self._receipt.get("expected_ttft")
+        if expected is not None and self._ttft is not None:  # how far the price was from the wait
+            metrics.upstream_ttft_prediction_error.labels(*labels).observe(abs(self._ttft - expected), self._exemplar)
 
     def tool_call(self, delta: ToolCallDelta) -> None:
         self.metrics.tool_calls.labels(self.model, delta["outcome"]).inc()

@@ -38,7 +38,7 @@ from looptrace.trace_store.tokens import columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
-from . import genai, openinference
+from . import genai, openinference, route_receipt
 from .conversations import Conversations, Turn
 from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
 from .tool_spans import arriving_results, tool_call_span
@@ -74,7 +74,9 @@ class RequestSpans(Observer):
         self._pending: list[tuple[TokenEvent, str, int]] = []
         self._recording = False
         self._turn: Turn | None = None  # what the conversation's last request left, and what this one leaves
-        self._predicted: int | None = None  # the routing's prediction of cached prompt tokens (vLLM)
+        self._receipt: dict | None = None  # the routing's receipt (vLLM): what it predicted
+        self._ttft: float | None = None  # the backend's time to first token (its prefill event's)
+        self._version_given = attr.WEIGHT_VERSION in attributes  # the client's X-Weight-Version wins over vLLM's
 
     # -- what the adapter knows --
 
@@ -233,8 +235,8 @@ class RequestSpans(Observer):
             attributes[attr.UPSTREAM_MOVED_FROM] = event["moved_from"]
         receipt = event.get("receipt")
         if receipt:
-            self._predicted = receipt["predicted_cached_tokens"]
-            attributes.update({key: receipt[name] for name, key in _RECEIPT if name in receipt})
+            self._receipt = receipt
+            attributes.update(route_receipt.chosen(receipt))
         span.set_attributes(attributes)
         retry = event["retry_after"]
         if retry:
@@ -243,7 +245,7 @@ class RequestSpans(Observer):
                                                        attr.UPSTREAM_ERROR: retry["message"]})
 
     def prefill(self, event: PrefillEvent) -> None:
-        self._prefill, self._prefill_ns = event, time.time_ns()
+        self._prefill, self._prefill_ns, self._ttft = event, time.time_ns(), event["seconds"]
 
     def _end_prefill(self, cached: int | None) -> None:
         """The prefill span, from submission to the first token, once the cached tokens are known
@@ -318,9 +320,13 @@ class RequestSpans(Observer):
                 self.span.set_attributes(openinference.answer(text, generation.tool_calls))
         self._end_prefill(generation.cached_tokens)
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
-        if self._predicted is not None:  # the receipt's other half: what the server then said it had cached
-            method.update({attr.ROUTE_CACHED_TOKENS: generation.cached_tokens,
-                           attr.ROUTE_PREDICTION_ERROR: generation.cached_tokens - self._predicted})
+        if self._receipt is not None:  # the receipt's other half: what the server then said and took
+            method.update(route_receipt.answered(self._receipt, generation.cached_tokens, self._ttft))
+        if done.get("weight_version"):  # the weights vLLM said sampled it: the step's, unless the client said
+            method[attr.UPSTREAM_WEIGHT_VERSION] = done["weight_version"]
+            if not self._version_given:
+                self.span.set_attributes({attr.WEIGHT_VERSION: done["weight_version"],
+                                          attr.WEIGHT_VERSION_SOURCE: "vllm"})
         self._end_decode({
             **method,
             attr.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
@@ -363,14 +369,6 @@ class RequestSpans(Observer):
         self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
         self.span.end()
         self.turn.end()
-
-
-# The routing receipt's fields (backends/vllm/routing.py's Route.receipt) and the attributes they become.
-_RECEIPT = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score", attr.ROUTE_SCORE),
-            ("load", attr.ROUTE_LOAD), ("predicted_cached_tokens", attr.ROUTE_PREDICTED_CACHED_TOKENS),
-            ("index", attr.ROUTE_INDEX), ("runner_up", attr.ROUTE_RUNNER_UP),
-            ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
-            ("runner_up_predicted_cached_tokens", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS))
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:

@@ -6,7 +6,13 @@ a handful of conversations evicts.
   vLLM's: the same frames, the same EventBatch, each event type with the same fields of the same types, the
   same blocks for the same prompts, the same replay protocol.
 - looptrace's index matches what each real server then reports as cached (`cached_tokens`) within 5 % of
-  each request's prompt, across evictions and a restart of one server.
+  each request's prompt, across evictions and a restart of one server, under `--routing cache-aware` (issue 44:
+  each server priced by the request's expected time to first token, measured on these servers): every receipt
+  carries the price, a conversation that leaves its home does so for a server priced cheaper, and each server's
+  fit has learnt a rate from them.
+- the weights a step ran on are the server's own where the client does not say (GET /weight_info: vLLM's dev mode).
+- a hybrid model's KV-cache groups (a tiny Gemma 4: sliding-window layers beside full attention) are announced
+  each with its kind, and the index predicts across them what the server then reports.
 """
 
 from __future__ import annotations
@@ -282,6 +288,7 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
         time.sleep(0.5)
     turns(2)
     spans = [s for name in conversations for s in receipts(server, name, 6)]
+    check_prices(server, spans)
     errors = [abs(s["looptrace.route.prediction_error"]) / s["prompt_tokens"] for s in spans
               if s.get("looptrace.route.reason") != "retry"]
     hits = sum(s["looptrace.route.cached_tokens"] for s in spans)
@@ -290,3 +297,107 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
     assert max(errors) <= GOAL, sorted(errors)[-5:]
     health = {u["server"]: u["kv_events"] for u in server.get("/health")[1]["upstreams"]}
     assert health[f"127.0.0.1:{port}"]["state"] == "following"
+
+
+def check_prices(server, spans: list[dict]) -> None:
+    """cache-aware's receipts (issue 44): the price of the chosen server and of the runner-up, the wait taken."""
+    for s in spans:
+        assert s["looptrace.route.policy"] == "cache-aware" and s["looptrace.route.ttft"] > 0
+        assert s["looptrace.route.expected_ttft"] == s["looptrace.route.score"] > 0
+        assert s["looptrace.route.reason"] in ("home", "faster", "retry"), s["looptrace.route.reason"]
+        if s["looptrace.route.reason"] == "faster":  # left its home only for a server priced cheaper
+            assert s["looptrace.route.runner_up_expected_ttft"] > s["looptrace.route.expected_ttft"]
+    fits = [u["cost"] for u in server.get("/health")[1]["upstreams"]]
+    assert all(f["answered"] > 0 and 10 < f["prefill_rate"] < 100_000 for f in fits), fits
+
+
+def test_each_step_keeps_the_weight_version_the_server_says(serve, vllms, checkpoint):
+    """Without X-Weight-Version, a step's weights are the server's own: vLLM 0.32 in its dev mode (as these are
+    started) answers GET /weight_info, and a trainer's POST /update_weight_version changes it."""
+    vllm = vllms[0]
+    server = serve("--backend", "vllm", "--vllm-url", vllm.url, "--tokenizer", str(checkpoint))
+    vllm.post("/update_weight_version", {"new_version": "step-44"})
+    deadline = time.monotonic() + 15  # read with the next probe (every 5 s)
+    while server.get("/health")[1]["upstreams"][0].get("weight_version") != "step-44":
+        assert time.monotonic() < deadline, server.get("/health")[1]["upstreams"]
+        time.sleep(0.5)
+    try:
+        for header, expected, source in ((None, "step-44", "vllm"), ("trainer-3", "trainer-3", "header")):
+            before = server.newest_trace_id()
+            status, answer = server.post("/v1/chat/completions", {
+                "model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2},
+                headers={"X-Weight-Version": header} if header else {})
+            assert status == 200, answer
+            spans = {s["name"]: s["attributes"] for s in server.trace_after(before)["spans"]}
+            request = next(a for a in spans.values() if "looptrace.endpoint" in a)
+            assert (request["looptrace.weight_version"], request["looptrace.weight_version.source"]) == \
+                (expected, source)
+            assert spans["decode"]["looptrace.upstream.weight_version"] == "step-44"
+    finally:
+        vllm.post("/update_weight_version", {"new_version": "default"})
+
+
+def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
+    """A tiny Gemma 4 (sliding-window layers, a window of 32 tokens, beside full attention) served as a text model,
+    as tests/integration/test_real_vllm.py serves it, with its KV events on: vLLM 0.32 announces each block per
+    group with the group's kind, and every prediction across the groups equals what the server then reports."""
+    import tiny_gemma4
+
+    try:
+        checkpoint = tiny_gemma4.gemma4_checkpoint(head_dim=32)
+    except Exception as exc:  # noqa: BLE001 - ../shared (the chat template) missing: as test_real_vllm.py's fixture
+        pytest.skip(str(exc))
+    folder = logs / "kv-gemma4"
+    folder.mkdir(exist_ok=True)
+    config = events_config(folder)
+    # Its blocks are shared by its two groups: 80 would not hold one 2,048-token request (vLLM refuses to start);
+    # 160 (5,120 tokens) do, and not these five conversations (four of some 1,600 tokens).
+    vllm = VLLMServer(checkpoint, "--kv-events-config", json.dumps(config), "--block-size", str(BLOCK),
+                      "--num-gpu-blocks-override", str(2 * BLOCKS), "--hf-overrides",
+                      json.dumps({"architectures": ["Gemma4ForCausalLM"]}), "--chat-template-content-format", "string",
+                      log_path=logs / "vllm-gemma4.log", served_model_name="tiny-gemma", env=DEV)
+    try:
+        vllm.wait_ready()
+        watch = Capture(config["endpoint"])
+        server = serve("--backend", "vllm", "--routing", "cache-aware", "--vllm-url", vllm.url, "--vllm-kv-events",
+                       f"{config['endpoint']},{config['replay_endpoint']}", "--tokenizer", str(checkpoint))
+        conversations = {name: [{"role": "system", "content": f"{name}: a careful coding agent. " * 12}]
+                         for name in ("hybrid", "filler-1", "filler-2", "filler-3", "filler-4")}
+
+        def turn(name: str, words: int) -> None:
+            messages = conversations[name]
+            messages.append({"role": "user", "content": f"Step {len(messages)}: " + TEXT * words})
+            status, answer = server.post("/v1/chat/completions", {"model": "tiny-gemma", "messages": messages,
+                                                                  "max_tokens": 16, "temperature": 0},
+                                         headers={"session_id": name})
+            assert status == 200, answer
+            messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"] or "ok"})
+
+        for _ in range(6):
+            turn("hybrid", 3)
+        for name in ("filler-1", "filler-2", "filler-3", "filler-4"):  # some 1,600 tokens each: more than it holds
+            for _ in range(3):
+                turn(name, 24)
+        for _ in range(2):
+            turn("hybrid", 3)
+        stored = [e for e in watch.events() if e["type"] == "BlockStored"]
+        evicted = {e.get("group_idx") for e in watch.events() if e["type"] == "BlockRemoved"}
+        watch.close()
+        kinds = {(e.get("group_idx"), e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window"))
+                 for e in stored}
+        assert len({k[0] for k in kinds}) >= 2, kinds  # a group per kind of layer
+        assert {k[1] for k in kinds} >= {"full_attention", "sliding_window"}, kinds
+        health = server.get("/health")[1]["upstreams"][0]["kv_events"]
+        assert set(health["kv_cache_groups"].values()) >= {"full_attention", "sliding_window"}, health
+        spans = [s for name in conversations for s in receipts(server, name, 8 if name == "hybrid" else 3)]
+        assert all(s["looptrace.route.index"] == "events" for s in spans), [s["looptrace.route.index"] for s in spans]
+        shown = [(e.get("group_idx"), len(e["block_hashes"]), e["block_size"], e["parent_block_hash"] is None,
+                  e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window"), bool(any(e.get("extra_keys") or ())),
+                  e.get("medium")) for e in stored[:12]]
+        assert [s["looptrace.route.prediction_error"] for s in spans] == [0] * len(spans), \
+            ([(s["looptrace.route.predicted_cached_tokens"], s["looptrace.route.cached_tokens"]) for s in spans],
+             health, shown)
+        assert sum(s["looptrace.route.cached_tokens"] for s in spans) > 0
+        assert evicted, "the fillers evicted nothing: the test did not reach what it is for"
+    finally:
+        vllm.stop()

@@ -315,6 +315,33 @@ def test_chat_relays_what_the_server_generated(servers, fresh, qwen3_5_dir, qwen
     assert "".join(deltas) == text and sent[1]["token_ids"] == ids
 
 
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_each_step_keeps_the_weight_version_vllm_says_unless_the_client_says_it(servers, fresh, route):
+    """Issue 44: vLLM 0.32 says which weights sampled an answer on the generate route's last chunk
+    (`weight_versions`), and its current version at GET /weight_info (dev mode; its /v1/completions says none):
+    the step keeps it and the export reads it; the client's X-Weight-Version still wins."""
+    server = servers[route]
+    model = server.get("/health")[1]["model"]
+    version = f"step-7-{route}"
+    fresh.update_weight_version(version)
+    try:
+        # The completions route learns it from /weight_info, read with each probe (every 5 s).
+        assert wait_for(lambda: server.get("/health")[1]["upstreams"][0].get("weight_version") == version, 12)
+        for header, expected, source in ((None, version, "vllm"), ("trainer-40", "trainer-40", "header")):
+            newest = server.newest_trace_id()
+            status, _ = server.post("/v1/chat/completions", chat_body(model, stream=False),
+                                    headers={"X-Weight-Version": header} if header else {})
+            assert status == 200
+            spans = {s["name"]: s["attributes"] for s in server.trace_after(newest)["spans"]}
+            request = next(a for a in spans.values() if "looptrace.endpoint" in a)
+            assert (request["looptrace.weight_version"], request["looptrace.weight_version.source"]) == \
+                (expected, source)
+            assert spans["decode"]["looptrace.upstream.weight_version"] == version  # vLLM's own, kept beside
+        assert len(generations(fresh, ROUTES[route])) == 2
+    finally:
+        fresh.update_weight_version("default")
+
+
 def raw_post(server: Server, path: str, body: dict, timeout: float = 60) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
     try:

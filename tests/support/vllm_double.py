@@ -45,7 +45,9 @@ recently used out past --num-gpu-blocks-override blocks; with --kv-events-config
 "endpoint" and "replay_endpoint") it publishes its KV events as vLLM does. POST /reset_prefix_cache
 empties it (vLLM's, with VLLM_SERVER_DEV_MODE=1); GET /metrics says vLLM's requests running and waiting
 and its cache's shape (`vllm:cache_config_info`). As vLLM's, its reset is published with the next request's
-events; /double/reset's at once.
+events; /double/reset's at once. GET /weight_info and POST /update_weight_version {"new_version"} are vLLM
+0.32's (its RL routes, with VLLM_SERVER_DEV_MODE=1; the engine's version starts as "default"): the generate
+route's last chunk says the version (`weight_versions`), /v1/completions' none (0.32's does not).
 
     python -m tests.support.vllm_double --model DIR_OR_GGUF --port P [--fast] [--api-key K]
 """
@@ -327,6 +329,7 @@ class Double:
         self.publisher: Publisher | None = None
         self.deferred: list[dict] = []  # events held back until the next engine step
         self.running = 0
+        self.weight_version = "default"  # vLLM's engine core starts so; POST /update_weight_version sets it
         self.fingerprint = f"vllm-{VLLM_VERSION}-d0ub1e00"
         self.media = Media(path, self.tokenizer)
         config = path / "config.json"
@@ -346,6 +349,8 @@ class Double:
         app.router.add_post("/double/kv_events", self.kv_event_faults)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/weight_info", self.weight_info)
+        app.router.add_post("/update_weight_version", self.update_weight_version)
         app.on_startup.append(self._start_publisher)
         app.on_cleanup.append(self._stop_publisher)
         return app
@@ -384,6 +389,14 @@ class Double:
         # request's events (checked against a real vLLM in test_real_vllm_routing.py).
         self.deferred += self.cache.clear()
         return web.Response(status=200)
+
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.weight_version = body["new_version"]
+        return web.json_response({"success": True, "new_version": self.weight_version})
 
     async def metrics(self, request: web.Request) -> web.Response:
         """vLLM's series that looptrace reads, as vLLM writes them (prometheus_client's text format)."""
@@ -725,7 +738,7 @@ class Double:
                                                      for t, (lp, r) in entries.items()]})
                 logprobs = {"content": content}
             # The last chunk says which weights sampled the whole output (one version here).
-            versions = [{"version": "default", "start": 0, "end": len(produced)}] if finish else None
+            versions = [{"version": self.weight_version, "start": 0, "end": len(produced)}] if finish else None
             choice = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
                       "routed_experts": None, "sampling_mask": None, "weight_versions": versions, "logprobs": logprobs}
             chunk = {"request_id": request_id, "usage": None}
@@ -889,6 +902,11 @@ class DoubleProcess(Service):
 
     def reset(self) -> None:
         self.control("/double/reset", {})
+
+    def update_weight_version(self, version: str) -> None:
+        request = urllib.request.Request(self.url + "/update_weight_version", data=json.dumps(
+            {"new_version": version}).encode(), headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(request, timeout=30).close()
 
     def reset_prefix_cache(self) -> None:
         """vLLM's own reset (its answer is empty, as vLLM's)."""

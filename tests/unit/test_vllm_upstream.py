@@ -109,3 +109,50 @@ def test_an_engine_refusal_before_any_token_is_the_clients_error():
     assert late.message.startswith("the vLLM server at http://v:8000 failed after 3 tokens: The decoder prompt")
     crash = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
     assert _upstream_error("http://v:8000", crash, 0).status == 502
+
+
+def test_the_weights_that_sampled_an_answer_are_read_as_vllm_says_them():
+    from looptrace.backends.vllm import protocol
+
+    # vLLM 0.32's generate route, last chunk: spans of output tokens, each sampled by one version.
+    assert protocol.weight_versions([{"version": "step-3", "start": 0, "end": 12}]) == "step-3"
+    assert protocol.weight_versions([{"version": "step-3", "start": 0, "end": 5},
+                                     {"version": "step-4", "start": 5, "end": 12}]) == "step-3,step-4"
+    assert protocol.weight_versions(None) is None and protocol.weight_versions([]) is None
+    # What is not a printable label of at most 256 characters is not taken: it goes on spans and into exports.
+    for hostile in ("", "a\nb", "\x1b[31m", "x" * 257, 3, None, ["v"]):
+        assert protocol.weight_versions([{"version": hostile, "start": 0, "end": 1}]) is None, hostile
+
+
+def test_weight_info_is_read_where_offered_and_asked_no_more_where_not():
+    from aiohttp import web
+
+    async def run() -> tuple:
+        answers = iter([(200, {"weight_version": "step-9"}), (404, {"detail": "Not Found"})])
+        asked = []
+
+        async def weight_info(request):
+            asked.append(request.path)
+            status, body = next(answers)
+            return web.json_response(body, status=status)
+
+        app = web.Application()
+        app.router.add_get("/weight_info", weight_info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        upstream = Upstream(f"http://127.0.0.1:{port}")
+        try:
+            await upstream.read_weight_version()
+            first = upstream.weight_version
+            await upstream.read_weight_version()  # a 404: a vLLM not in its dev mode has no RL routes
+            second = upstream.weight_version
+            await upstream.read_weight_version()  # not asked again
+        finally:
+            await upstream.close()
+            await runner.cleanup()
+        return first, second, len(asked)
+
+    assert asyncio.run(run()) == ("step-9", None, 2)

@@ -45,19 +45,32 @@ function longText(text, cls = "text") {
   return pre;
 }
 
-const REASONS = {home: "its home", prefix: "holds most of the prompt", least_loaded: "least loaded",
-  home_overloaded: "its home was overloaded", retry: "another server failed first", only: "the only server"};
+const REASONS = {home: "its home", faster: "the least expected time to first token", least_loaded: "least loaded",
+  retry: "another server failed first", only: "the only server"};
 
-// The vLLM routing's receipt: where the step went and why, and how much of its prompt that server had
-// cached against what routing predicted (hover: the scores, the runner-up).
+const secs = (s) => (s === undefined ? "?" : `${Number(s).toFixed(2)} s`);
+
+// The vLLM routing's receipt: where the step went and why, how much of its prompt that server had cached against
+// what routing predicted, and its time to first token against the expected one (hover: the price's terms, the
+// runner-up's).
 function routeChip(route) {
   const cached = route.cached !== undefined ? `${count(route.cached)} cached` : "cached unknown";
   const guess = route.index === "estimate" ? "estimated" : "predicted";
   const lines = [`routed by ${route.policy}: ${REASONS[route.reason] || route.reason}`,
     `score ${route.score}, load ${route.load}; ${count(route.predicted)} cached tokens ${guess}`];
+  let wait = "";
+  if (route.expected_ttft !== undefined) {
+    wait = ` · first token ${secs(route.ttft)} (${secs(route.expected_ttft)} expected)`;
+    lines.push(`expected ${secs(route.expected_ttft)} = ${secs(route.overhead_seconds)} + (` +
+      `${count(route.prefill_tokens)} to read + ${count(route.queued_tokens)} queued) ÷ ` +
+      `${count(Math.round(route.prefill_rate))} tokens/s + ${secs(route.decode_seconds)} for ` +
+      `${route.decoding} decoding` + (route.others_waiting ? `; ${route.others_waiting} others waiting` : ""));
+  }
   if (route.runner_up) lines.push(`runner-up ${route.runner_up}: score ${route.runner_up_score}, load ` +
-    `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted`);
-  return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})`, title: lines.join("\n")};
+    `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted` +
+    (route.runner_up_expected_ttft !== undefined ? `, ${secs(route.runner_up_expected_ttft)} expected (` +
+      `${count(route.runner_up_prefill_tokens)} to read + ${count(route.runner_up_queued_tokens)} queued)` : ""));
+  return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})${wait}`, title: lines.join("\n")};
 }
 
 function partsText(parts, type) {

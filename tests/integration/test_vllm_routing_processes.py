@@ -124,21 +124,32 @@ def test_every_receipt_predicts_what_the_server_then_reports(routed, doubles):
             assert span["looptrace.route.index"] == "events" and span["looptrace.route.policy"] == "cache-aware"
             assert span["looptrace.route.runner_up"] in {f"127.0.0.1:{d.port}" for d in doubles}
             hits += span["looptrace.route.cached_tokens"] > 0
+            # The price the choice was made at, and the wait it then took (rounded to the microsecond each).
+            assert span["looptrace.route.expected_ttft"] > 0 and span["looptrace.route.prefill_tokens"] >= 1
+            assert span["looptrace.route.ttft_error"] == pytest.approx(
+                span["looptrace.route.ttft"] - span["looptrace.route.expected_ttft"], abs=2e-6)
+            assert span["looptrace.route.score"] == span["looptrace.route.expected_ttft"]
+            assert span["looptrace.route.runner_up_expected_ttft"] == span["looptrace.route.runner_up_score"]
         # Later turns stay where their earlier turns are held.
         assert len({s["server.port"] for s in spans}) == 1
-        assert {s["looptrace.route.reason"] for s in spans[1:]} <= {"prefix", "home"}
+        assert {s["looptrace.route.reason"] for s in spans[1:]} == {"home"}
     assert hits >= 12  # every conversation's later turns hit
     # The step in the viewer carries the receipt.
     session = routed.get(f"/v1/sessions/{conversations[0].name}")[1]
     route = session["steps"][-1]["route"]
     assert route["cached"] == route["predicted"] > 0 and route["server"].startswith("127.0.0.1:")
     assert route["policy"] == "cache-aware" and route["index"] == "events"
+    assert route["ttft"] > 0 and route["expected_ttft"] > 0 and route["prefill_rate"] > 0
     # Counted per server: what each found, and what was predicted.
     for double in doubles:
         name = f"127.0.0.1:{double.port}"
         assert routed.metric("looptrace_upstream_cached_tokens_total", server=name) == \
             routed.metric("looptrace_upstream_predicted_cached_tokens_total", server=name)
         assert routed.metric("looptrace_upstream_kv_events_trusted", server=name) == 1
+        # Each answered request taught the server's price, and was measured against it.
+        answered = upstream(routed, double)["cost"]["answered"]
+        assert answered > 0 and routed.metric("looptrace_upstream_ttft_prediction_error_seconds_count",
+                                              server=name) == answered
 
 
 def test_a_gap_in_the_events_is_filled_and_a_reset_is_followed(routed, doubles):

@@ -1,0 +1,46 @@
+"""A prompt's blocks as keys: each block of `block_size` tokens keyed by a hash of the key before it and its own
+tokens, as vLLM chains its block hashes, so that a prompt is looked up by its tokens alone (kv_index.py, kv_groups.py)
+without vLLM's hash function or seed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+ROOT = 0  # the chain's key before a prompt's first block
+
+
+class PromptBlocks:
+    """A prompt's block keys, computed once per block size and only as far as a lookup walks."""
+
+    __slots__ = ("ids", "_keys")
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self._keys: dict[int, list[int]] = {}
+
+    def keys(self, block_size: int, limit: int) -> Iterator[int]:
+        """The keys of the first `limit` whole blocks, in order."""
+        keys = self._keys.setdefault(block_size, [])
+        yield from keys[:limit]
+        ids, n = self.ids, len(keys)
+        key = keys[-1] if keys else ROOT
+        while n < limit:
+            key = hash((key, *ids[n * block_size:(n + 1) * block_size]))
+            keys.append(key)
+            n += 1
+            yield key
+
+    def usable_blocks(self, block_size: int) -> int:
+        """Whole blocks vLLM may find cached: it computes at least the prompt's last token again."""
+        return max(0, len(self.ids) - 1) // block_size
+
+
+def walk(prompt: PromptBlocks, size: int, held, coming: dict | None = None) -> int:
+    """How many of the prompt's leading blocks are held (or `coming`: being computed), stopping at the first that is
+    not."""
+    n = 0
+    for key in prompt.keys(size, prompt.usable_blocks(size)):
+        if key not in held and (not coming or key not in coming):
+            break
+        n += 1
+    return n

