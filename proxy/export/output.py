@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +29,16 @@ def out_refusal(out: str | None) -> str | None:
 
 @contextlib.contextmanager
 def writing(out: str | None) -> Iterator[None]:
-    """A failure to write --out (a full disk, a folder gone meanwhile) said in a line, as a refusal is."""
+    """A failure to write --out (a full disk, a folder gone meanwhile) said in a line, as a refusal is.
+    A reader of standard output that stops early (`| head`) is no failure: the export ends quietly."""
     try:
         yield
+    except BrokenPipeError:
+        if out is not None:
+            raise ReplayError(f"cannot write --out {out}: broken pipe") from None
+        # What Python's docs advise: stdout pointed at /dev/null, so that its flush at exit raises nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
     except OSError as exc:
         raise ReplayError(f"cannot write {f'--out {out}' if out else 'standard output'}: "
                           f"{exc.strerror or exc}") from exc

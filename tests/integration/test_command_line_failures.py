@@ -233,6 +233,19 @@ def test_l2_export_out_into_a_missing_folder_or_one_it_cannot_write_says_so(stor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing made on the way
 
 
+def test_export_to_a_reader_that_stops_early_ends_quietly(store):
+    """`looptrace export ... | head -1`: the reader closes the pipe; the export exits 0, saying nothing."""
+    import subprocess
+
+    from replays import looptrace_command
+
+    with subprocess.Popen([*looptrace_command(), "export", "--store", store, "--session", SESSION],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as export_process:
+        export_process.stdout.close()  # before a byte is read: every write meets a closed pipe
+        _, stderr = export_process.communicate(timeout=120)
+    assert export_process.returncode == 0 and stderr == b"", (export_process.returncode, stderr)
+
+
 # -- issue 41, L3: serve's flags -----------------------------------------------------------------------
 
 
