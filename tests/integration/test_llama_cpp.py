@@ -253,20 +253,29 @@ def turn(server, messages: list[dict]) -> tuple[dict, dict]:
     return body, messages + [{"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
 
 
+def stored(server, before: str | None) -> str | None:
+    """The id of the trace the last request left, once stored (newer than `before`, the one before it):
+    a trace is written a moment after its answer, so the newest trace read at once may be an older one."""
+    server.trace_after(before)
+    return server.newest_trace_id()
+
+
 def test_the_next_turn_prefills_only_what_is_new_even_after_another_conversation(server, direct):
+    before = server.newest_trace_id()
     a1, a = turn(server, [{"role": "user", "content": "Describe a lighthouse in two sentences."}])
     first = a1["usage"]["prompt_tokens"]
-    before = server.newest_trace_id()
+    before = stored(server, before)
     a2, a = turn(server, a + [{"role": "user", "content": "And a harbour?"}])
     cached = a2["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= first  # the first turn's prompt and its answer stayed in the context
     prefill = span(server.trace_after(before), "prefill")["attributes"]
     assert prefill["looptrace.prefill.cached_tokens"] == cached
+    before = server.newest_trace_id()  # a2's, read above once stored
     # Another conversation overwrites the context; the first one's state is kept aside for its return.
     b1, _ = turn(server, [{"role": "user", "content": "Name three rivers."}])
     assert b1["usage"]["prompt_tokens_details"]["cached_tokens"] < first
     assert server.get("/health")[1]["prefix_cache"]["prompts"] >= 1
-    before = server.newest_trace_id()
+    before = stored(server, before)
     a3, _ = turn(server, a + [{"role": "user", "content": "Which is older?"}])
     assert a3["usage"]["prompt_tokens_details"]["cached_tokens"] >= a2["usage"]["prompt_tokens"]
     # A continued prompt decodes what a fresh one does.
