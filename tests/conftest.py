@@ -4,6 +4,7 @@ applications, and the `integration` marker on every test under integration/."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -162,3 +163,17 @@ def installed():
         if os.environ.get("CI"):
             raise  # CI installs npm: a missing one is a failure there, not a skip
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium driven by Playwright (browser.py), one per module that asks for it."""
+    from browser import MissingChromium, chromium
+
+    try:
+        with chromium() as b:
+            yield b
+    except MissingChromium:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("Chromium is not installed (tests/run.sh installs it)")

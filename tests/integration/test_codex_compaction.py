@@ -16,7 +16,6 @@ next command otherwise, whenever codex decides to compact. The application runs 
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 import pytest
@@ -225,19 +224,6 @@ def test_every_codex_configuration_in_the_manual_runs_as_copied(app, installed, 
 
 
 # -- the viewer ---------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    from browser import MissingChromium, chromium
-
-    try:
-        with chromium() as b:
-            yield b
-    except MissingChromium:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("Chromium is not installed (tests/run.sh installs it)")
-
 
 def test_the_viewer_marks_the_compaction_steps(sessions, browser):
     from browser import Page

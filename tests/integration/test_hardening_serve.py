@@ -5,7 +5,6 @@ process shows (its own log, its memory, the trace viewer in a real browser). The
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
 from pathlib import Path
@@ -71,19 +70,6 @@ def test_two_million_small_items_are_refused_in_a_moment_and_a_few_hundred_mb(re
     assert status == 400 and answer["error"]["code"] == "too_many_items", answer
     print(f"{kind}: {len(data) / 1e6:.0f} MB refused in {seconds:.2f} s, peak +{peak:.0f} MB")
     assert seconds < 10 and peak < 600, (seconds, peak)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from browser import MissingChromium, chromium
-
-    try:
-        with chromium() as b:
-            yield b
-    except MissingChromium:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("Chromium is not installed (tests/run.sh installs it)")
 
 
 @pytest.mark.parametrize("conversation", ["..", ".", "../x", "a/./b"])

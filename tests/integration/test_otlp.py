@@ -16,7 +16,7 @@ from openai import OpenAI
 from looptrace.common import attributes as attr
 from looptrace.trace_store.tokens import expand_events
 
-from browser import MissingChromium, Page, chromium
+from browser import Page
 from phoenix import Phoenix
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
@@ -227,17 +227,6 @@ def test_phoenix_groups_the_turns_as_one_session(exported):
     assert [t["trace_id"] for t in session["traces"]] == [t["trace_id"] for t in turns]
     prompt = sum(t["usage"].get("prompt_tokens", t["usage"].get("input_tokens")) for t in turns)
     assert session["token_count_prompt"] == prompt
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        with chromium() as b:
-            yield b
-    except MissingChromium:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("Chromium is not installed (tests/run.sh installs it)")
 
 
 def test_phoenix_trace_list_and_session_view_show_each_turns_input_and_answer(exported, browser):

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 import clients
 from .test_clients import call, folders, outcome
-from browser import MissingChromium, Page, chromium
+from browser import Page
 
 KEY = "sk-viewer-test"
 MODEL = "qwen3.5-tiny"
@@ -26,17 +26,6 @@ HOSTILE = ("<img src=x onerror=window.__pwned=1> <script>window.__pwned=2</scrip
            "\u202egnp.exe\u202c zero\u200bwidth \u2066isolate\u2069")
 HOSTILE_OUTPUT = ("Thinking about <b>bold</b>.\n</think>\n\n<script>window.__pwned=4</script>\u202eevil\u202c "
                   "<img src=y onerror=window.__pwned=5>" + "<|im_end|>")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        with chromium() as b:
-            yield b
-    except MissingChromium:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("Chromium is not installed (tests/run.sh installs it)")
 
 
 @pytest.fixture
