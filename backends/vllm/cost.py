@@ -20,6 +20,11 @@ compares the servers by (routing.py).
                   it waited for (the queued and others' tokens when it was sent, plus its own uncached prompt as vLLM
                   counted it) and the requests decoding when it was sent
 
+Each price also says how far it may be off (`spread`): the standard deviation of the server's recent misses (time to
+first token less the price it was sent at) around their mean. A miss every price shares (a request that waits for the
+engine's step in progress, or shares its step with prompts sent just after it) does not tell two servers apart; the
+spread does: routing.py moves a conversation only for a saving larger than the two prices can be told apart by.
+
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
 kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior
 (PRIOR_RATE tokens a second, no overhead, no decode pressure). The servers of a pool serve one model, mostly on like
@@ -63,14 +68,17 @@ class Price:
     rate: float  # prefill tokens a second
     overhead: float
     per_decoding: float  # seconds each request decoding adds
+    spread: float = 0.0  # the standard deviation of this server's recent misses, seconds
 
 
 class Ticket:
     """A request sent to the server, from its sending to its end: what it waits for, and what it taught."""
 
-    __slots__ = ("ahead", "answered", "decoding", "open", "remaining")
+    __slots__ = ("ahead", "answered", "decoding", "expected", "open", "remaining")
 
-    def __init__(self, price: Price) -> None:
+    def __init__(self, price: Price, measured: bool) -> None:
+        # Its price when sent, what its time to first token is held against: not the prior's, which is no measure.
+        self.expected = price.seconds if measured else None
         self.remaining = float(price.prefill)  # its own prefill not yet taken as read
         self.ahead = price.queued + price.others_tokens  # the tokens ahead of it when sent
         self.decoding = price.decoding
@@ -94,6 +102,7 @@ class ServerCost:
         self._theta = PRIOR.copy()  # (overhead, seconds per token, seconds per decoding request)
         self._fitted: tuple | None = None  # what _theta was fitted to: every server's count of answered requests
         self._fastest = np.inf  # the least time to first token seen: the overhead's bound
+        self._misses = np.zeros(3)  # Σ weight × (1, miss, miss²) of answered requests, the miss ttft − expected
 
     # -- the price --
 
@@ -116,6 +125,16 @@ class ServerCost:
     @property
     def rate(self) -> float:
         return 1.0 / float(self.theta[1])
+
+    @property
+    def spread(self) -> float:
+        """The standard deviation of its recent prices' misses, weighted as the fit weighs requests: those priced by
+        a fit (its own or its peers'), not by the prior; 0 until two."""
+        weight, total, squares = self._misses
+        if weight <= 1.0:
+            return 0.0
+        mean = total / weight
+        return float(np.sqrt(max(0.0, squares / weight - mean * mean) * weight / (weight - 1.0)))
 
     def queued(self) -> float:
         """Uncached prompt tokens of looptrace's unanswered requests, less what the server has read of them since."""
@@ -144,13 +163,13 @@ class ServerCost:
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
         return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
-                     per_decoding)
+                     per_decoding, self.spread)
 
     # -- what the backend tells it of each request --
 
     def sent(self, price: Price) -> Ticket:
         self.queued()  # drained up to now: the new request waits behind what is left
-        ticket = Ticket(price)
+        ticket = Ticket(price, measured=bool(self.answered or any(p.answered for p in self.peers)))
         self._pending.append(ticket)
         return ticket
 
@@ -168,6 +187,9 @@ class ServerCost:
         self.per_request = uncached if not self.answered else FORGET * self.per_request + (1 - FORGET) * uncached
         self.answered += 1
         self._fastest = min(self._fastest, ttft)
+        if ticket.expected is not None:
+            miss = ttft - ticket.expected
+            self._misses = FORGET * self._misses + np.array([1.0, miss, miss * miss])
 
     def closed(self, ticket: Ticket) -> None:
         """The request ended (done, failed or cancelled): no longer ahead of anything, nor decoding."""
@@ -186,7 +208,8 @@ class ServerCost:
     def health(self) -> dict:
         overhead, per_token, per_decoding = (float(v) for v in self.theta)
         return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
-                "per_decoding_seconds": round(float(per_decoding), 4), "answered": self.answered,
+                "per_decoding_seconds": round(float(per_decoding), 4), "spread_seconds": round(self.spread, 4),
+                "answered": self.answered,
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}
 
 

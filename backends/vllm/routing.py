@@ -10,7 +10,8 @@ leaves (`Route`), which the decode span, the metrics and the trace viewer show.
                   it would compute there after what that server holds of it, plus the uncached prompt tokens queued
                   there, over the server's measured prefill rate, plus its decode pressure). The conversation's home
                   wins ties and near-ties: another server takes the request only when it saves more than NEAR of the
-                  home's expected time, and at least NEAR_SECONDS. Its home is the server predicted to hold the most
+                  home's expected time, at least NEAR_SECONDS, and more than the two prices can be told apart by
+                  (each server's recent misses, cost.py's spread). Its home is the server predicted to hold the most
                   of its own prompt (kv_index.py: beyond the prefix it shares with other conversations, a system
                   prompt every server soon holds), or its rendezvous server while none holds any. So a move happens
                   only where reading the conversation again elsewhere costs less than the queue it escapes.
@@ -81,13 +82,14 @@ class Route:
                 "queued_tokens": round(price.queued + price.others_tokens), "others_waiting": price.others,
                 "prefill_rate": round(price.rate, 1), "decoding": price.decoding,
                 "decode_seconds": round(price.per_decoding * price.decoding, 6),
-                "overhead_seconds": round(price.overhead, 6)}
+                "overhead_seconds": round(price.overhead, 6), "spread_seconds": round(price.spread, 6)}
         if other is not None:
             body.update(runner_up=other.upstream.name, runner_up_score=other.score(self.policy),
                         runner_up_predicted_cached_tokens=other.predicted, runner_up_load=other.load,
                         runner_up_expected_ttft=round(other.price.seconds, 6),
                         runner_up_prefill_tokens=other.price.prefill,
-                        runner_up_queued_tokens=round(other.price.queued + other.price.others_tokens))
+                        runner_up_queued_tokens=round(other.price.queued + other.price.others_tokens),
+                        runner_up_spread_seconds=round(other.price.spread, 6))
         return body
 
 
@@ -127,6 +129,13 @@ def _least_loaded(found: list[Candidate], conversation: str | None) -> tuple[lis
     return ranked, "home" if best.home and tied else "least_loaded"
 
 
+def margin(home: Price, other: Price) -> float:
+    """What another server must save on the home's expected time to take the request: NEAR of it, NEAR_SECONDS, and
+    more than the two prices can be told apart by (the standard deviation of their difference, each server's misses
+    taken as independent). A near-tie: the cache the home has stays in use."""
+    return max(NEAR * home.seconds, NEAR_SECONDS, (home.spread**2 + other.spread**2) ** 0.5)
+
+
 def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list[Candidate], str]:
     if conversation and any(c.own for c in found):  # its cache is where its own prompt is held
         for c in found:
@@ -135,8 +144,7 @@ def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list
     ranked = sorted(found, key=lambda c: (c.price.seconds, not c.home))
     home = next((c for c in found if c.home), None)
     if home is not None and home is not ranked[0]:
-        saved = home.price.seconds - ranked[0].price.seconds
-        if saved <= max(NEAR * home.price.seconds, NEAR_SECONDS):  # a near-tie: the cache it has stays in use
+        if home.price.seconds - ranked[0].price.seconds <= margin(home.price, ranked[0].price):
             ranked.remove(home)
             ranked.insert(0, home)
     return ranked, "home" if ranked[0].home else "faster"

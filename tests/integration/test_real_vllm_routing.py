@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import msgpack
 import pytest
 import real_vllm
 import zmq
 from real_vllm import VLLMServer
+
+from looptrace.backends.vllm import routing
 
 from server import free_port
 from vllm_double import DoubleProcess
@@ -305,10 +308,14 @@ def check_prices(server, spans: list[dict]) -> None:
         assert s["looptrace.route.policy"] == "cache-aware" and s["looptrace.route.ttft"] > 0
         assert s["looptrace.route.expected_ttft"] == s["looptrace.route.score"] > 0
         assert s["looptrace.route.reason"] in ("home", "faster", "retry"), s["looptrace.route.reason"]
-        if s["looptrace.route.reason"] == "faster":  # left its home only for a server priced cheaper
-            assert s["looptrace.route.runner_up_expected_ttft"] > s["looptrace.route.expected_ttft"]
+        assert s["looptrace.route.spread_seconds"] >= 0
+        if s["looptrace.route.reason"] == "faster":  # left its home (of two servers, the runner-up) only for a saving
+            home, spreads = s["looptrace.route.runner_up_expected_ttft"], (s["looptrace.route.spread_seconds"],
+                                                                           s["looptrace.route.runner_up_spread_seconds"])
+            assert home - s["looptrace.route.expected_ttft"] > routing.margin(
+                SimpleNamespace(seconds=home, spread=spreads[1]), SimpleNamespace(spread=spreads[0])) - 1e-5, s
     fits = [u["cost"] for u in server.get("/health")[1]["upstreams"]]
-    assert all(f["answered"] > 0 and 10 < f["prefill_rate"] < 100_000 for f in fits), fits
+    assert all(f["answered"] > 0 and 10 < f["prefill_rate"] < 100_000 and f["spread_seconds"] >= 0 for f in fits), fits
 
 
 def test_each_step_keeps_the_weight_version_the_server_says(serve, vllms, checkpoint):

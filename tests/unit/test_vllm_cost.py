@@ -1,8 +1,8 @@
 """The cost model of `--routing cache-aware` (backends/vllm/cost.py, routing.py): each server priced in seconds, as
 the request's expected time to first token there (its own uncached prompt, the uncached tokens queued ahead of it,
 vLLM's waiting requests beyond looptrace's, over the server's measured prefill rate, plus decode pressure), the
-conversation's home winning ties and near-ties. Driven through the pool, with servers whose holdings, queues and
-rates are set here; the clock is the test's."""
+conversation's home winning ties, near-ties and savings within the prices' spread. Driven through the pool, with
+servers whose holdings, queues and rates are set here; the clock is the test's."""
 
 from __future__ import annotations
 
@@ -46,6 +46,15 @@ def teach(upstream: Upstream, rate: float, overhead: float = 0.0) -> None:
         ticket = upstream.cost.sent(upstream.cost.price(tokens))
         upstream.cost.first_token(ticket)
         upstream.cost.learn(ticket, tokens, overhead + tokens / rate)
+        upstream.cost.closed(ticket)
+
+
+def answer(upstream: Upstream, misses: list[float], tokens: int = 500) -> None:
+    """Requests answered each `miss` seconds after the price they were sent at."""
+    for miss in misses:
+        ticket = upstream.cost.sent(upstream.cost.price(tokens))
+        upstream.cost.first_token(ticket)
+        upstream.cost.learn(ticket, tokens, ticket.expected + miss)
         upstream.cost.closed(ticket)
 
 
@@ -196,6 +205,53 @@ def test_a_near_tie_goes_home_and_only_a_real_saving_moves(clock):
     assert pool.choose(conversation, history + [1] * 20).upstream is other
 
 
+def test_a_price_says_how_far_it_misses_and_a_miss_every_price_shares_is_no_spread(clock):
+    pool = pool_of()
+    server, peer = pool.upstreams
+    teach(peer, CPU_RATE)
+    answer(server, [1.5] * 40)  # every wait 1.5 s past its price: a miss that tells no two servers apart
+    assert server.cost.spread == pytest.approx(0.0, abs=1e-6)
+    answer(server, [0.5, 2.5] * 40)  # now 1 s either side of that
+    assert server.cost.spread == pytest.approx(1.0, rel=0.05)
+    assert server.cost.price(100).spread == server.cost.spread and server.cost.health()["spread_seconds"] > 0.9
+    fresh = cost.ServerCost()  # a price from the prior, before any server answered, is no measure of the fit
+    ticket = fresh.sent(fresh.price(3000))
+    fresh.learn(ticket, 3000, 20.0)
+    answer_fresh = fresh.sent(fresh.price(3000))
+    fresh.learn(answer_fresh, 3000, answer_fresh.expected + 0.2)
+    assert ticket.expected is None and fresh.spread == 0.0
+
+
+def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock):
+    pool = pool_of()
+    home, other = pool.upstreams
+    conversation = named_for(pool, home, "spread")
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+        answer(upstream, [0.0] * 100)  # prices that came true: no spread left to speak of
+    history = SYSTEM + list(range(5000, 5600))
+    holds(home, history)
+    holds(other, history[:-160])
+    waiting = queue(home, 300)  # the other would read 160 tokens more and wait for none of these 300: about 1 s less
+
+    def saving(route) -> float:
+        return route.chosen.price.seconds - route.runner_up.price.seconds
+
+    moved = pool.choose(conversation, history + [1] * 20)
+    assert moved.upstream is other and moved.reason == "faster" and saving(moved) < -0.8
+    home.cost.closed(waiting)
+    answer(home, [-1.5, 1.5] * 30)  # the home's prices now miss by 1.5 s either way
+    waiting = queue(home, 300)
+    kept = pool.choose(conversation, history + [1] * 20)
+    assert kept.upstream is home and kept.reason == "home", kept.receipt()
+    assert kept.runner_up.price.seconds < kept.chosen.price.seconds - routing.NEAR * kept.chosen.price.seconds
+    assert -saving(kept) < kept.chosen.price.spread == pytest.approx(1.5, rel=0.1)
+    assert kept.receipt()["spread_seconds"] == round(kept.chosen.price.spread, 6)
+    assert kept.receipt()["runner_up_spread_seconds"] < 0.2
+    queue(home, 400)  # a queue worth more than the prices' spread: the move is made
+    assert pool.choose(conversation, history + [1] * 20).upstream is other
+
+
 def test_every_policy_receipt_carries_the_price(clock):
     for policy in routing.POLICIES:
         pool = pool_of()
@@ -207,7 +263,7 @@ def test_every_policy_receipt_carries_the_price(clock):
         assert receipt["prefill_rate"] == pytest.approx(CPU_RATE, rel=0.03)
         assert receipt["expected_ttft"] == pytest.approx(0.1 + (len(SYSTEM) + 1) / CPU_RATE, rel=0.05)
         assert {"runner_up_expected_ttft", "decode_seconds", "overhead_seconds", "others_waiting",
-                "decoding"} <= set(receipt)
+                "decoding", "spread_seconds", "runner_up_spread_seconds"} <= set(receipt)
 
 
 def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured_and_then_by_both(clock):

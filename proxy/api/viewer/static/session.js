@@ -64,12 +64,14 @@ function routeChip(route) {
     lines.push(`expected ${secs(route.expected_ttft)} = ${secs(route.overhead_seconds)} + (` +
       `${count(route.prefill_tokens)} to read + ${count(route.queued_tokens)} queued) ÷ ` +
       `${count(Math.round(route.prefill_rate))} tokens/s + ${secs(route.decode_seconds)} for ` +
-      `${route.decoding} decoding` + (route.others_waiting ? `; ${route.others_waiting} others waiting` : ""));
+      `${route.decoding} decoding` + (route.others_waiting ? `; ${route.others_waiting} others waiting` : "") +
+      (route.spread_seconds ? `; its prices miss by ±${secs(route.spread_seconds)}` : ""));
   }
   if (route.runner_up) lines.push(`runner-up ${route.runner_up}: score ${route.runner_up_score}, load ` +
     `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted` +
     (route.runner_up_expected_ttft !== undefined ? `, ${secs(route.runner_up_expected_ttft)} expected (` +
-      `${count(route.runner_up_prefill_tokens)} to read + ${count(route.runner_up_queued_tokens)} queued)` : ""));
+      `${count(route.runner_up_prefill_tokens)} to read + ${count(route.runner_up_queued_tokens)} queued` +
+      (route.runner_up_spread_seconds ? `, ±${secs(route.runner_up_spread_seconds)}` : "") + ")" : ""));
   return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})${wait}`, title: lines.join("\n")};
 }
 
