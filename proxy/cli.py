@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import sys
@@ -57,6 +58,32 @@ def _text_file(path: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{path!r} is empty")
     return path
+
+
+# What --sampling-defaults takes, as requests take it (api/request_parts.py).
+SAMPLING_RANGES = {"temperature": (float, lambda v: 0 <= v <= 2, "from 0 to 2"),
+                   "top_p": (float, lambda v: 0 < v <= 1, "above 0 and at most 1"),
+                   "top_k": (int, lambda v: 0 <= v < 1 << 31, "a whole number from 0 (all)")}
+
+
+def _sampling_defaults(text: str) -> dict:
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not a number")
+
+    try:
+        given = json.loads(text, parse_constant=refuse)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON object: {exc}") from exc
+    if not isinstance(given, dict):
+        raise argparse.ArgumentTypeError('a JSON object is wanted, e.g. \'{"temperature": 0}\'')
+    for key, value in given.items():
+        if key not in SAMPLING_RANGES:
+            raise argparse.ArgumentTypeError(f"{key!r} is not one of {', '.join(SAMPLING_RANGES)}")
+        kind, within, said = SAMPLING_RANGES[key]
+        kinds = (int, float) if kind is float else int
+        if isinstance(value, bool) or not isinstance(value, kinds) or not within(value):
+            raise argparse.ArgumentTypeError(f"{key} must be {said}, not {value!r}")
+    return given
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +144,10 @@ def _prompt_options(serve: argparse.ArgumentParser) -> None:
                        "check classifies each turn (clean, realign, fork), keep builds the prompt of them and "
                        "renders only the new messages (agent RL); a request may ask for its own with the "
                        "X-Token-Continuity header or a token_continuity field")
+    group.add_argument("--sampling-defaults", type=_sampling_defaults, metavar="JSON",
+                       help='the sampling a request gets for what it does not set itself, over the model\'s own '
+                       'generation_config: a JSON object of temperature, top_p and top_k, e.g. \'{"temperature": 0}\' '
+                       "for greedy answers to clients that send no temperature")
     group.add_argument("--compaction-prompt", type=_text_file, metavar="FILE",
                        help="a file holding the prompt a compaction asks the model for its summary with, in place of "
                        "looptrace's own (docs/clients.md)")

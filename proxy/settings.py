@@ -33,6 +33,9 @@ class Settings:
     # A file holding the prompt a compaction asks the model for its summary with (api/openai/compaction.py);
     # None: looptrace's own.
     compaction_prompt: str | None = None
+    # Sampling for a request that sets none of its own (temperature, top_p, top_k), over the checkpoint's
+    # generation_config: vLLM's --override-generation-config, SGLang's --preferred-sampling-params.
+    sampling_defaults: dict | None = None
     max_queue: int = 64  # requests waiting for the model before new ones get a 429
     # Seconds a stream waits for its client to take what was written; past that the client is gone and
     # its generation stops (one that never reads would otherwise hold the model: api/streaming.py).

@@ -145,6 +145,8 @@ class Generation:
         self.max_tokens = request.max_tokens if request.max_tokens is not None else room
 
         defaults = family.sampling_defaults(rendered.thinking)
+        if runtime.settings.sampling_defaults:  # the server's, over the checkpoint's
+            defaults = {**defaults, **runtime.settings.sampling_defaults}
         self.sampling = SamplingParams(
             temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
             top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),

@@ -239,9 +239,12 @@ def smollm2(serve, smollm2_gguf_path):
     # codex's prompt in seconds, where transformers took about 20 s). One thread: llama.cpp's threads
     # meet at spinning barriers every layer, and two on two cores collapse whenever another process
     # wants one (the client beside it, a busy CI machine: codex's prompt then took minutes, past the
-    # timeout; see test_claude_code.py).
+    # timeout; see test_claude_code.py). Greedy, as a user would ask for it: codex sends no temperature,
+    # and SmolLM2 sampled at 1.0 now and then rambled in French to max_output_tokens, which codex
+    # reports as a failed turn (a CI run on 2026-12-05).
     return serve(str(smollm2_gguf_path), "--backend", "llama.cpp", "--served-model-name", "smollm2",
-                 "--max-model-len", "5120", "--threads", "1", api_key=API_KEY)
+                 "--max-model-len", "5120", "--threads", "1", "--sampling-defaults", '{"temperature": 0}',
+                 api_key=API_KEY)
 
 
 QUESTION = "What is the capital of France? Answer in one short sentence."
