@@ -68,6 +68,14 @@ def holds(upstream: Upstream, *prompts: list[int]) -> None:
         upstream.holdings.sent.sent(prompt)
 
 
+def held_apart(home: Upstream, other: Upstream) -> list[int]:
+    """A conversation's history, held whole by `home` and all but its last 160 tokens by `other`."""
+    history = SYSTEM + list(range(5000, 5600))
+    holds(home, history)
+    holds(other, history[:-160])
+    return history
+
+
 def test_the_prefill_rate_overhead_and_decode_pressure_are_learnt_from_answered_requests(clock):
     server = cost.ServerCost()
     assert server.rate == cost.PRIOR_RATE  # nothing answered yet: the prior
@@ -194,9 +202,7 @@ def test_a_near_tie_goes_home_and_only_a_real_saving_moves(clock):
     conversation = named_for(pool, other, "near")
     for upstream in pool.upstreams:
         teach(upstream, CPU_RATE)
-    history = SYSTEM + list(range(5000, 5600))
-    holds(home, history)
-    holds(other, history[:-160])  # the other holds all but its last 160 tokens
+    history = held_apart(home, other)
     queue(home, 180)  # a little more than the 188 tokens the other would read, less its own 20: a near-tie
     route = pool.choose(conversation, history + [1] * 20)
     assert (route.upstream, route.reason) == (home, "home")
@@ -229,9 +235,7 @@ def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock
     for upstream in pool.upstreams:
         teach(upstream, CPU_RATE)
         answer(upstream, [0.0] * 100)  # prices that came true: no spread left to speak of
-    history = SYSTEM + list(range(5000, 5600))
-    holds(home, history)
-    holds(other, history[:-160])
+    history = held_apart(home, other)
     waiting = queue(home, 300)  # the other would read 160 tokens more and wait for none of these 300: about 1 s less
 
     def saving(route) -> float:
