@@ -215,7 +215,7 @@ class VLLMBackend:
                 reader.close()
         done = tokens.done(reader.ended, up.weight_version)
         if done["finish_reason"] != "cancelled":  # what the server now holds: the estimate's, and events owed
-            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent)
+            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent, media=bool(request.media))
             if tokens.prefilled:  # what its wait teaches the server's price (vLLM counts cached tokens at the end)
                 up.cost.learn(ticket, len(tokens.upstream_prompt or request.prompt_ids) - tokens.cached,
                               tokens.first_at - tokens.started)

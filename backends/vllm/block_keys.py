@@ -30,6 +30,12 @@ class PromptBlocks:
             n += 1
             yield key
 
+    def key(self, block_size: int, n: int) -> int:
+        """The key of block `n` (from 0)."""
+        for _ in self.keys(block_size, n + 1):
+            pass
+        return self._keys[block_size][n]
+
     def usable_blocks(self, block_size: int) -> int:
         """Whole blocks vLLM may find cached: it computes at least the prompt's last token again."""
         return max(0, len(self.ids) - 1) // block_size

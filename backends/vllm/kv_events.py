@@ -18,6 +18,9 @@ What can go wrong, and what is done:
   cache reset) clears it too;
 - the server stops answering (`resync`, from the pool: it may be restarting): the index is cleared, and
   read again from 0 once the server is back;
+- a request's batch sent after its answer (vLLM publishes from a thread of its own, which falls behind on a busy
+  machine): the next request routed waits for the batch that stores the last block it filled (`settled`, at most
+  AWAIT_SECONDS after it ended), so an agent's next turn sent at once sees what its last one stored;
 - the publisher goes silent while the server serves (a request stored blocks, and no batch came within
   SILENT_SECONDS): the index is not trusted, and routing uses the estimate until batches come again;
 - a payload this looptrace cannot read (another vLLM's format): said once, and the estimate is used.
@@ -44,6 +47,9 @@ REPLAY_SECONDS = 5.0  # the longest wait for each message of a replay
 SILENT_SECONDS = 5.0  # a request stored blocks, and no batch came this long after it ended: not trusted
 POLL_MS = 500  # how often the reader looks up from its socket (to start a replay asked for meanwhile)
 SETTLE_SECONDS = 0.05  # the longest a request waits for batches already received to be read
+# The longest a request waits, from the end of the one before it on the server, for the batch that stores what that
+# one filled: vLLM's publisher sends from a thread of its own, which on a busy machine falls behind the answer.
+AWAIT_SECONDS = 1.0
 RECENT = 4096  # batches whose payload digest is kept, to tell a batch read twice from a restarted publisher
 
 
@@ -60,6 +66,10 @@ class KVEvents:
         self.batches = self.gaps = self.replayed = self.lost = self.restarts = 0
         self._owed_since: float | None = None  # a request stored blocks, and no batch came while it ran: since when
         self._last_batch_at: float | None = None
+        self._last_batch_ts: float | None = None  # the server's clock (time.time) when it made the last batch read
+        # Our key of the last block a request that ended filled, its batch not read yet → (until when it is waited
+        # for, time.monotonic; when the request ended, time.time).
+        self._awaited: dict[int, tuple[float, float]] = {}
         self._catch_up_from: int | None = None  # a replay asked for (resync)
         self._catching_up = False
         self.started = asyncio.Event()  # set once what the server kept from before was read (or could not be)
@@ -73,18 +83,26 @@ class KVEvents:
         owed = self._owed_since
         return self.state == "following" and (owed is None or time.monotonic() - owed < SILENT_SECONDS)
 
-    def owed(self, stored: bool, since: float) -> None:
+    def owed(self, stored: bool, since: float, last_block: int | None = None) -> None:
         """A request that started at `since` (time.monotonic) ended on the server; `stored`: it filled blocks the
-        cache did not hold, whose events come while it runs. None came: they are owed from now."""
+        cache did not hold, whose events come while it runs (none came: they are owed from now, SILENT_SECONDS) —
+        or just after it ends, where the publisher falls behind: the next request routed waits for the last of them,
+        `last_block` (our key; None where the index could not place it: a prompt with media), in `settled`."""
+        if not stored:
+            return
+        now = time.monotonic()
+        if last_block is not None and not self.index.holds(last_block):
+            self._awaited[last_block] = (now + AWAIT_SECONDS, time.time())
         last = self._last_batch_at
-        if stored and (last is None or last < since) and self._owed_since is None:
-            self._owed_since = time.monotonic()
+        if (last is None or last < since) and self._owed_since is None:
+            self._owed_since = now
 
     def forget(self) -> None:
         """What the server held is unknown (it stopped answering, or its publisher restarted)."""
         self.index.cleared()
         self.next_seq, self._owed_since = None, None
         self._digests.clear()
+        self._awaited.clear()
 
     def resync(self) -> None:
         """The server answers again: every batch it still keeps is read again."""
@@ -92,13 +110,27 @@ class KVEvents:
         self._catch_up_from = 0
 
     async def settled(self) -> None:
-        """Batches that have arrived, read: a request routed right after the last one ended sees what that one
-        stored (its last batch may be in the socket still, or a replay under way). At most SETTLE_SECONDS."""
+        """What a request routed right after the last one ended should see: batches that have arrived, read (the last
+        may be in the socket still, or a replay under way: at most SETTLE_SECONDS), and the batches that store what
+        the requests that just ended filled, which vLLM may not have sent yet (at most AWAIT_SECONDS after each end)."""
         deadline = time.monotonic() + SETTLE_SECONDS
-        while self._catching_up or self._sub is not None and self._sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            if time.monotonic() > deadline:
+        while True:
+            now = time.monotonic()
+            arriving = self._catching_up or self._sub is not None and self._sub.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            if not (arriving and now <= deadline) and not self._awaiting(now):
                 return
             await asyncio.sleep(0.001)
+
+    def _awaiting(self, now: float) -> bool:
+        """Whether a block an ended request filled is still awaited: not placed, no batch the server made after the
+        request ended read (one that evicted it again, say), not overdue, and the reader trusted."""
+        awaited = self._awaited
+        if awaited:
+            newest = self._last_batch_ts
+            for key, (until, ended) in list(awaited.items()):
+                if now > until or not self.trusted or self.index.holds(key) or newest is not None and newest >= ended:
+                    del awaited[key]
+        return bool(awaited)
 
     def health(self) -> dict:
         body = {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "state": self.state,
@@ -204,7 +236,7 @@ class KVEvents:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
-            _, events, *_ = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            ts, events, *_ = msgpack.unpackb(payload, raw=False, strict_map_key=False)
             for event in events:
                 kind = event["type"]
                 if kind == "BlockStored":
@@ -223,6 +255,7 @@ class KVEvents:
             self._digests.popitem(last=False)
         self.batches += 1
         self._owed_since, self._last_batch_at = None, time.monotonic()
+        self._last_batch_ts = ts if isinstance(ts, (int, float)) else None
 
     def _unreadable(self, why: str) -> None:
         if self.state != "unreadable":

@@ -98,6 +98,10 @@ class EventIndex:
         if event.get("medium") in PRIMARY and group is not None:
             group.removed(event)
 
+    def holds(self, key: int) -> bool:
+        """Whether any group holds the block of this key (placed by its events)."""
+        return any(key in g.held for g in self.groups.values())
+
     def cleared(self) -> None:
         self.groups.clear()
         self._orphans.clear()
@@ -131,10 +135,10 @@ class SentIndex:
         self.capacity = capacity
         self._trim()
 
-    def sent(self, ids: list[int]) -> None:
+    def sent(self, blocks: PromptBlocks) -> None:
         """A request's prompt and answer went through the server: their whole blocks are now its most recent."""
         held, size = self._held, self.block_size
-        for key in PromptBlocks(ids).keys(size, len(ids) // size):
+        for key in blocks.keys(size, len(blocks.ids) // size):
             held[key] = None
             held.move_to_end(key)
         self._trim()
@@ -218,15 +222,19 @@ class Holdings:
             if left:
                 coming[key] = left
 
-    def served(self, prompt_ids: list[int], output_ids: list[int], cached: int, since: float) -> None:
+    def served(self, prompt_ids: list[int], output_ids: list[int], cached: int, since: float,
+               media: bool = False) -> None:
         """A request sent at `since` (time.monotonic) finished on the server, `cached` of its prompt tokens found
-        there (vLLM's count)."""
+        there (vLLM's count). `media`: its prompt's blocks from the first item on are keyed on more than their tokens,
+        and the index cannot place them (kv_groups.py): the next request does not wait for their events."""
         # vLLM never computes the last token's keys and values: the blocks it filled end before it.
-        self.sent.sent(prompt_ids + output_ids[:-1])
-        if self.events is not None:
+        blocks = PromptBlocks(prompt_ids + output_ids[:-1])
+        self.sent.sent(blocks)
+        if self.events is not None:  # it stored blocks the cache did not hold: their events should come
             size = self.block_size
-            filled = (len(prompt_ids) + max(0, len(output_ids) - 1)) // size
-            self.events.owed(filled > cached // size, since)  # it stored blocks: their events should have come
+            filled = len(blocks.ids) // size
+            stored = filled > cached // size
+            self.events.owed(stored, since, blocks.key(size, filled - 1) if stored and not media else None)
 
     def left(self) -> None:
         """The server stopped answering: what it held is unknown (it may be restarting, its cache emptied)."""

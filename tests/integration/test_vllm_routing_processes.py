@@ -141,15 +141,20 @@ def test_every_receipt_predicts_what_the_server_then_reports(routed, doubles):
     assert route["policy"] == "cache-aware" and route["index"] == "events"
     assert route["ttft"] > 0 and route["expected_ttft"] > 0 and route["prefill_rate"] > 0
     # Counted per server: what each found, and what was predicted.
+    answered = 0
     for double in doubles:
         name = f"127.0.0.1:{double.port}"
         assert routed.metric("looptrace_upstream_cached_tokens_total", server=name) == \
             routed.metric("looptrace_upstream_predicted_cached_tokens_total", server=name)
         assert routed.metric("looptrace_upstream_kv_events_trusted", server=name) == 1
-        # Each answered request taught the server's price, and was measured against it.
-        answered = upstream(routed, double)["cost"]["answered"]
-        assert answered > 0 and routed.metric("looptrace_upstream_ttft_prediction_error_seconds_count",
-                                              server=name) == answered
+        # Each answered request taught the server's price, and was measured against it. (Not every server need
+        # have answered one: the doubles answer in milliseconds, and a slow answer on a busy machine fits a rate at
+        # which the system prompt the conversations share saves more than NEAR_SECONDS: a new conversation then
+        # rightly goes where it is held, and one of four conversations homed on the other double is all there is.)
+        taught = upstream(routed, double)["cost"]["answered"]
+        assert routed.metric("looptrace_upstream_ttft_prediction_error_seconds_count", server=name) == taught
+        answered += taught
+    assert answered >= 16
 
 
 def test_a_gap_in_the_events_is_filled_and_a_reset_is_followed(routed, doubles):

@@ -198,6 +198,54 @@ def test_a_request_whose_events_came_while_it_ran_owes_nothing(tmp_path, monkeyp
     asyncio.run(run(test)(tmp_path, True))
 
 
+def test_the_next_request_waits_for_the_batch_that_stores_what_the_last_one_filled(tmp_path, monkeypatch):
+    # The real-vLLM hybrid test (a clean-clone CI run, 2026-12-05): on a busy machine vLLM's publisher thread sent a
+    # turn's batch after its answer, the next turn was routed before it and predicted 480 tokens short.
+    monkeypatch.setattr(kv_events, "AWAIT_SECONDS", 30.0)  # returning at all means the batch was read, not a timeout
+
+    async def test(server, events):
+        await subscribed(events, server)
+        started = time.monotonic()
+        batch = server.cache.store(prompt(0), 0)  # stored as the request ran; its batch not sent yet
+        events.owed(True, started, PromptBlocks(prompt(0)).key(16, 3))
+        asyncio.get_running_loop().call_later(0.2, server.publisher.publish, batch)
+        await events.settled()
+        assert predicts(events, server, prompt(0) + [9]) and events.index.cached_tokens(PromptBlocks(prompt(0) + [9]))
+        assert not events._awaited
+
+    asyncio.run(run(test)(tmp_path, True))
+
+
+def test_a_batch_made_after_the_request_ended_ends_the_wait(tmp_path, monkeypatch):
+    """Its last block stored and evicted again before the next request: a later batch says the server moved on."""
+    monkeypatch.setattr(kv_events, "AWAIT_SECONDS", 30.0)
+
+    async def test(server, events):
+        await subscribed(events, server)
+        started = time.monotonic()
+        events.owed(True, started, PromptBlocks(prompt(0)).key(16, 3))  # its blocks' events lost to the test
+        asyncio.get_running_loop().call_later(0.2, server.request, prompt(1))  # a batch made after it ended
+        await events.settled()
+        assert events.batches == 1 and not events._awaited
+
+    asyncio.run(run(test)(tmp_path, True))
+
+
+def test_a_batch_that_never_comes_is_waited_for_at_most_await_seconds(tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_events, "AWAIT_SECONDS", 0.2)
+
+    async def test(server, events):
+        await subscribed(events, server)
+        events.owed(True, time.monotonic(), PromptBlocks(prompt(0)).key(16, 3))  # the publisher's thread died
+        waited = time.monotonic()
+        await events.settled()
+        assert time.monotonic() - waited >= 0.15 and not events._awaited
+        events.owed(True, time.monotonic())  # a request with media: none of its blocks to wait for
+        assert not events._awaited
+
+    asyncio.run(run(test)(tmp_path, True))
+
+
 def test_a_payload_of_another_format_is_said_and_not_used(tmp_path):
     async def test(server, events):
         await until(lambda: events.state == "following")

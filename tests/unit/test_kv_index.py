@@ -94,9 +94,9 @@ def test_the_last_prompt_token_is_never_predicted_cached():
 def test_the_estimate_keeps_what_was_sent_most_recent_first_within_capacity():
     sent = SentIndex(block_size=16, capacity=4)
     a, b = list(range(64)), list(range(1000, 1064))
-    sent.sent(a)
+    sent.sent(PromptBlocks(a))
     assert sent.cached_tokens(PromptBlocks(a + [5])) == 64
-    sent.sent(b)  # four blocks more: a's are the least recently used, and go
+    sent.sent(PromptBlocks(b))  # four blocks more: a's are the least recently used, and go
     assert sent.cached_tokens(PromptBlocks(a + [5])) == 0 and sent.cached_tokens(PromptBlocks(b + [5])) == 64
     sent.resize(32, 10)  # the server's own block size, once read from its /metrics: keys of 16 are of no use
     assert len(sent) == 0 and sent.block_size == 32
@@ -107,19 +107,22 @@ def test_holdings_read_the_events_while_they_are_trusted_else_the_estimate():
         def __init__(self):
             self.index, self.trusted, self.owed_calls = EventIndex(), True, []
 
-        def owed(self, stored, since):
-            self.owed_calls.append(stored)
+        def owed(self, stored, since, last_block=None):
+            self.owed_calls.append((stored, last_block))
 
     events = Events()
     holdings = Holdings(events)
     prompt, answer = list(range(40)), list(range(500, 530))
     holdings.served(prompt, answer, cached=0, since=0.0)
-    assert events.owed_calls == [True]  # it filled blocks: events should follow
+    # It filled blocks: events should follow, the last of them (tokens 48-63) awaited by the next request routed.
+    assert events.owed_calls == [(True, PromptBlocks(prompt + answer).key(16, 3))]
     assert holdings.predict(PromptBlocks(prompt + answer)) == (0, "events")  # none came yet
     events.trusted = False
     assert holdings.predict(PromptBlocks(prompt + answer)) == (64, "estimate")
     holdings.served(list(range(10)), [1, 2], cached=0, since=0.0)
-    assert events.owed_calls[-1] is False  # not a whole block: nothing to wait for
+    assert events.owed_calls[-1] == (False, None)  # not a whole block: nothing to wait for
+    holdings.served(prompt, answer, cached=0, since=0.0, media=True)
+    assert events.owed_calls[-1] == (True, None)  # owed, but keyed on its media too: no block of it to wait for
 
 
 def test_prompt_keys_are_computed_once_and_only_as_far_as_asked():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from looptrace.backends.vllm import cost, routing
+from looptrace.backends.vllm.kv_index import PromptBlocks
 from looptrace.backends.vllm.pool import Pool
 from looptrace.backends.vllm.upstream import Upstream
 
@@ -65,7 +66,7 @@ def queue(upstream: Upstream, tokens: int) -> cost.Ticket:
 
 def holds(upstream: Upstream, *prompts: list[int]) -> None:
     for prompt in prompts:
-        upstream.holdings.sent.sent(prompt)
+        upstream.holdings.sent.sent(PromptBlocks(prompt))
 
 
 def held_apart(home: Upstream, other: Upstream) -> list[int]:

@@ -28,7 +28,7 @@ def pool_of(policy: str, n: int = 3) -> Pool:
 
 def holds(upstream: Upstream, *prompts: list[int]) -> None:
     for prompt in prompts:
-        upstream.holdings.sent.sent(prompt)
+        upstream.holdings.sent.sent(PromptBlocks(prompt))
 
 
 def busy(upstream: Upstream, now: int) -> None:
