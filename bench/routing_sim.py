@@ -35,7 +35,8 @@ server's running and waiting counts every second, as from its /metrics. Determin
 same figures on any machine.
 
     python bench/routing_sim.py [--profile cpu|h200] [--sessions 6] [--turns N] [--workloads even skewed]
-                                [--policies ...] [--max-tokens 8] [--think 1.0] [--busy-laps 2] [--rounds 5]
+                                [--policies ...] [--max-tokens 8] [--think 1.0] [--busy 2] [--busy-laps 2]
+                                [--rounds 5]
 
 Each round starts the sessions within 50 ms of each other, in an order of its own (seeded by the round: the same
 rounds every run); the figures are the rounds' medians, the counts their sums, as bench/routing.py gives them.
@@ -265,8 +266,8 @@ class Events:
 
         self.index = EventIndex()
 
-    def owed(self, stored: bool, since: float) -> None:
-        pass  # the simulated publisher never goes silent
+    def owed(self, stored: bool, since: float, last_block: int | None = None) -> None:
+        pass  # the simulated publisher never goes silent, nor falls behind: read at each step's end
 
 
 def run_policy(policy: str, profile: Profile, sessions: list[dict], args, starts: list[float]) -> dict:
@@ -359,7 +360,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--servers", type=int, default=2)
-    parser.add_argument("--sessions", type=int, default=6, help="sessions of the even workload; light ones + 2 busy")
+    parser.add_argument("--sessions", type=int, default=6, help="sessions of the even workload; light ones + the busy")
+    parser.add_argument("--busy", type=int, default=2, help="the skewed workload's busy sessions, all homed on one server")
     parser.add_argument("--turns", type=int, default=0, help="turns per session (0: the whole recording)")
     parser.add_argument("--workloads", nargs="+", default=["even", "skewed"], choices=["even", "skewed"])
     parser.add_argument("--policies", nargs="+", default=list(bench.POLICIES), choices=bench.POLICIES)

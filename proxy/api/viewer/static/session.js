@@ -65,7 +65,7 @@ function routeChip(route) {
       `${count(route.prefill_tokens)} to read + ${count(route.queued_tokens)} queued) ÷ ` +
       `${count(Math.round(route.prefill_rate))} tokens/s + ${secs(route.decode_seconds)} for ` +
       `${route.decoding} decoding` + (route.others_waiting ? `; ${route.others_waiting} others waiting` : "") +
-      (route.spread_seconds ? `; its prices miss by ±${secs(route.spread_seconds)}` : ""));
+      (route.spread_seconds ? `; the price may be off by ±${secs(route.spread_seconds)}` : ""));
   }
   if (route.runner_up) lines.push(`runner-up ${route.runner_up}: score ${route.runner_up_score}, load ` +
     `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted` +
