@@ -31,10 +31,13 @@ class PromptBlocks:
             yield key
 
     def key(self, block_size: int, n: int) -> int:
-        """The key of block `n` (from 0)."""
-        for _ in self.keys(block_size, n + 1):
-            pass
-        return self._keys[block_size][n]
+        """The key of block `n` (from 0): computed as far as it, where not yet."""
+        keys = self._keys.get(block_size)
+        if keys is None or len(keys) <= n:
+            for _ in self.keys(block_size, n + 1):
+                pass
+            keys = self._keys[block_size]
+        return keys[n]
 
     def usable_blocks(self, block_size: int) -> int:
         """Whole blocks vLLM may find cached: it computes at least the prompt's last token again."""
