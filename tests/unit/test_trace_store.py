@@ -301,3 +301,50 @@ def test_text_no_store_can_hold_fails_no_batch(stores):
     (row,) = store.list_traces()["data"]
     assert (row["model"], row["conversation"]) == ("\ufffdx", "c\ufffdd")
     assert store.session("c\x00d")["steps"][0]["trace_id"] == row["trace_id"]  # looked for as it was stored
+
+
+def _old_trace(store: SQLiteTraceStore) -> str:
+    """One request's trace, stored two hours ago: retention's to delete."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(store))
+    old = time.time_ns() - 2 * 3600 * 10**9
+    span = provider.get_tracer("test").start_span("chat m", start_time=old, attributes={"looptrace.endpoint": "chat"})
+    span.end(end_time=old)
+    return format(span.get_span_context().trace_id, "032x")
+
+
+def test_retention_waits_for_another_writer_on_the_file(tmp_path):
+    # A replay writes its spans into the serving process's file. SQLite cannot wait for another writer
+    # once a transaction has read (it fails at once: "database is locked"), and retention reads which
+    # traces to delete before it deletes them: it must take the write lock first.
+    store = SQLiteTraceStore(tmp_path / "traces.sqlite3", retention_seconds=3600)
+    store._last_retention = time.monotonic()  # not due while the old trace is written
+    trace_id = _old_trace(store)
+    other = sqlite3.connect(store.path, check_same_thread=False, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO lost_spans VALUES ('f' || hex(randomblob(15)), 1, 0)")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        store.enforce_retention()  # meets the other writer's lock and waits for it
+    finally:
+        release.join()
+        other.close()
+    assert store.get_trace(trace_id) is None
+    store.shutdown()
+
+
+def test_a_batch_is_stored_even_when_retention_after_it_fails(tmp_path, monkeypatch):
+    store = SQLiteTraceStore(tmp_path / "traces.sqlite3", retention_seconds=3600)
+
+    def locked(limit):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(store, "_retire", locked)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(store))
+    span = provider.get_tracer("test").start_span("chat m", attributes={"looptrace.endpoint": "chat"})
+    span.end()
+    assert store.export([span]) is SpanExportResult.SUCCESS  # stored; retention tries again later
+    assert store.get_trace(format(span.get_span_context().trace_id, "032x"))["complete"]
+    store.shutdown()

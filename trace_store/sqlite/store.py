@@ -2,7 +2,10 @@
 
 `export` runs on the exporting thread only (it owns the writing connection); reading is
 queries.py's, on connections of its own. Retention by age and by size runs between batches, a
-little at a time. Any SQLite failure fails the batch, which the processor counts as dropped.
+little at a time. Any SQLite failure fails the batch, which the processor counts as dropped; a
+failure of retention after it does not. Each transaction takes the write lock before it reads
+(BEGIN IMMEDIATE): another writer on the file (a replay, a second server) is then waited for, where a
+transaction that read first would fail at once on meeting it.
 Traces that lost spans on the way (`note_lost`) are marked in `lost_spans`, so that nobody reads
 them as whole.
 
@@ -79,15 +82,14 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             for span in spans:
                 batch.add(span)
             with db:
+                db.execute("BEGIN IMMEDIATE")
                 write(db, batch)
                 self._write_lost(db)
-            if self._retiring or time.monotonic() - self._last_retention > RETENTION_INTERVAL:
-                self._retiring = not self._retire(RETIRE_PER_BATCH)
-                self._last_retention = time.monotonic()
         except (sqlite3.Error, OSError) as exc:
             log.warning("trace store %s: %s", self.path, exc)
             self._close_writer()  # reopen next time: the disk may have room again
             return SpanExportResult.FAILURE
+        self._retain()
         if batch.stored and self.on_written is not None:
             try:
                 self.on_written(batch.stored)
@@ -116,6 +118,17 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             self._db.close()
             self._db = None
 
+    def _retain(self) -> None:
+        """Retention's turn after a batch, if due. Its failure is not the batch's: that is stored."""
+        if not self._retiring and time.monotonic() - self._last_retention <= RETENTION_INTERVAL:
+            return
+        try:
+            self._retiring = not self._retire(RETIRE_PER_BATCH)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("trace store %s: retention: %s", self.path, exc)
+            self._close_writer()
+        self._last_retention = time.monotonic()
+
     def enforce_retention(self) -> None:
         """All of retention, now."""
         while not self._retire(None):
@@ -129,6 +142,7 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
         cutoff = time.time_ns() - int(self.retention_seconds * 1e9)
         cap = -1 if limit is None else limit  # SQLite's LIMIT -1: none
         with db:
+            db.execute("BEGIN IMMEDIATE")
             deleted = self._delete(db, "SELECT trace_id FROM traces WHERE start_ns < ? ORDER BY start_ns LIMIT ?",
                                    (cutoff, cap))
             # Traces whose server span never arrived have no row in `traces`: their spans go by the
@@ -141,6 +155,7 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             if total:
                 chunk = max(1, total // 10)  # the oldest tenth at a time, until what is left fits
                 with db:
+                    db.execute("BEGIN IMMEDIATE")
                     self._delete(db, "SELECT trace_id FROM traces ORDER BY start_ns LIMIT ?",
                                  (chunk if limit is None else min(chunk, limit),))
                 return False
