@@ -28,6 +28,12 @@ of 0–0.5 s that later measured 1.1–1.6 s). A miss every price shares (a requ
 progress, or shares its step with prompts sent just after it) does not tell two servers apart; the spread does:
 routing.py moves a conversation only for a saving larger than the two prices can be told apart by.
 
+Each server also keeps the queue the pool's requests have lately found there (`met`, seconds: its queued and others'
+tokens priced, averaged over the requests sent to any server of the pool, each weighing MET_FORGET as much as the next:
+about the last 200). A price says what one request would wait now; a move also takes the conversation's later turns
+along, so routing.py moves one only off a home whose queue has lately been longer than the other's for more than a
+moment (a wave of turns that all the servers drain in turn is no reason to move).
+
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
 kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior
 (PRIOR_RATE tokens a second, no overhead, no decode pressure). The servers of a pool serve one model, mostly on like
@@ -61,6 +67,7 @@ PEERS = 0.5  # how much the peers' mean requests weigh in a server's fit, agains
 # SPREAD_WEIGHT misses. Past a few dozen misses it is a tenth of their weight (FORGET keeps about 20).
 SPREAD_PRIOR = 0.3
 SPREAD_WEIGHT = 2.0
+MET_FORGET = 0.995  # each request sent in the pool weighs this much less in `met` than the next (about 200 count)
 
 
 @dataclass(slots=True)
@@ -77,6 +84,7 @@ class Price:
     overhead: float
     per_decoding: float  # seconds each request decoding adds
     spread: float = 0.0  # how far it may be off: its standard deviation, seconds (ServerCost.spread)
+    met: float = 0.0  # the queue, in seconds, the pool's recent requests found there (ServerCost.met)
 
 
 class Ticket:
@@ -111,6 +119,7 @@ class ServerCost:
         self._fitted: tuple | None = None  # what _theta was fitted to: every server's count of answered requests
         self._fastest = np.inf  # the least time to first token seen: the overhead's bound
         self._misses = np.zeros(3)  # Σ weight × (1, miss, miss²) of answered requests, the miss ttft − expected
+        self.met = 0.0  # the queue in seconds the pool's recent requests found here, averaged (MET_FORGET)
 
     # -- the price --
 
@@ -178,12 +187,18 @@ class ServerCost:
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
         return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
-                     per_decoding, self.spread(seconds))
+                     per_decoding, self.spread(seconds), self.met)
+
+    def _found(self) -> None:
+        """A request was sent in the pool: the queue it found here joins the average."""
+        waiting = (self.queued() + self.others_waiting * self.per_request) * float(self.theta[1])
+        self.met = MET_FORGET * self.met + (1 - MET_FORGET) * waiting
 
     # -- what the backend tells it of each request --
 
     def sent(self, price: Price) -> Ticket:
-        self.queued()  # drained up to now: the new request waits behind what is left
+        for server in (self, *self.peers):  # before the request joins the queue: what it found
+            server._found()
         ticket = Ticket(price, measured=bool(self.answered or any(p.answered for p in self.peers)))
         self._pending.append(ticket)
         return ticket
@@ -224,6 +239,7 @@ class ServerCost:
         overhead, per_token, per_decoding = (float(v) for v in self.theta)
         return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
                 "per_decoding_seconds": round(float(per_decoding), 4), "spread_seconds": round(self.missing, 4),
+                "met_queue_seconds": round(self.met, 4),
                 "answered": self.answered,
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}
 

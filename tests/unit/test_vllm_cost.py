@@ -64,6 +64,12 @@ def queue(upstream: Upstream, tokens: int) -> cost.Ticket:
     return upstream.cost.sent(upstream.cost.price(tokens))
 
 
+def lasting(elsewhere: Upstream, requests: int = 20) -> None:
+    """The queues as they stand, found by the pool's next `requests` requests (sent to `elsewhere`, each answered as
+    priced): a queue that lasts, which a conversation's move off the home holding its prompt asks for."""
+    answer(elsewhere, [0.0] * requests)
+
+
 def holds(upstream: Upstream, *prompts: list[int]) -> None:
     for prompt in prompts:
         upstream.holdings.sent.sent(PromptBlocks(prompt))
@@ -190,7 +196,7 @@ def test_a_new_conversation_goes_to_the_cheapest_server(clock):
     queue(b, 300)
     route = pool.choose(conversation, SYSTEM + [7] * 100)
     assert (route.upstream, route.reason) == (c, "faster")
-    assert route.runner_up.upstream is b  # the next cheapest
+    assert route.runner_up.upstream is a  # its rendezvous server, which it left: the receipt says what that saved
     # With prices within a near-tie, its rendezvous server takes it: conversations spread as rendezvous spreads them.
     queue(c, 320)  # 420 tokens to read against b's 400: a near-tie
     route = pool.choose(named_for(pool, c, "tie"), SYSTEM + [8] * 100)
@@ -243,6 +249,8 @@ def test_a_server_that_answered_a_handful_is_not_trusted_to_the_second(clock):
         answer(upstream, [0.0] * 3)
     history = held_apart(home, other)
     waiting = queue(home, 200)  # the other would read 160 tokens more and wait for none of these 200
+    lasting(teacher)
+    assert routing.crowded(home.cost.price(1), other.cost.price(1))
 
     def saving(route) -> float:
         return route.runner_up.price.seconds - route.chosen.price.seconds
@@ -256,6 +264,7 @@ def test_a_server_that_answered_a_handful_is_not_trusted_to_the_second(clock):
     for upstream in (home, other):
         answer(upstream, [0.0] * 60)  # dozens more, each as priced: the spread is now theirs
     queue(home, 200)
+    lasting(teacher)
     moved = pool.choose(conversation, history + [1] * 20)
     assert moved.upstream is other and moved.reason == "faster", moved.receipt()
 
@@ -269,6 +278,7 @@ def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock
         answer(upstream, [0.0] * 100)  # prices that came true: no spread left to speak of
     history = held_apart(home, other)
     waiting = queue(home, 300)  # the other would read 160 tokens more and wait for none of these 300: about 1 s less
+    lasting(other)
 
     def saving(route) -> float:
         return route.chosen.price.seconds - route.runner_up.price.seconds
@@ -278,6 +288,7 @@ def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock
     home.cost.closed(waiting)
     answer(home, [-1.5, 1.5] * 30)  # the home's prices now miss by 1.5 s either way
     waiting = queue(home, 300)
+    lasting(other)
     kept = pool.choose(conversation, history + [1] * 20)
     assert kept.upstream is home and kept.reason == "home", kept.receipt()
     assert kept.runner_up.price.seconds < kept.chosen.price.seconds - routing.NEAR * kept.chosen.price.seconds
@@ -286,6 +297,56 @@ def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock
     assert kept.receipt()["runner_up_spread_seconds"] < kept.receipt()["spread_seconds"] / 3
     queue(home, 400)  # a queue worth more than the prices' spread: the move is made
     assert pool.choose(conversation, history + [1] * 20).upstream is other
+
+
+def test_the_queue_found_lately_averages_what_each_request_sent_in_the_pool_found(clock):
+    pool = pool_of()
+    busy, idle = pool.upstreams
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+    assert busy.cost.met == idle.cost.met == 0.0  # every request so far found both queues empty
+    queue(busy, 1300)  # 10 s of reading at 130 tokens a second, unanswered
+    lasting(idle, 10)  # ten requests sent to the other server: each finds it there
+    found = 1300 / busy.cost.rate
+    assert busy.cost.met == pytest.approx((1 - cost.MET_FORGET ** 10) * found, rel=0.02)
+    assert idle.cost.met == 0.0 and busy.cost.health()["met_queue_seconds"] == round(busy.cost.met, 4)
+    # vLLM's waiting requests beyond looptrace's are found too, each priced as the server's mean request.
+    busy.cost.reported(running=0, waiting=3)  # looptrace's one unanswered request and two of another client's
+    before = busy.cost.met
+    lasting(idle, 1)
+    waiting = (1300 + 2 * busy.cost.per_request) / busy.cost.rate
+    assert busy.cost.met == pytest.approx(cost.MET_FORGET * before + (1 - cost.MET_FORGET) * waiting, rel=0.02)
+
+
+def test_a_wave_of_turns_moves_no_conversation_and_a_queue_that_lasts_does(clock):
+    """In bench/routing_sim.py's H200-scaled even workload, waves of turns reaching one server and then the other moved
+    244 conversations in 2,400 requests, for 4.6 points of hits and a worse p99: each move was priced right for its
+    request, and took the conversation's later turns to a server that was no less loaded for long."""
+    pool = pool_of()
+    home, other = pool.upstreams
+    conversation = named_for(pool, home, "wave")
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+        answer(upstream, [0.0] * 100)  # prices that came true: the margin is the near-tie's
+    history = held_apart(home, other)
+    queue(home, 600)
+    queue(other, 600)
+    lasting(other)  # both queues alike for the last 20 requests
+    queue(home, 1400)  # a wave of turns reaching the home: 2,000 tokens ahead there, 600 at the other
+    kept = pool.choose(conversation, history + [1] * 20)
+    assert (kept.upstream, kept.reason) == (home, "home"), kept.receipt()
+    saving = kept.chosen.price.seconds - kept.runner_up.price.seconds
+    assert saving > routing.margin(kept.chosen.price, kept.runner_up.price) and saving > 5  # priced alone, it moves
+    assert not routing.crowded(kept.chosen.price, kept.runner_up.price)
+    # A conversation none of whose own prompt is held anywhere loses no cache: the cheaper server takes it now.
+    fresh = pool.choose(named_for(pool, home, "fresh"), SYSTEM + [9] * 100)
+    assert (fresh.upstream, fresh.reason, fresh.chosen.own) == (other, "faster", 0)
+    lasting(other, 40)  # the wave stays: the next 40 requests find it too
+    moved = pool.choose(conversation, history + [1] * 20)
+    assert (moved.upstream, moved.reason, moved.moved_from) == (other, "faster", home.name), moved.receipt()
+    receipt = moved.receipt()
+    assert receipt["runner_up"] == home.name
+    assert receipt["runner_up_met_queue_seconds"] > routing.CROWDED * receipt["met_queue_seconds"] > 0
 
 
 def test_every_policy_receipt_carries_the_price(clock):
@@ -299,7 +360,8 @@ def test_every_policy_receipt_carries_the_price(clock):
         assert receipt["prefill_rate"] == pytest.approx(CPU_RATE, rel=0.03)
         assert receipt["expected_ttft"] == pytest.approx(0.1 + (len(SYSTEM) + 1) / CPU_RATE, rel=0.05)
         assert {"runner_up_expected_ttft", "decode_seconds", "overhead_seconds", "others_waiting",
-                "decoding", "spread_seconds", "runner_up_spread_seconds"} <= set(receipt)
+                "decoding", "spread_seconds", "runner_up_spread_seconds", "met_queue_seconds",
+                "runner_up_met_queue_seconds"} <= set(receipt)
 
 
 def test_a_server_that_has_answered_nothing_is_priced_as_its_peers_measured_and_then_by_both(clock):
