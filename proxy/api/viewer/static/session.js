@@ -73,7 +73,7 @@ function routeChip(route) {
     (route.runner_up_expected_ttft !== undefined ? `, ${secs(route.runner_up_expected_ttft)} expected (` +
       `${count(route.runner_up_prefill_tokens)} to read + ${count(route.runner_up_queued_tokens)} queued` +
       (route.runner_up_spread_seconds ? `, ±${secs(route.runner_up_spread_seconds)}` : "") +
-      (route.runner_up_met_queue_seconds !== undefined ? `, ${secs(route.runner_up_met_queue_seconds)} lately` : "") +
+      (route.runner_up_met_queue_seconds !== undefined ? `, ${secs(route.runner_up_met_queue_seconds)} queued lately` : "") +
       ")" : ""));
   return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})${wait}`, title: lines.join("\n")};
 }
