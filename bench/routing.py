@@ -27,7 +27,10 @@ and its p50 TTFT is within 5 % of rendezvous's.
 With --receipts, looptrace keeps its traces (an SQLite store in the logs folder) and each request's receipt is
 read back: the JSON then holds them, and the cache prediction's error is split by whether the server had requests
 in flight when the request was routed (what an index cannot know yet: blocks stored or evicted between the
-choice and the server's scheduling of it) or was idle.
+choice and the server's scheduling of it) or was idle; and each round's slowest request (its p99: a round has
+fewer than 100 requests) is told with the crowd it met, the requests that waited for a first token beside it, by
+server: a wave of turns sent together, which any placement must split among the servers, bounds every policy's
+p99 (docs/routing.md).
 
     python bench/routing.py [--servers 2] [--sessions 6] [--turns N] [--rounds 1] [--workloads even skewed]
                             [--max-tokens 8] [--think 1.0] [--busy 2] [--busy-laps 2] [--max-model-len 8192]
@@ -139,14 +142,16 @@ def drive(port: int, sessions: list[dict], max_tokens: int) -> list[dict]:
     """Every session on a thread of its own, its turns one after another, as agents run side by side."""
     results: list[dict] = []
     lock = threading.Lock()
+    started = time.perf_counter()
 
     def run(session: dict) -> None:
         for n, messages in enumerate(session["turns"]):
             if n and session["think"]:
                 time.sleep(session["think"])
+            sent = time.perf_counter() - started
             result = one_turn(port, session["name"], messages, max_tokens)
             with lock:
-                results.append({**result, "session": session["name"]})
+                results.append({**result, "session": session["name"], "turn": n, "sent": round(sent, 3)})
             if result["error"]:
                 return  # the context is full (or the server failed): this session ends here
 
@@ -186,6 +191,7 @@ def run_policy(policy: str, vllms, events: list[str], sessions: list[dict], args
         if args.receipts:
             routing["receipts"] = receipts(looptrace, collections.Counter(r["session"] for r in results))
             routing["prediction_error_by_load"] = error_by_load(routing["receipts"])
+            routing["slowest"] = slowest(results, routing["receipts"])
     finally:
         looptrace.stop()
     return summary(policy, results, per_server, seconds, routing)
@@ -212,6 +218,29 @@ def receipts(looptrace, requests: dict[str, int]) -> list[dict]:
             out.append({"conversation": name, "server": decode.get("server.port"),
                         "prompt_tokens": prefill.get("looptrace.prefill.prompt_tokens"), **route})
     return out
+
+
+def slowest(results: list[dict], found: list[dict]) -> dict | None:
+    """The round's slowest request (its p99 at fewer than 100 requests) and the crowd it met: the requests whose
+    wait for a first token overlapped its own, by server, with their uncached prompt tokens (usage's). Any
+    placement of that crowd puts at least its count ÷ servers on one server: what no policy's p99 gets under."""
+    servers = collections.defaultdict(list)
+    for receipt in found:  # each conversation's receipts, oldest first: its turns in order
+        servers[receipt["conversation"]].append(receipt.get("server"))
+    done = [{**r, "server": (servers[r["session"]] + [None] * (r["turn"] + 1))[r["turn"]]}
+            for r in results if r["ttft"] is not None]
+    if not done:
+        return None
+    worst = max(done, key=lambda r: r["ttft"])
+    start, end = worst["sent"], worst["sent"] + worst["ttft"]
+    crowd: dict[str, dict] = {}
+    for r in done:
+        if r["sent"] < end and r["sent"] + r["ttft"] > start:
+            at = crowd.setdefault(str(r["server"]), {"requests": 0, "uncached_tokens": 0})
+            at["requests"] += 1
+            at["uncached_tokens"] += r["prompt"] - r["cached"]
+    return {"conversation": worst["session"], "turn": worst["turn"], "server": worst["server"],
+            "sent": worst["sent"], "ttft": round(worst["ttft"], 3), "crowd": crowd}
 
 
 def error_by_load(found: list[dict]) -> dict:
@@ -301,6 +330,9 @@ def merged(runs: list[dict]) -> dict:
     for key in ("requests", "failed", "moves"):
         out[key] = sum(r[key] for r in runs)
     out["per_server"] = [sum(col) for col in zip(*(r["per_server"] for r in runs))]
+    if "receipts" in out:  # every round's, each receipt saying which
+        out["receipts"] = [{"round": n, **x} for n, r in enumerate(runs) for x in r["receipts"]]
+        out["slowest"] = [r["slowest"] for r in runs]
     return out
 
 
