@@ -273,13 +273,14 @@ class Events:
 def run_policy(policy: str, profile: Profile, sessions: list[dict], args, starts: list[float]) -> dict:
     """One policy in front of fresh servers (empty caches, nothing learnt): every session's turns, in virtual time,
     each session's first at its `starts`."""
-    from looptrace.backends.vllm import cost, routing
+    from looptrace.backends.vllm import conversations, cost, routing
     from looptrace.backends.vllm.kv_index import PromptBlocks
     from looptrace.backends.vllm.pool import Pool
     from looptrace.backends.vllm.upstream import Upstream
 
     clock = Clock()
-    cost.time = SimpleNamespace(monotonic=clock.monotonic)  # the prices' clock is the simulation's
+    # the prices' clock, and the one that says which conversations each server keeps lately, is the simulation's
+    cost.time = conversations.time = SimpleNamespace(monotonic=clock.monotonic)
     upstreams = [Upstream(url) for url in args.urls]
     for upstream in upstreams:
         upstream.connected = upstream.reachable = True

@@ -236,6 +236,7 @@ ROUTE_DECODE_SECONDS = "looptrace.route.decode_seconds"  # what those add, as me
 ROUTE_OVERHEAD_SECONDS = "looptrace.route.overhead_seconds"  # the server's measured time to first token of no tokens
 ROUTE_SPREAD_SECONDS = "looptrace.route.spread_seconds"  # how far the price may be off: its std. deviation
 ROUTE_MET_QUEUE_SECONDS = "looptrace.route.met_queue_seconds"  # the queue recent requests found there, on average
+ROUTE_KEPT_CONVERSATIONS = "looptrace.route.kept_conversations"  # conversations it keeps lately (cache-aware)
 ROUTE_TTFT = "looptrace.route.ttft"  # the time to first token it then took (sent → first token)
 ROUTE_TTFT_ERROR = "looptrace.route.ttft_error"  # that minus expected_ttft
 ROUTE_RUNNER_UP_EXPECTED_TTFT = "looptrace.route.runner_up_expected_ttft"  # the runner-up's price
@@ -243,6 +244,7 @@ ROUTE_RUNNER_UP_PREFILL_TOKENS = "looptrace.route.runner_up_prefill_tokens"  # w
 ROUTE_RUNNER_UP_QUEUED_TOKENS = "looptrace.route.runner_up_queued_tokens"  # and what was queued there
 ROUTE_RUNNER_UP_SPREAD_SECONDS = "looptrace.route.runner_up_spread_seconds"  # and how far its may be off
 ROUTE_RUNNER_UP_MET_QUEUE_SECONDS = "looptrace.route.runner_up_met_queue_seconds"  # and the queue found there lately
+ROUTE_RUNNER_UP_KEPT_CONVERSATIONS = "looptrace.route.runner_up_kept_conversations"  # and the conversations it keeps
 
 # -- the decode span's token events ---------------------------------------------------------------
 

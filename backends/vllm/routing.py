@@ -13,11 +13,13 @@ leaves (`Route`), which the decode span, the metrics and the trace viewer show.
                   NEAR_SECONDS, and more than the two prices can be told apart by (each server's recent misses,
                   cost.py's spread). Its home is the server predicted to hold the most of its own prompt
                   (kv_index.py: beyond the prefix it shares with other conversations, a system prompt every server
-                  soon holds), or its rendezvous server while none holds any; once one holds it, the home must also
-                  be crowded: the queue the pool's recent requests found there at least CROWDED times the other's.
+                  soon holds); while none holds any, the server of its last request (conversations.py); for its
+                  first request, its rendezvous server. Once one holds it, the home must also be crowded: the queue
+                  the pool's recent requests found there at least CROWDED times the other's; while none does, a
+                  conversation under way moves only where that evens the conversations the servers keep lately.
                   So a move happens only where reading the conversation again elsewhere costs less than the queue it
-                  escapes, and only off a queue that lasts: its later turns go with it, and a wave of turns that each
-                  server drains in its turn is no reason to move them.
+                  escapes, and only off a queue that lasts or a server keeping more: its later turns go with it, and
+                  a wave of turns that each server drains in its turn is no reason to move them.
 
 A request without a conversation goes to the least loaded server (idle ones take turns) by rendezvous and
 least-loaded, to the least expected time to first token by cache-aware (idle ones take turns on ties).
@@ -34,7 +36,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .cost import MET_LEAST
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .cost import Price
     from .kv_index import PromptBlocks
     from .upstream import Upstream
@@ -60,6 +66,8 @@ class Candidate:
     load: int
     price: Price  # the request's expected time to first token there, and its terms
     home: bool = False
+    last: bool = False  # its conversation's last request went here
+    kept: int = 0  # the conversations it keeps lately (conversations.py; with cache-aware)
 
     def score(self, policy: str) -> float:
         """What the policy ranks by (the receipt's numbers): rendezvous its hash, least-loaded minus its load (higher
@@ -93,6 +101,8 @@ class Route:
                 "decode_seconds": round(price.per_decoding * price.decoding, 6),
                 "overhead_seconds": round(price.overhead, 6), "spread_seconds": round(price.spread, 6),
                 "met_queue_seconds": round(price.met, 6)}
+        if self.policy == "cache-aware":
+            body["kept_conversations"] = chosen.kept
         if other is not None:
             body.update(runner_up=other.upstream.name, runner_up_score=other.score(self.policy),
                         runner_up_predicted_cached_tokens=other.predicted, runner_up_load=other.load,
@@ -101,6 +111,8 @@ class Route:
                         runner_up_queued_tokens=round(other.price.queued + other.price.others_tokens),
                         runner_up_spread_seconds=round(other.price.spread, 6),
                         runner_up_met_queue_seconds=round(other.price.met, 6))
+            if self.policy == "cache-aware":
+                body["runner_up_kept_conversations"] = other.kept
         return body
 
 
@@ -111,9 +123,10 @@ def weight(conversation: str, url: str) -> int:
 
 
 def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
-               shared: int = 0) -> list[Candidate]:
+               shared: int = 0, kept: Mapping[str, int] | None = None, last: str | None = None) -> list[Candidate]:
     """Each live server as a policy sees it, in the order given (ties keep it). `shared`: the prompt's tokens
-    another conversation sent first."""
+    another conversation sent first; `kept`: each server's recent conversations; `last`: the server of the
+    conversation's last request."""
     out = []
     length = len(prompt.ids) if prompt is not None else 0
     for upstream in live:
@@ -121,7 +134,8 @@ def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlo
         load = upstream.load
         price = upstream.cost.price(max(1, length - predicted) if length else 0)
         out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted,
-                             max(0, predicted - shared), index, load.now, price))
+                             max(0, predicted - shared), index, load.now, price, last=upstream.name == last,
+                             kept=kept.get(upstream.name, 0) if kept else 0))
     if conversation:
         max(out, key=lambda c: c.weight).home = True
     return out
@@ -147,26 +161,36 @@ def margin(home: Price, other: Price) -> float:
     return max(NEAR * home.seconds, NEAR_SECONDS, (home.spread**2 + other.spread**2) ** 0.5)
 
 
+def evens(home: Candidate, other: Candidate) -> bool:
+    """Whether moving the conversation off the server of its last request leaves the other keeping no more recent
+    conversations than that server: what a move of one that holds no cache of its own yet asks for. It loses no
+    cache, but takes the conversation's later turns along, and one request's price at a wave's crest says nothing
+    of theirs."""
+    return other.kept + 1 <= home.kept - 1
+
+
 def crowded(home: Price, other: Price) -> bool:
     """Whether the home's queue has lately been long against the other's: the queue the pool's recent requests found
-    there (cost.py's `met`) at least CROWDED times the other's. A move takes the conversation's later turns along too:
-    a wave of turns, which each server drains in its turn, is no reason for one."""
-    return home.met > CROWDED * other.met
+    there (cost.py's `met`) at least CROWDED times the other's, once it averages MET_LEAST requests. A move takes the
+    conversation's later turns along too: a wave of turns, which each server drains in its turn, is no reason for
+    one."""
+    return home.found >= MET_LEAST and home.met > CROWDED * other.met
 
 
 def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list[Candidate], str]:
     if conversation and any(c.own for c in found):  # its cache is where its own prompt is held
-        for c in found:
-            c.home = False
-        max(found, key=lambda c: (c.own, c.weight)).home = True
+        _home(found, max(found, key=lambda c: (c.own, c.weight)))
+    elif any(c.last for c in found):  # none held yet: the server its last request went to keeps it
+        _home(found, next(c for c in found if c.last))
     ranked = sorted(found, key=lambda c: (c.price.seconds, not c.home))
     home = next((c for c in found if c.home), None)
     if home is None:
         return ranked, "faster"
     ranked.remove(home)
     # Another server takes the request for a saving past the margin, and where the home holds the conversation's own
-    # prompt, only off a crowded home: the move reads that prompt again, and its later turns go with it.
-    other = next((c for c in ranked if not home.own or crowded(home.price, c.price)), None)
+    # prompt, only off a crowded home: the move reads that prompt again, and its later turns go with it. Where none
+    # is held yet, a conversation already under way moves only where that evens the servers' conversations.
+    other = next((c for c in ranked if _may_leave(home, c)), None)
     if other is not None and home.price.seconds - other.price.seconds > margin(home.price, other.price):
         ranked.remove(other)
         ranked[:0] = [other, home]
@@ -175,14 +199,26 @@ def _cache_aware(found: list[Candidate], conversation: str | None) -> tuple[list
     return ranked, "home" if ranked[0].home else "faster"
 
 
+def _may_leave(home: Candidate, other: Candidate) -> bool:
+    if home.own:
+        return crowded(home.price, other.price)
+    return evens(home, other) if home.last else True
+
+
+def _home(found: list[Candidate], home: Candidate) -> None:
+    for c in found:
+        c.home = c is home
+
+
 POLICIES = {"rendezvous": _rendezvous, "least-loaded": _least_loaded, "cache-aware": _cache_aware}
 USES_LOAD = ("least-loaded", "cache-aware")  # the policies for which each server's /metrics is read
 
 
 def choose(policy: str, live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
-           retry: bool = False, shared: int = 0) -> Route:
+           retry: bool = False, shared: int = 0, kept: Mapping[str, int] | None = None,
+           last: str | None = None) -> Route:
     """The route for a request among the live servers (in the order in which idle ones should take turns)."""
-    ranked, reason = POLICIES[policy](candidates(live, conversation, prompt, shared), conversation)
+    ranked, reason = POLICIES[policy](candidates(live, conversation, prompt, shared, kept, last), conversation)
     if len(ranked) == 1:
         reason = "only"
     if retry:

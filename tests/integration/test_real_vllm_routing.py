@@ -310,6 +310,7 @@ def check_prices(server, spans: list[dict]) -> None:
         assert s["looptrace.route.reason"] in ("home", "faster", "retry"), s["looptrace.route.reason"]
         assert s["looptrace.route.spread_seconds"] > 0  # at least the prior's share of the price
         assert s["looptrace.route.met_queue_seconds"] >= 0 and s["looptrace.route.runner_up_met_queue_seconds"] >= 0
+        assert s["looptrace.route.kept_conversations"] >= 0 and s["looptrace.route.runner_up_kept_conversations"] >= 0
         if s["looptrace.route.reason"] == "faster":  # left its home (of two servers, the runner-up) only for a saving
             home, spreads = s["looptrace.route.runner_up_expected_ttft"], (s["looptrace.route.spread_seconds"],
                                                                            s["looptrace.route.runner_up_spread_seconds"])

