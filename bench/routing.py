@@ -227,8 +227,12 @@ def slowest(results: list[dict], found: list[dict]) -> dict | None:
     servers = collections.defaultdict(list)
     for receipt in found:  # each conversation's receipts, oldest first: its turns in order
         servers[receipt["conversation"]].append(receipt.get("server"))
-    done = [{**r, "server": (servers[r["session"]] + [None] * (r["turn"] + 1))[r["turn"]]}
-            for r in results if r["ttft"] is not None]
+
+    def server(r: dict) -> int | None:
+        turns = servers[r["session"]]
+        return turns[r["turn"]] if r["turn"] < len(turns) else None
+
+    done = [{**r, "server": server(r)} for r in results if r["ttft"] is not None]
     if not done:
         return None
     worst = max(done, key=lambda r: r["ttft"])

@@ -67,7 +67,7 @@ class Candidate:
     price: Price  # the request's expected time to first token there, and its terms
     home: bool = False
     last: bool = False  # its conversation's last request went here
-    kept: int = 0  # the conversations it keeps lately (conversations.py; with cache-aware)
+    kept: int | None = None  # the conversations it keeps lately (conversations.py), where counted: cache-aware
 
     def score(self, policy: str) -> float:
         """What the policy ranks by (the receipt's numbers): rendezvous its hash, least-loaded minus its load (higher
@@ -101,7 +101,7 @@ class Route:
                 "decode_seconds": round(price.per_decoding * price.decoding, 6),
                 "overhead_seconds": round(price.overhead, 6), "spread_seconds": round(price.spread, 6),
                 "met_queue_seconds": round(price.met, 6)}
-        if self.policy == "cache-aware":
+        if chosen.kept is not None:
             body["kept_conversations"] = chosen.kept
         if other is not None:
             body.update(runner_up=other.upstream.name, runner_up_score=other.score(self.policy),
@@ -111,7 +111,7 @@ class Route:
                         runner_up_queued_tokens=round(other.price.queued + other.price.others_tokens),
                         runner_up_spread_seconds=round(other.price.spread, 6),
                         runner_up_met_queue_seconds=round(other.price.met, 6))
-            if self.policy == "cache-aware":
+            if other.kept is not None:
                 body["runner_up_kept_conversations"] = other.kept
         return body
 
@@ -135,7 +135,7 @@ def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlo
         price = upstream.cost.price(max(1, length - predicted) if length else 0)
         out.append(Candidate(upstream, weight(conversation, upstream.url) if conversation else 0, predicted,
                              max(0, predicted - shared), index, load.now, price, last=upstream.name == last,
-                             kept=kept.get(upstream.name, 0) if kept else 0))
+                             kept=None if kept is None else kept.get(upstream.name, 0)))
     if conversation:
         max(out, key=lambda c: c.weight).home = True
     return out
