@@ -14,6 +14,7 @@ It lives here, the lowest package of every user (the API adapters, the vLLM back
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import orjson
@@ -40,3 +41,47 @@ def loads(text: str | bytes) -> object:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(digits: str) -> float:
+    value = float(digits)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"{digits[:32]} is past a float's range")
+    return value
+
+
+def loads_strict(text: str) -> object:
+    """JSON a client wrote inside a string (a past call's arguments), read as strict parsers read it: NaN,
+    Infinity and a number past a float's range (1e400) are a ValueError, where json takes them and writes
+    them back out as what no strict reader (JSON.parse, orjson) accepts; long integers stay whole."""
+    if _LONG_DIGITS.search(text) is None:
+        try:
+            return orjson.loads(text)  # refuses NaN, Infinity and 1e400 itself
+        except orjson.JSONDecodeError:
+            pass  # a lone surrogate's escape, which json reads: decided below
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
+
+
+def finite(value: object) -> object:
+    """`value` with each NaN or infinite float as None (null), as orjson writes them: for a writer that
+    must give strict JSON whatever reached it (an export line). A copy only where one is found."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps_line(record: object) -> str:
+    """One line of strict JSON, in ASCII (a lone surrogate a model wrote stays writable as its escape):
+    a non-finite number becomes null rather than the NaN that json would write."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(record), allow_nan=False)

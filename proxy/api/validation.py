@@ -155,10 +155,33 @@ def json_values(raw: bytes, most: int = MAX_JSON_VALUES) -> int:
     return count
 
 
+class ArgumentsAsWritten(dict):
+    """A past call's arguments that were not strict JSON (NaN, Infinity, 1e400): the template gets the
+    values as Python's json reads them, as before, and `text` keeps what the client wrote, which is what
+    the trace records, since no strict reader takes those numbers back."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: dict, text: str) -> None:
+        super().__init__(value)
+        self.text = text
+
+
+def _as_floats(value: Any) -> Any:
+    if type(value) is _NotFinite:
+        return float(value.text)  # json's own reading: nan, inf, -inf
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_floats(v) for k, v in value.items()}
+    return value
+
+
 def embedded_json(text: str, param: str) -> Any:
-    """JSON sent inside a string (a past call's arguments): held to what a body is held to."""
+    """JSON sent inside a string (a past call's arguments): held to what a body is held to; an object
+    with numbers JSON has not (NaN, Infinity, 1e400) is kept with the text as written (ArgumentsAsWritten)."""
     try:
-        value = json.loads(text)
+        value, not_finite = _json_loads(text, text.encode("utf-8", "surrogatepass"))
     except json.JSONDecodeError as exc:
         raise invalid(f"'{param}' is not valid JSON: {exc}", param=param) from exc
     except ValueError as exc:
@@ -168,7 +191,11 @@ def embedded_json(text: str, param: str) -> Any:
     if value is _MISSING or nesting(value) > MAX_DEPTH:
         raise invalid(f"'{param}' is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
                       param=param)
-    return _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
+    value = _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
+    if not_finite:
+        value = _as_floats(value)
+        return ArgumentsAsWritten(value, text) if isinstance(value, dict) else value
+    return value
 
 
 def _too_many_digits(where: str) -> str:

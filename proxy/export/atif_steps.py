@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from looptrace.common import attributes as attr
-from looptrace.common.jsonio import dumps, loads
+from looptrace.common.jsonio import dumps, loads, loads_strict
 
 from ..replay.read import Recorded
 
@@ -171,7 +171,7 @@ def _arguments(value: object) -> tuple[dict, str | None]:
         return value, None
     if isinstance(value, str):
         try:
-            parsed = loads(value)
+            parsed = loads_strict(value)  # NaN or 1e400 would make the line one strict readers refuse
         except ValueError:
             parsed = None
         return (parsed, None) if isinstance(parsed, dict) else ({}, value)

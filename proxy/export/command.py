@@ -23,12 +23,12 @@ masked 0 from where it differs. A forced opening (tool_choice) sits at the promp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
+from looptrace.common.jsonio import dumps_line
 from looptrace.common.sequences import common_prefix
 
 from ..replay.read import Recorded, ReplayError, open_reader, session_steps
@@ -143,7 +143,7 @@ def write(records: list[dict], fmt: str, out: str | None) -> int:
         stream = open(out, "w", encoding="utf-8") if out else sys.stdout
         try:
             for record in records:
-                stream.write(json.dumps(record) + "\n")  # ASCII: a lone surrogate a model wrote stays writable
+                stream.write(dumps_line(record) + "\n")  # strict JSON, whatever reached the store
             stream.flush()
         finally:
             if out:
@@ -182,7 +182,7 @@ def write_prime_rl(records: list[dict], out: str) -> int:
         ("length_penalties", pa.float32()), ("proofs", pa.binary()), ("step", pa.int32()),
         ("target_lengths", pa.int32()), ("loss_mask", pa.list_(pa.int8())), ("looptrace", pa.string()),
     ])
-    rows = [{**r, "looptrace": json.dumps(r["looptrace"])} for r in records]
+    rows = [{**r, "looptrace": dumps_line(r["looptrace"])} for r in records]
     with writing(out):
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
     return len(rows)

@@ -13,20 +13,22 @@ beta library with instrumentation dependencies; the tests check this output agai
 
 from __future__ import annotations
 
-from looptrace.common.jsonio import dumps, loads
+from looptrace.common.jsonio import dumps, loads_strict
 
 # Our finish reasons → the conventions' (`tool_call`, singular; the rest are the same words).
 FINISH_REASONS = {"tool_calls": "tool_call"}
 
 
 def _arguments(value: object) -> object:
-    """A call's arguments as an object where they are JSON, else as the text the model wrote."""
+    """A call's arguments as an object where they are strict JSON, else as the text the model or client
+    wrote (NaN or 1e400 read into a float would be written back out as what no strict reader takes)."""
     if isinstance(value, str):
         try:
-            return loads(value)
+            return loads_strict(value)
         except ValueError:
             return value
-    return value
+    as_written = getattr(value, "text", None)  # api/validation.py's ArgumentsAsWritten
+    return as_written if isinstance(as_written, str) else value
 
 
 def text_of(content: object) -> str:

@@ -39,3 +39,27 @@ def test_a_floats_long_digits_stay_on_orjsons_path(monkeypatch):
     monkeypatch.setattr(jsonio.json, "loads", refused)
     assert loads('{"logprob": -0.0012345678901234567, "big": 1.2345678901234567890e+29}') == {
         "logprob": -0.0012345678901234567, "big": 1.2345678901234567890e+29}
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": Infinity}', '[-Infinity]', '{"a": 1e400}', '{"a": -1e400}',
+                                  '{"a": 1e400, "c": 123456789012345678901234567890}'])
+def test_loads_strict_refuses_what_strict_readers_refuse(text):
+    """Issue 53, M1: a client's arguments holding these were written back out as NaN and Infinity."""
+    from looptrace.common.jsonio import loads_strict
+
+    with pytest.raises(ValueError):
+        loads_strict(text)
+
+
+def test_loads_strict_reads_json_whole():
+    from looptrace.common.jsonio import loads_strict
+
+    assert loads_strict('{"c": 123456789012345678901234567890, "f": 1.5e300, "s": "\\ud800"}') == {
+        "c": 123456789012345678901234567890, "f": 1.5e300, "s": "\ud800"}
+
+
+def test_an_export_line_is_strict_json_whatever_it_holds():
+    from looptrace.common.jsonio import dumps_line
+
+    line = dumps_line({"logprobs": [-0.5, float("-inf")], "x": {"y": [float("nan")]}, "n": 10**30, "s": "\ud800"})
+    assert line == '{"logprobs": [-0.5, null], "x": {"y": [null]}, "n": 1000000000000000000000000000000, "s": "\\ud800"}'
