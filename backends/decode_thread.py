@@ -119,10 +119,10 @@ class DecodeThread:
                 self.decode(request, emit_until_done)
             except BackendError as exc:
                 last[:] = [exc]
-            except Exception as exc:  # the client must hear why, and the thread must live on
+            except Exception:  # the client must hear why, and the thread must live on
                 log.exception("%s decoding failed", self.name)
-                last[:] = [BackendError(f"{self.name} decoding failed: {type(exc).__name__}: {exc}", status=500,
-                                        code="decode_failed")]
+                last[:] = [BackendError(f"{self.name} decoding failed on this request; the server's log has why",
+                                        status=500, code="decode_failed")]
             finally:
                 self.running -= 1
             for event in last:

@@ -205,8 +205,10 @@ class VLLMBackend:
         except aiohttp.ClientError as exc:  # the connection broke mid-stream
             raise cut(up.url, tokens.count, describe(exc)) from exc
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # a chunk we cannot read
-            raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read: "
-                               f"{type(exc).__name__}: {exc}", status=502, code="upstream_protocol") from exc
+            log.warning("the vLLM server at %s sent a chunk that could not be read: %r", up.url, exc)
+            raise BackendError(f"the vLLM server at {up.url} sent a chunk looptrace cannot read (not the shape of a "
+                               "vLLM completion chunk; the server's log has the fault)", status=502,
+                               code="upstream_protocol") from exc
         finally:
             up.running -= 1
             up.cost.closed(ticket)

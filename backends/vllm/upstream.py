@@ -260,4 +260,4 @@ def describe(exc: BaseException) -> str:
     os_error = getattr(exc, "os_error", None)
     if isinstance(os_error, ConnectionRefusedError):
         return "connection refused"
-    return str(exc) or type(exc).__name__
+    return str(exc) or "the connection failed"  # never the class's name: a person reads this

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 
 from aiohttp import web
@@ -64,6 +65,15 @@ def _shape_for(request: web.Request) -> ErrorShape | None:
         if path == prefix or path.startswith(prefix + "/"):
             return shape
     return None
+
+
+def internal_error(what: str) -> APIError:
+    """A bug, answered in the API's shape without Python in it (a client cannot act on `KeyError: 'x'`):
+    called in the `except` block, it logs the traceback under a short reference the answer gives."""
+    ref = secrets.token_hex(4)
+    log.exception("%s (error %s)", what, ref)
+    return APIError(500, f"The server failed while answering (error {ref}); its log says why under that reference.",
+                    type="server_error", code="internal_error")
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -129,10 +139,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         # The client left mid-answer (traced as 499): nothing to log. This response is never sent;
         # aiohttp finds the connection gone and lets it be, where a raise would log a traceback.
         return web.Response(status=499)
-    except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
-                        code="internal_error").response(_shape_for(request))
+    except Exception:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
+        return internal_error(f"unhandled error on {request.method} {request.path}").response(_shape_for(request))
 
 
 class ProtocolErrorsInOneLine(logging.Filter):

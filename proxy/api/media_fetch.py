@@ -97,7 +97,8 @@ async def _fetch(session: aiohttp.ClientSession, part: MediaPart, limits: MediaL
                                   param=part.param, code="media_too_large")
             mime = response.content_type.lower()
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise invalid(f"'{part.param}' could not be fetched ({type(exc).__name__}: {exc}).", param=part.param,
+        why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or "the connection failed"
+        raise invalid(f"'{part.param}' could not be fetched ({why}).", param=part.param,
                       code="media_fetch_failed") from exc
     kind = mime.split("/", 1)[0]
     if kind != part.kind:

@@ -20,6 +20,8 @@ import logging
 
 from .errors import APIError
 
+log = logging.getLogger("looptrace")
+
 MAX_PAGES = 1000
 MAX_BYTES = 32 * 1024 * 1024  # the specification's own bound on `file_data` (33,554,432 characters)
 REPAIRED_END = b"\nstartxref\n0\n%%EOF\n"  # lets pypdf rebuild a cross-reference table the file lacks
@@ -53,8 +55,24 @@ def pdf_text(encoded: str, where: str, filename: str | None = None) -> str:
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds on a broken file: each is the client's
-        raise _refused(where, f"the PDF could not be read ({type(exc).__name__}: {str(exc)[:200]}).") from None
+        raise _unreadable(exc, where) from None
     return "\n\n".join(pages)
+
+
+def _unreadable(exc: Exception, where: str) -> APIError:
+    """A PDF pypdf could not read, said in the user's words; pypdf's own words go to the log (they name its
+    classes and internals, nothing a client can act on)."""
+    from pypdf.errors import LimitReachedError
+
+    log.info("a PDF at %s could not be read: %r", where, exc)
+    if isinstance(exc, LimitReachedError):
+        from pypdf import get_configuration
+
+        limit = get_configuration().zlib_maximum_output_length
+        return _refused(where, f"the PDF expands past the limit of {limit / 1e6:g} MB when its contents are "
+                        "decompressed; it was not read.", "file_too_large")
+    return _refused(where, "the PDF is damaged: its structure could not be read. Save it again from the program "
+                    "that made it, or send its text.")
 
 
 def _pages_within_limit(reader, where: str) -> int:
@@ -99,7 +117,7 @@ def _reader(data: bytes, where: str):
             # table; pypdf rebuilds one by scanning the objects when pointed at a wrong one.
             reader = PdfReader(io.BytesIO(data + REPAIRED_END), strict=False)
     except Exception as exc:  # noqa: BLE001 - a file that is not a readable PDF
-        raise _refused(where, f"the PDF could not be read ({type(exc).__name__}: {str(exc)[:200]}).") from None
+        raise _unreadable(exc, where) from None
     if reader.is_encrypted:
         raise _refused(where, "the PDF is encrypted; send it decrypted (this server cannot ask for a password).",
                        "encrypted_file")

@@ -29,7 +29,7 @@ from looptrace.backends.base import BackendError
 from ..engine.generation import Generation
 from ..engine.request import Step
 from ..observe.telemetry import RequestTelemetry
-from .errors import APIError, ClientStoppedReading, answered
+from .errors import APIError, ClientStoppedReading, answered, internal_error
 
 log = logging.getLogger("looptrace")
 
@@ -250,11 +250,9 @@ async def relay(request: web.Request, generation: Generation, fmt: StreamFormat,
             end = fmt.failed(answered(request, err), generation)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
-            log.exception("%s stream failed", fmt.name)
+        except Exception:  # noqa: BLE001 - the stream is open: the error must end it in the API's shape
             trace.stream_failed("internal_error")
-            end = fmt.failed(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
-                                      code="internal_error"), generation)
+            end = fmt.failed(internal_error(f"{fmt.name} stream failed"), generation)
         finally:
             pacer.cancel()
         if before_end is not None:

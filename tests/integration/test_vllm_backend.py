@@ -387,8 +387,8 @@ FAILURES = {
         f"the vLLM server at {url} failed after 3 tokens: Internal server error")),
     # A Chat Completions stream used to die without a word here (an AttributeError nobody caught).
     "malformed chunk": ({"arm": {"kind": "malformed", "after": 3}}, 3, 502, lambda url, n, route: (
-        f"the vLLM server at {url} sent a chunk looptrace cannot read: AttributeError: 'str' object has no "
-        f"attribute 'get'")),
+        f"the vLLM server at {url} sent a chunk looptrace cannot read (not the shape of a vLLM completion chunk; "
+        f"the server's log has the fault)")),
 }
 
 

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -93,7 +94,7 @@ def test_nesting_is_bounded(replay_app):
     assert chat(replay_app)[0] == 200  # and the server lives on
 
 
-def test_a_chat_stream_that_breaks_ends_with_an_error_frame(replay_app, monkeypatch):
+def test_a_chat_stream_that_breaks_ends_with_an_error_frame(replay_app, monkeypatch, caplog):
     # Not a BackendError: anything at all. The stream is open, so the error must end it in the API's shape.
     class Broken(Wrapped):
         async def generate(self, request):
@@ -108,7 +109,11 @@ def test_a_chat_stream_that_breaks_ends_with_an_error_frame(replay_app, monkeypa
     assert status == 200
     events = sse_events(data)
     assert events[-1] == "[DONE]"
-    assert events[-2]["error"]["code"] == "internal_error" and "a bug" in events[-2]["error"]["message"]
+    error = events[-2]["error"]
+    assert error["code"] == "internal_error" and "a bug" not in error["message"], error  # the bug is the log's
+    ref = re.search(r"error ([0-9a-f]{8})", error["message"]).group(1)
+    logged = [r for r in caplog.records if ref in r.getMessage()]
+    assert logged and "a bug" in str(logged[0].exc_info[1]), logged  # found there by the answer's reference
 
 
 def test_a_store_that_cannot_be_read_is_a_503_and_serving_goes_on(qwen3_5_dir, tmp_path):

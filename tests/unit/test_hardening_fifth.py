@@ -4,7 +4,12 @@ shutdown that does not wait on a dead collector, and a replay out of answers sai
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import re
+import struct
+import zlib
 
 import pyarrow.parquet as pq
 import pytest
@@ -89,3 +94,92 @@ def test_a_hostile_history_leaves_every_export_line_strict_json(app, tmp_path):
     calls = [c for step in trajectory["steps"] for c in step.get("tool_calls", ())]
     kept = [c for c in calls if c["tool_call_id"] == "call_1"]
     assert kept and kept[0]["extra"]["arguments_text"] == HOSTILE_ARGUMENTS, kept  # kept as the client wrote it
+
+
+# ---------------------------------------------------------------------------------------------
+# L1: errors in the user's words
+# ---------------------------------------------------------------------------------------------
+
+PYTHON_NAMES = re.compile(r"\b\w*(Error|Exception|Warning)\b|Traceback|NoneType|object has no attribute")
+
+
+def bomb_pdf(expanded: int = 80_000_000) -> bytes:
+    """A PDF whose page tree sits in an object stream that inflates to `expanded` bytes: the page walk
+    itself must decompress it (a cross-reference stream points into it)."""
+    header = b"2 0 "
+    body = b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>"
+    packed = zlib.compress(header + body + b" " * (expanded - len(header) - len(body)), 9)
+    objects = {1: b"<< /Type /Catalog /Pages 2 0 R >>",
+               3: b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] >>",
+               4: b"<< /Type /ObjStm /N 1 /First %d /Filter /FlateDecode /Length %d >>\nstream\n" % (len(header), len(packed))
+               + packed + b"\nendstream"}
+    out, offsets = bytearray(b"%PDF-1.5\n"), {}
+    for number, text in objects.items():
+        offsets[number] = len(out)
+        out += b"%d 0 obj\n" % number + text + b"\nendobj\n"
+    xref_at = len(out)
+    rows = [struct.pack(">BIH", 0, 0, 65535), struct.pack(">BIH", 1, offsets[1], 0), struct.pack(">BIH", 2, 4, 0),
+            struct.pack(">BIH", 1, offsets[3], 0), struct.pack(">BIH", 1, offsets[4], 0),
+            struct.pack(">BIH", 1, xref_at, 0)]
+    data = b"".join(rows)
+    out += (b"5 0 obj\n<< /Type /XRef /Size 6 /W [1 4 2] /Root 1 0 R /Length %d >>\nstream\n" % len(data) + data
+            + b"\nendstream\nendobj\nstartxref\n%d\n%%%%EOF\n" % xref_at)
+    return bytes(out)
+
+
+def asking_pdf(pdf: bytes) -> dict:
+    return {"model": MODEL, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What does it say?"},
+        {"type": "input_file", "filename": "x.pdf", "file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode()}]}]}
+
+
+@pytest.mark.parametrize(("pdf", "said", "code"), [
+    (lambda: b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 9 0 R >> garbage", "the PDF is damaged", "invalid_file"),
+    (bomb_pdf, "expands past the limit of 75 MB", "file_too_large"),
+], ids=["malformed", "decompression_bomb"])
+def test_an_unreadable_pdf_is_said_in_the_users_words(app, pdf, said, code, caplog):
+    """L1: these were "the PDF could not be read (AttributeError: 'NoneType' object has no attribute
+    'get_object')" and "(LimitReachedError: Limit reached while decompressing. …)"."""
+    with caplog.at_level(logging.INFO, logger="looptrace"):
+        status, answer = app.call("POST", "/v1/responses", asking_pdf(pdf()))
+    assert status == 400 and answer["error"]["code"] == code, answer
+    assert said in answer["error"]["message"] and not PYTHON_NAMES.search(answer["error"]["message"]), answer
+    assert any("could not be read" in r.getMessage() for r in caplog.records)  # pypdf's words are logged
+
+
+# ---------------------------------------------------------------------------------------------
+# L2: a WebSocket stream_id is what OpenAI's protocol allows
+# ---------------------------------------------------------------------------------------------
+
+
+def socket_events(app: AppThread, *creates: dict) -> list[dict]:
+    """Each response.create sent on one socket, and every event until each has ended (an error included)."""
+    from websockets.sync.client import connect
+
+    events, ended = [], 0
+    with connect(app.url.replace("http", "ws") + "/v1/responses", max_size=None) as ws:
+        for create in creates:
+            ws.send(json.dumps({"type": "response.create", "model": MODEL, "store": False, **create}))
+        while ended < len(creates):
+            event = json.loads(ws.recv(timeout=30))
+            events.append(event)
+            ended += event["type"] in ("response.completed", "response.failed", "response.incomplete", "error")
+    return events
+
+
+@pytest.mark.parametrize("lane", ["\u0000\n<script>", "", "a b", "lane/1", "é", "l" * 257])
+def test_a_stream_id_outside_the_protocols_shape_is_refused_and_not_echoed(app, lane):
+    """L2: `"\\u0000\\n<script>"` was served and echoed on every event of its responses."""
+    (error,) = socket_events(app, {"input": "x", "stream_id": lane})
+    assert error["type"] == "error" and error["status"] == 400, error
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_stream_id", "stream_id"), error
+    assert "stream_id" not in error, error  # nothing of the refused id comes back
+
+
+def test_a_stream_id_the_protocol_allows_is_served_and_echoed(app):
+    lanes = ["a.b-c_1", "L" * 256]
+    app.replay(*["\n</think>\n\nOk.<|im_end|>"] * len(lanes))
+    events = socket_events(app, *({"input": "x", "stream_id": lane} for lane in lanes))
+    done = {e["stream_id"] for e in events if e["type"] == "response.completed"}
+    assert done == set(lanes), events[-1]
+    assert all(e.get("stream_id") in lanes for e in events), events

@@ -160,7 +160,7 @@ async def _key(summaries: Summaries) -> bytes:
     except Exception as exc:  # noqa: BLE001 - said to the client: compaction needs the store's key
         where = summaries.state.where if isinstance(summaries, SharedSummaries) else "?"
         raise APIError(503, f"Compaction needs the key kept in the store at {where}, which does not answer: "
-                       f"{str(exc).strip() or type(exc).__name__}", type="server_error",
+                       f"{str(exc).strip() or 'no reason given'}", type="server_error",
                        code="compaction_store_unavailable") from exc
 
 

@@ -167,7 +167,7 @@ def _not_found(response_id: str) -> APIError:
 
 
 def _unavailable(where: str, exc: Exception) -> APIError:
-    reason = str(exc).strip() or type(exc).__name__
+    reason = str(exc).strip() or "no reason given"
     return APIError(503, f"The response store at {where} does not answer: {reason}", type="server_error",
                     code="response_store_unavailable")
 

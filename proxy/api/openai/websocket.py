@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -39,7 +40,7 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from ...engine.errors import Refused, Unavailable
-from ..errors import APIError, ClientStoppedReading, answered, invalid
+from ..errors import APIError, ClientStoppedReading, answered, internal_error, invalid
 from ..serving import traced
 from ..validation import field, json_object
 from .response_store import RESPONSE_STORE
@@ -53,6 +54,7 @@ MAX_MESSAGE_BYTES = 256 * 1024**2  # as an HTTP body (app.py's client_max_size)
 MAX_LANES = 16
 MAX_QUEUED = 16
 MAX_LANE_ID = 256  # characters of a stream_id
+LANE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,%d}" % MAX_LANE_ID)  # what OpenAI's protocol allows a stream_id
 IDLE_SECONDS = 3600.0
 KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may name (its lanes' latest, and more)
 TRANSPORT_ONLY = ("type", "stream_id", "stream", "stream_options")  # the envelope, and HTTP's streaming switches
@@ -119,13 +121,15 @@ class Socket:
                 raise invalid(f"Unknown event type {kind!r}: this socket takes 'response.create' (and "
                               "'response.steer').", param="type", code="unknown_event")
             lane = field(event, "stream_id", str, "stream_id")
-            if lane is not None and not 0 < len(lane) <= MAX_LANE_ID:
-                # It is repeated in every event of the lane's responses: a long one would be copied thousands of times.
-                raise invalid(f"'stream_id' must be 1 to {MAX_LANE_ID} characters.", param="stream_id")
+            if lane is not None and not LANE_ID.fullmatch(lane):
+                # OpenAI's protocol: it is echoed on every event of the lane's responses, so it must be short and
+                # plain (no control characters or markup to copy thousands of times into a client's log).
+                raise invalid(f"'stream_id' must be 1 to {MAX_LANE_ID} characters of A-Z, a-z, 0-9, '_', '.' "
+                              "and '-'.", param="stream_id", code="invalid_stream_id")
             self.queue(event, lane)
         except APIError as err:
             lane = event.get("stream_id")
-            await self.error(err, lane if isinstance(lane, str) else None)
+            await self.error(err, lane if isinstance(lane, str) and LANE_ID.fullmatch(lane) else None)
 
     def queue(self, event: dict, lane_id: str | None) -> None:
         lane = self.lanes.get(lane_id)
@@ -167,10 +171,8 @@ class Socket:
             await self.error(err if isinstance(err, APIError) else answered(self.request, err), lane_id)
         except (ClientStoppedReading, ConnectionResetError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer, as an error event, and be logged
-            log.exception("WebSocket %s: response.create failed", self.id)
-            await self.error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
-                                      code="internal_error"), lane_id)
+        except Exception:  # noqa: BLE001 - a bug must still answer, as an error event, and be logged
+            await self.error(internal_error(f"WebSocket {self.id}: response.create failed"), lane_id)
 
     async def previous(self, body: dict) -> list | None:
         """The conversation `previous_response_id` continues: this socket's own first (stored or not)."""
