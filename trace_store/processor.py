@@ -19,6 +19,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from looptrace.common import attributes as attr
+
 log = logging.getLogger("looptrace.trace")
 
 MAX_LOST_TRACES = 100_000  # trace ids remembered as incomplete until the sink hears of them
@@ -59,8 +61,10 @@ class QueueingSpanProcessor(SpanProcessor):
 
     def __init__(self, exporter: SpanExporter, *, name: str, on_dropped: Callable[[str, int], None],
                  on_lost: Callable[[dict[int, int]], None] | None = None, max_queue: int = 16384,
-                 max_bytes: int = 256 << 20, max_batch: int = 1024, outgoing: Outgoing | None = None) -> None:
+                 max_bytes: int = 256 << 20, max_batch: int = 1024, outgoing: Outgoing | None = None,
+                 last_flush_seconds: float = 10.0) -> None:
         self.exporter = exporter
+        self.last_flush_seconds = last_flush_seconds  # shutdown's bound on writing what is still queued
         self._outgoing = outgoing
         self.name = name
         self._on_dropped = on_dropped
@@ -72,6 +76,7 @@ class QueueingSpanProcessor(SpanProcessor):
         self._spans: deque[tuple[ReadableSpan, int]] = deque()
         self._held_bytes = 0
         self._unfinished = 0  # queued or being exported
+        self._in_flight = 0  # spans of the batch being exported
         self._lost: dict[int, int] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -140,7 +145,9 @@ class QueueingSpanProcessor(SpanProcessor):
                 except Exception:  # noqa: BLE001 - marking is best effort; the spans are counted already
                     log.exception("trace sink %s could not note lost spans", self.name)
             if batch or (lost and self._on_lost is not None):
+                self._in_flight = len(batch)
                 self._export(batch)  # an empty batch still stores the marks just noted
+                self._in_flight = 0
             elif self._stopping:
                 return
             with self._lock:
@@ -174,7 +181,17 @@ class QueueingSpanProcessor(SpanProcessor):
         if interrupt is not None:
             interrupt()
         with self._lock:
+            if self._stopping:
+                return
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=self.last_flush_seconds)
+        if self._thread.is_alive():  # a sink that does not answer: what it has not taken is let go, counted
+            with self._lock:
+                left = len(self._spans) + self._in_flight + (self._outgoing.held if self._outgoing else 0)
+            if left > 0:
+                self._on_dropped(self.name, left)
+                log.warning("trace sink %s did not take the last %d spans within %g s of shutdown: they were dropped "
+                            "(counted in %s_total)", self.name, left, self.last_flush_seconds,
+                            attr.METRIC_TRACE_SPANS_DROPPED)
         self.exporter.shutdown()

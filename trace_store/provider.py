@@ -23,6 +23,11 @@ def otlp_traces_url(endpoint: str) -> str:
     return endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
 
 
+# A collector is a remote server that may never answer: shutdown gives it this long for what is left,
+# where the store (a local file, or PostgreSQL with its own interrupt) gets the processor's default.
+OTLP_LAST_FLUSH_SECONDS = 3.0
+
+
 def build_provider(*, store=None, otlp_endpoint: str | None,
                    on_dropped: Callable[[str, int], None], service_name: str = "looptrace",
                    attributes: dict | None = None,
@@ -50,7 +55,8 @@ def build_provider(*, store=None, otlp_endpoint: str | None,
         exporter = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=10)
         # Whole spans, tool calls with their results (otlp.py): from the store where another process took the turn.
         outgoing = OutgoingSpans(hold=content, lookup=store.tool_results if store is not None else None)
-        processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped, outgoing=outgoing))
+        processors.append(QueueingSpanProcessor(exporter, name="otlp", on_dropped=on_dropped, outgoing=outgoing,
+                                                last_flush_seconds=OTLP_LAST_FLUSH_SECONDS))
     for processor in processors:
         provider.add_span_processor(processor)
     return provider, processors
