@@ -54,7 +54,6 @@ class ReplayBackend:
     route = None
     expands_media = False
     media_refusal = ""
-    serving = True
     upstreams: tuple = ()
 
     def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
@@ -68,8 +67,13 @@ class ReplayBackend:
         self.running = 0
         self.waiting = 0  # one request's turn does not wait for another's
 
+    @property
+    def serving(self) -> bool:
+        """False once every recorded step was served: out of answers (/health says `replay_spent`)."""
+        return self._next < len(self._steps)
+
     def health_details(self) -> dict:
-        return {"replay": {"steps": len(self._steps), "served": self._next}}
+        return {"replay": {"steps": len(self._steps), "served": self._next, "spent": not self.serving}}
 
     async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
         raise BackendError("The replay backend serves recorded output and has no model to score with.", status=400,
@@ -77,9 +81,10 @@ class ReplayBackend:
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         if self._next >= len(self._steps):
+            # Not a failure: the server is out of answers, as a server out of capacity is (503).
             raise BackendError(
-                f"the replay has no step left: all {len(self._steps)} recorded steps were served",
-                status=500, code="replay_exhausted",
+                f"the replay is spent: all {len(self._steps)} recorded steps were served; restart looptrace (or give "
+                "--replay a longer recording) to serve more", status=503, code="replay_exhausted",
             )
         ids = self._steps[self._next]
         self._next += 1

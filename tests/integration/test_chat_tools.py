@@ -96,7 +96,7 @@ def test_a_session_of_tool_calls(qwen_replay):
 
     # 7. the replay is used up: a clear error, not a hang
     status, error = qwen_replay.post("/v1/chat/completions", {"model": "qwen", "messages": ASK})
-    assert status == 500 and error["error"]["code"] == "replay_exhausted"
+    assert status == 503 and error["error"]["code"] == "replay_exhausted"
     assert "all 6 recorded steps were served" in error["error"]["message"]
 
 

@@ -53,9 +53,9 @@ def test_the_openai_sdk_reads_through_the_keepalives(replay_app, monkeypatch):
 def test_a_quick_refusal_keeps_its_status_code(replay_app, caplog):
     replay_app.replay()  # nothing left to replay: the backend refuses at once, before the stream opens
     status, kind, data = chat_stream(replay_app)
-    assert status == 500 and kind.startswith("application/json")
+    assert status == 503 and kind.startswith("application/json")
     assert json.loads(data)["error"]["code"] == "replay_exhausted"
-    assert any("the backend failed with 500 replay_exhausted" in r.getMessage() for r in caplog.records)
+    assert any("the backend failed with 503 replay_exhausted" in r.getMessage() for r in caplog.records)
 
 
 def test_a_failure_after_the_stream_opened_is_an_error_frame(replay_app, monkeypatch, caplog):

@@ -183,3 +183,23 @@ def test_a_stream_id_the_protocol_allows_is_served_and_echoed(app):
     done = {e["stream_id"] for e in events if e["type"] == "response.completed"}
     assert done == set(lanes), events[-1]
     assert all(e.get("stream_id") in lanes for e in events), events
+
+
+# ---------------------------------------------------------------------------------------------
+# L4: a replay out of answers is a 503, and /health says so
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_spent_replay_is_a_503_and_health_says_spent(app):
+    """L4: each request past the recording was a 500, the server failing, where it is out of answers."""
+    app.replay("Only one.<|im_end|>")
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    assert app.call("GET", "/health")[1]["replay"] == {"steps": 1, "served": 0, "spent": False}
+    assert app.call("POST", "/v1/chat/completions", ask)[0] == 200
+    status, error = app.call("POST", "/v1/chat/completions", ask)
+    assert (status, error["error"]["code"], error["error"]["type"]) == (503, "replay_exhausted", "server_error"), error
+    assert "the replay is spent: all 1 recorded steps were served" in error["error"]["message"], error
+    status, health = app.call("GET", "/health")
+    assert (status, health["status"], health["replay"]["spent"]) == (503, "replay_spent", True), health
+    app.replay("Again.<|im_end|>")
+    assert app.call("GET", "/health")[:1] == (200,)

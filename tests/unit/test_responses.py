@@ -335,7 +335,7 @@ def test_a_stored_response_is_read_back_and_deleted_by_the_sdk(replay_app):
 def test_refusals_before_streaming_keep_their_http_status(replay_app):
     replay_app.replay()  # nothing left to replay: the backend refuses at once
     status, kind, data = respond(replay_app, stream=True)
-    assert status == 500 and kind.startswith("application/json")
+    assert status == 503 and kind.startswith("application/json")
     assert json.loads(data)["error"]["code"] == "replay_exhausted"
 
     status, _, data = respond(replay_app, stream=True, model="gpt-5")
