@@ -121,6 +121,10 @@ def _server_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--revision", help="a branch, tag or commit of a Hub checkpoint, pinned for reproducibility")
     serve.add_argument("--api-key", default=os.environ.get("LOOPTRACE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (default: $LOOPTRACE_API_KEY)")
+    serve.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                       help="a Host name clients reach this server by, besides IP addresses and localhost, which are "
+                       "always answered (repeat for more; '*': any, behind a proxy that checks names): any other "
+                       "name is refused with a 403, so that a web page cannot read traces by DNS rebinding")
     serve.add_argument("--max-model-len", type=positive, help="context length to allow (default: the checkpoint's)")
     serve.add_argument("--workers", type=int, default=_default("workers"), metavar="N",
                        help="server processes on the one port, for a relay (--backend vllm or replay): each has an "

@@ -17,6 +17,8 @@ class Settings:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     api_key: str | None = None
+    # Host names answered besides IP addresses and localhost (api/hosts.py: DNS rebinding); "*": any.
+    allowed_hosts: list[str] = field(default_factory=list)
     max_model_len: int | None = None  # None: the checkpoint's own
     workers: int = 1  # server processes on the one port (a relay's backend only; proxy/workers.py)
     enforce_eager: bool = False  # no CUDA graph for the decode step

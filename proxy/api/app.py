@@ -13,6 +13,7 @@ from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from . import anthropic, native, openai, rollouts, viewer
 from .errors import APIError, error_middleware
+from .hosts import host_check
 from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
 from .monitoring import health, metrics
 from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
@@ -29,7 +30,8 @@ HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
-    app = web.Application(middlewares=[pages.security_headers, error_middleware, _auth_middleware],
+    app = web.Application(middlewares=[pages.security_headers, error_middleware, host_check(settings.allowed_hosts),
+                                       _auth_middleware],
                           client_max_size=256 * 1024**2, handler_args=HTTP_LIMITS)
     answer_unreadable_requests(app)  # a request aiohttp cannot read still gets the API's error shape
     app[SETTINGS] = settings
