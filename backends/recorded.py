@@ -54,6 +54,7 @@ class ReplayBackend:
     route = None
     expands_media = False
     media_refusal = ""
+    serving = True  # up, whether or not it has answers left (/health says `replay.spent`)
     upstreams: tuple = ()
 
     def __init__(self, steps: list[dict], vocab: Vocabulary) -> None:
@@ -67,13 +68,10 @@ class ReplayBackend:
         self.running = 0
         self.waiting = 0  # one request's turn does not wait for another's
 
-    @property
-    def serving(self) -> bool:
-        """False once every recorded step was served: out of answers (/health says `replay_spent`)."""
-        return self._next < len(self._steps)
-
     def health_details(self) -> dict:
-        return {"replay": {"steps": len(self._steps), "served": self._next, "spent": not self.serving}}
+        spent = self._next >= len(self._steps)
+        return {"replay": {"steps": len(self._steps), "served": self._next, "spent": spent},
+                **({"reason": "the replay is spent: every recorded step was served"} if spent else {})}
 
     async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
         raise BackendError("The replay backend serves recorded output and has no model to score with.", status=400,

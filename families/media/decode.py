@@ -14,10 +14,21 @@ import base64
 import binascii
 import hashlib
 import io
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .parts import MediaError, MediaLimits, MediaPart
+
+log = logging.getLogger("looptrace")
+
+
+def _undecodable(kind: str, param: str, exc: Exception) -> MediaError:
+    """A file its decoder refused, said in the user's words; the decoder's own (pillow's, FFmpeg's: a
+    class name and an object's address) goes to the log."""
+    log.info("the %s at %s could not be decoded: %r", kind, param, exc)
+    return MediaError(f"The {kind} at {param} could not be decoded: it is damaged, or not in a format this server "
+                      "reads.", param)
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
@@ -34,8 +45,7 @@ def image_size(part: MediaPart, limits: MediaLimits) -> tuple[int, int]:
         raise MediaError(f"The image at {part.param} is larger than the limit of {limits.max_pixels:,} pixels "
                          f"(--media-max-pixels): {exc}", part.param, code="media_too_large") from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
+        raise _undecodable("image", part.param, exc) from exc
     if width * height > limits.max_pixels:
         raise MediaError(f"The image at {part.param} is {width}×{height} pixels; the limit is "
                          f"{limits.max_pixels:,} pixels (--media-max-pixels).", part.param, code="media_too_large")
@@ -57,8 +67,7 @@ def decode_image(part: MediaPart, limits: MediaLimits) -> Any:
         ImageOps.exif_transpose(image, in_place=True)
         image = _rgb(image)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise MediaError(f"The image at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
+        raise _undecodable("image", part.param, exc) from exc
     part.info = {"format": fmt, "width": image.width, "height": image.height, "bytes": len(data),
                  "sha256": hashlib.sha256(data).hexdigest()}
     return image
@@ -87,8 +96,7 @@ def decode_audio(part: MediaPart, limits: MediaLimits, rate: int) -> Any:
     except MediaError:
         raise
     except (av.error.FFmpegError, ValueError, IndexError) as exc:
-        raise MediaError(f"The audio at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
+        raise _undecodable("audio", part.param, exc) from exc
     audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
     if audio.size == 0:
         raise MediaError(f"The audio at {part.param} holds no samples.", part.param)
@@ -140,8 +148,7 @@ def decode_video(part: MediaPart, limits: MediaLimits, sample: Callable[[int, fl
     except MediaError:
         raise
     except (av.error.FFmpegError, ValueError, IndexError) as exc:
-        raise MediaError(f"The video at {part.param} could not be decoded ({type(exc).__name__}: {exc}).",
-                         part.param) from exc
+        raise _undecodable("video", part.param, exc) from exc
     if len(frames) < len(wanted):  # fewer frames decoded than packets counted (a damaged stream)
         raise MediaError(f"The video at {part.param} could not be decoded: {len(frames)} of its {total} frames "
                          "were readable.", part.param)

@@ -156,8 +156,7 @@ class Runtime:
         if holder is not None:
             body.update(holder.health_details())
         if self.status == "ready" and not backend.serving:
-            # Loaded, but no server it forwards to answers now, or a replay that served every step it holds.
-            body["status"] = "replay_spent" if body.get("replay", {}).get("spent") else "upstream_unreachable"
+            body["status"] = "upstream_unreachable"  # loaded, but no server it forwards to answers now
         return body
 
     async def close(self) -> None:

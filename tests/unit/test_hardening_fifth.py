@@ -190,7 +190,7 @@ def test_a_stream_id_the_protocol_allows_is_served_and_echoed(app):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_spent_replay_is_a_503_and_health_says_spent(app):
+def test_a_spent_replay_is_a_503_and_health_says_so(app):
     """L4: each request past the recording was a 500, the server failing, where it is out of answers."""
     app.replay("Only one.<|im_end|>")
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
@@ -199,7 +199,8 @@ def test_a_spent_replay_is_a_503_and_health_says_spent(app):
     status, error = app.call("POST", "/v1/chat/completions", ask)
     assert (status, error["error"]["code"], error["error"]["type"]) == (503, "replay_exhausted", "server_error"), error
     assert "the replay is spent: all 1 recorded steps were served" in error["error"]["message"], error
-    status, health = app.call("GET", "/health")
-    assert (status, health["status"], health["replay"]["spent"]) == (503, "replay_spent", True), health
+    status, health = app.call("GET", "/health")  # up (a probe must not restart it), and out of answers
+    assert (status, health["status"], health["replay"]["spent"]) == (200, "ready", True), health
+    assert health["reason"] == "the replay is spent: every recorded step was served", health
     app.replay("Again.<|im_end|>")
-    assert app.call("GET", "/health")[:1] == (200,)
+    assert "reason" not in app.call("GET", "/health")[1]

@@ -36,7 +36,7 @@ def unreadable(target: str) -> str | None:
             (found,) = conn.execute("SELECT to_regclass('sessions')").fetchone()
     except psycopg.Error as exc:
         said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        return f"cannot connect to {redacted(target)}: {said or type(exc).__name__}"
+        return f"cannot connect to {redacted(target)}: {said or 'no reason given'}"
     if found is None:  # an empty database, or its schema not on the URL's search_path
         return (f"{redacted(target)} holds no looptrace tables (a store is a database `looptrace serve --trace-db` "
                 "has written to)")
