@@ -122,10 +122,10 @@ def test_a_pdf_that_is_not_base64_is_a_400(replay_app):
 
 
 def test_a_page_count_that_understates_the_pages_is_found_out(replay_app):
-    """The file's /Count is the client's word: the page tree is walked, no further than the limit."""
+    """The file's /Count is the client's word: the page tree is walked, no further than the limit. The
+    walk's own refusal ("more than 1,000 pages") says it stopped there, before any page was read; a
+    wall-clock bound here failed on a loaded machine (issue 53's stop) and proved nothing more."""
     pdf = text_pdf(*["x"] * 1500).replace(b"/Count 1500", b"/Count 1   ")  # same length: offsets hold
-    started = time.monotonic()
     status, answer = replay_app.call("POST", "/v1/responses", asking({"filename": "x.pdf", "file_data": data_url(pdf)}))
     assert status == 400 and answer["error"]["code"] == "file_too_large", answer
     assert "more than 1,000 pages" in answer["error"]["message"]
-    assert time.monotonic() - started < 1.0
