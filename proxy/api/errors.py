@@ -140,7 +140,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         # aiohttp finds the connection gone and lets it be, where a raise would log a traceback.
         return web.Response(status=499)
     except Exception:  # noqa: BLE001 - a bug must still answer in the API's shape, and be logged
-        return internal_error(f"unhandled error on {request.method} {request.path}").response(_shape_for(request))
+        # The path as repr: a client's %0a decoded into it must not forge a log line.
+        return internal_error(f"unhandled error on {request.method} {request.path!r}").response(_shape_for(request))
 
 
 class ProtocolErrorsInOneLine(logging.Filter):

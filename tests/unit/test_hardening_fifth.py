@@ -204,3 +204,31 @@ def test_a_spent_replay_is_a_503_and_health_says_so(app):
     assert health["reason"] == "the replay is spent: every recorded step was served", health
     app.replay("Again.<|im_end|>")
     assert "reason" not in app.call("GET", "/health")[1]
+
+
+def test_a_bug_in_a_handler_answers_with_a_reference_the_log_keeps(caplog):
+    """L1: the middleware's 500 said `internal error: KeyError: 'x'`; now a reference, the traceback logged
+    under it with the path as repr (a client's decoded %0a cannot forge a line)."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from looptrace.proxy.api.errors import error_middleware
+
+    async def broken(request):
+        raise KeyError("secret internals")
+
+    async def main():
+        app = web.Application(middlewares=[error_middleware])
+        app.router.add_get(r"/broken/{rest:[\s\S]*}", broken)
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get("/broken/a%0aFORGED")
+            return response.status, await response.json()
+
+    status, body = asyncio.run(main())
+    message = body["error"]["message"]
+    assert (status, body["error"]["code"]) == (500, "internal_error") and "secret internals" not in message, body
+    ref = re.search(r"error ([0-9a-f]{8})", message).group(1)
+    (logged,) = [r for r in caplog.records if ref in r.getMessage()]
+    assert "\n" not in logged.getMessage() and "secret internals" in str(logged.exc_info[1])
