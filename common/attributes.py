@@ -246,6 +246,44 @@ ROUTE_RUNNER_UP_SPREAD_SECONDS = "looptrace.route.runner_up_spread_seconds"  # a
 ROUTE_RUNNER_UP_MET_QUEUE_SECONDS = "looptrace.route.runner_up_met_queue_seconds"  # and the queue found there lately
 ROUTE_RUNNER_UP_KEPT_CONVERSATIONS = "looptrace.route.runner_up_kept_conversations"  # and the conversations it keeps
 
+# The receipt field by field, one row each: its name on the receipt (backends/vllm/routing.py's
+# Route.receipt; None: set once the server answered, proxy/observe/route_receipt.py), the decode span's attribute
+# it becomes, and its key in a step's `route` (trace_store/steps.py; None: a step leaves it out, the others give it).
+# One table, so that the routing, the span and the viewer cannot come to call one number three names.
+ROUTE_RECEIPT = (
+    ("policy", ROUTE_POLICY, "policy"),
+    ("reason", ROUTE_REASON, "reason"),
+    ("score", ROUTE_SCORE, "score"),
+    ("load", ROUTE_LOAD, "load"),
+    ("predicted_cached_tokens", ROUTE_PREDICTED_CACHED_TOKENS, "predicted"),
+    ("index", ROUTE_INDEX, "index"),
+    (None, ROUTE_CACHED_TOKENS, "cached"),
+    (None, ROUTE_PREDICTION_ERROR, None),
+    ("runner_up", ROUTE_RUNNER_UP, "runner_up"),
+    ("runner_up_score", ROUTE_RUNNER_UP_SCORE, "runner_up_score"),
+    ("runner_up_load", ROUTE_RUNNER_UP_LOAD, "runner_up_load"),
+    ("runner_up_predicted_cached_tokens", ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS, "runner_up_predicted"),
+    ("expected_ttft", ROUTE_EXPECTED_TTFT, "expected_ttft"),
+    (None, ROUTE_TTFT, "ttft"),
+    (None, ROUTE_TTFT_ERROR, None),
+    ("prefill_tokens", ROUTE_PREFILL_TOKENS, "prefill_tokens"),
+    ("queued_tokens", ROUTE_QUEUED_TOKENS, "queued_tokens"),
+    ("others_waiting", ROUTE_OTHERS_WAITING, "others_waiting"),
+    ("prefill_rate", ROUTE_PREFILL_RATE, "prefill_rate"),
+    ("decoding", ROUTE_DECODING, "decoding"),
+    ("decode_seconds", ROUTE_DECODE_SECONDS, "decode_seconds"),
+    ("overhead_seconds", ROUTE_OVERHEAD_SECONDS, "overhead_seconds"),
+    ("spread_seconds", ROUTE_SPREAD_SECONDS, "spread_seconds"),
+    ("met_queue_seconds", ROUTE_MET_QUEUE_SECONDS, "met_queue_seconds"),
+    ("kept_conversations", ROUTE_KEPT_CONVERSATIONS, "kept_conversations"),
+    ("runner_up_expected_ttft", ROUTE_RUNNER_UP_EXPECTED_TTFT, "runner_up_expected_ttft"),
+    ("runner_up_prefill_tokens", ROUTE_RUNNER_UP_PREFILL_TOKENS, "runner_up_prefill_tokens"),
+    ("runner_up_queued_tokens", ROUTE_RUNNER_UP_QUEUED_TOKENS, "runner_up_queued_tokens"),
+    ("runner_up_spread_seconds", ROUTE_RUNNER_UP_SPREAD_SECONDS, "runner_up_spread_seconds"),
+    ("runner_up_met_queue_seconds", ROUTE_RUNNER_UP_MET_QUEUE_SECONDS, "runner_up_met_queue_seconds"),
+    ("runner_up_kept_conversations", ROUTE_RUNNER_UP_KEPT_CONVERSATIONS, "runner_up_kept_conversations"),
+)
+
 # -- the decode span's token events ---------------------------------------------------------------
 
 EVENT_TOKENS = "looptrace.tokens"  # up to 64 generated tokens, as parallel arrays of the columns below

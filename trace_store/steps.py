@@ -122,26 +122,6 @@ class StepGatherer:
         return {k: v for k, v in step.items() if v is not None}
 
 
-# The step's `route` keys, and the decode span's attributes they are read from.
-_ROUTE = (("policy", attr.ROUTE_POLICY), ("reason", attr.ROUTE_REASON), ("score", attr.ROUTE_SCORE),
-          ("load", attr.ROUTE_LOAD), ("predicted", attr.ROUTE_PREDICTED_CACHED_TOKENS), ("index", attr.ROUTE_INDEX),
-          ("cached", attr.ROUTE_CACHED_TOKENS), ("runner_up", attr.ROUTE_RUNNER_UP),
-          ("runner_up_score", attr.ROUTE_RUNNER_UP_SCORE), ("runner_up_load", attr.ROUTE_RUNNER_UP_LOAD),
-          ("runner_up_predicted", attr.ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS),
-          ("expected_ttft", attr.ROUTE_EXPECTED_TTFT), ("ttft", attr.ROUTE_TTFT),
-          ("prefill_tokens", attr.ROUTE_PREFILL_TOKENS), ("queued_tokens", attr.ROUTE_QUEUED_TOKENS),
-          ("others_waiting", attr.ROUTE_OTHERS_WAITING), ("prefill_rate", attr.ROUTE_PREFILL_RATE),
-          ("decoding", attr.ROUTE_DECODING), ("decode_seconds", attr.ROUTE_DECODE_SECONDS),
-          ("overhead_seconds", attr.ROUTE_OVERHEAD_SECONDS), ("spread_seconds", attr.ROUTE_SPREAD_SECONDS),
-          ("met_queue_seconds", attr.ROUTE_MET_QUEUE_SECONDS), ("kept_conversations", attr.ROUTE_KEPT_CONVERSATIONS),
-          ("runner_up_expected_ttft", attr.ROUTE_RUNNER_UP_EXPECTED_TTFT),
-          ("runner_up_prefill_tokens", attr.ROUTE_RUNNER_UP_PREFILL_TOKENS),
-          ("runner_up_queued_tokens", attr.ROUTE_RUNNER_UP_QUEUED_TOKENS),
-          ("runner_up_spread_seconds", attr.ROUTE_RUNNER_UP_SPREAD_SECONDS),
-          ("runner_up_met_queue_seconds", attr.ROUTE_RUNNER_UP_MET_QUEUE_SECONDS),
-          ("runner_up_kept_conversations", attr.ROUTE_RUNNER_UP_KEPT_CONVERSATIONS))
-
-
 def _compaction(attrs: dict) -> dict | None:
     """A compaction step's how, summary id (none for a client's own) and items replaced; None for another."""
     if attr.COMPACTION not in attrs:
@@ -152,11 +132,12 @@ def _compaction(attrs: dict) -> dict | None:
 
 
 def _route(decode: dict) -> dict | None:
-    """The routing receipt the decode span carries (a vLLM backend's), or None."""
+    """The routing receipt the decode span carries (a vLLM backend's), under the step's keys for it
+    (common/attributes.py's ROUTE_RECEIPT), or None."""
     if attr.ROUTE_POLICY not in decode:
         return None
     route = {"server": f"{decode.get(attr.SERVER_ADDRESS)}:{decode.get(attr.SERVER_PORT)}"}
-    route.update({key: decode[name] for key, name in _ROUTE if name in decode})
+    route.update({key: decode[name] for _, name, key in attr.ROUTE_RECEIPT if key is not None and name in decode})
     return route
 
 

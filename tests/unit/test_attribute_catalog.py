@@ -88,3 +88,14 @@ def test_the_manual_names_the_catalogs_attributes_and_metrics():
     metrics = {value for key, value in vars(attributes).items() if key.startswith("METRIC_")}
     assert metrics == {family.name for family in Metrics().registry.collect()}  # metrics.py serves them all
     assert documented_metrics() == metrics, (documented_metrics() - metrics, metrics - documented_metrics())
+
+
+def test_the_route_receipt_has_one_vocabulary():
+    # Every looptrace.route.* attribute is one row of ROUTE_RECEIPT, which the span writer and the step reader
+    # both read; a receipt field is named as its attribute ends, and no two rows share a receipt field or step key.
+    route = {value for key, value in vars(attributes).items() if key.startswith("ROUTE_") and isinstance(value, str)}
+    rows = attributes.ROUTE_RECEIPT
+    assert sorted(a for _, a, _ in rows) == sorted(route) and len(route) > 25
+    assert all(field is None or attribute == f"looptrace.route.{field}" for field, attribute, _ in rows)
+    for names in ([f for f, _, _ in rows if f], [k for _, _, k in rows if k]):
+        assert len(names) == len(set(names))
