@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 from looptrace.common import attributes as attr
 from looptrace.trace_store.location import open_state
+from looptrace.trace_store.recorded_sessions import ReplayError, read_step
 from looptrace.trace_store.rollouts import Rollouts
 
-from ..replay.read import ReplayError, read_step
 from .atif_steps import StepWriter, Turn
 
 SCHEMA_VERSION = "ATIF-v1.8"

@@ -20,8 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps, loads, loads_strict
-
-from ..replay.read import Recorded
+from looptrace.trace_store.recorded_sessions import Recorded
 
 TIMINGS = ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms", "tokens_per_second")
 

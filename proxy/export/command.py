@@ -30,8 +30,8 @@ from datetime import datetime, timezone
 
 from looptrace.common.jsonio import dumps_line
 from looptrace.common.sequences import common_prefix
+from looptrace.trace_store.recorded_sessions import Recorded, ReplayError, open_reader, session_steps
 
-from ..replay.read import Recorded, ReplayError, open_reader, session_steps
 from .atif import trajectories
 from .formats import TRAINERS
 from .output import out_refusal, writing

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..replay.read import ReplayError
+from looptrace.trace_store.recorded_sessions import ReplayError
 
 
 def out_refusal(out: str | None) -> str | None:

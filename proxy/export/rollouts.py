@@ -8,9 +8,9 @@ from statistics import fmean
 
 from looptrace.common import attributes as attr
 from looptrace.trace_store.location import open_state
+from looptrace.trace_store.recorded_sessions import Recorded
 from looptrace.trace_store.rollouts import Rollouts
 
-from ..replay.read import Recorded
 from .formats import ROWS
 from .trajectory import Trajectory, stitched
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..replay.read import Recorded
+from looptrace.trace_store.recorded_sessions import Recorded
 
 
 @dataclass(slots=True)

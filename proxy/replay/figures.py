@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 
-from .read import Recorded
+from looptrace.trace_store.recorded_sessions import Recorded
 
 TOOL_CALL = "tool_call"  # the channel a tool call's tokens fall in (families/base.py's TOOL_CALL)
 

@@ -19,11 +19,11 @@ from urllib.parse import quote
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
+from looptrace.trace_store.recorded_sessions import Recorded, ReplayError, open_reader, open_writer, session_steps
 
 from ..observe.genai import output_message
 from . import figures as compare
 from .arguments import EXTRA_TOKENS
-from .read import Recorded, ReplayError, open_reader, open_writer, session_steps
 from .report import write_json, write_junit
 from .target import Target, connect
 from .write import Recorder, forced_tokens, session_key

@@ -18,9 +18,9 @@ import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from looptrace.backends.vllm.prompt_logprobs import read_scores, score_body
+from looptrace.trace_store.recorded_sessions import ReplayError
 
 from .arguments import DEFAULT_TIMEOUT
-from .read import ReplayError
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -22,10 +22,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, set_spa
 
 from looptrace.common import attributes as attr
 from looptrace.trace_store.provider import build_provider
+from looptrace.trace_store.recorded_sessions import Recorded
 from looptrace.trace_store.tokens import GROUP, columns
 
 from ..observe.tool_spans import tool_call_span
-from .read import Recorded
 
 CLIENT = "looptrace-replay"  # the client the viewer lists replayed sessions under
 CARRIED = (attr.INPUT_NEW_FROM, attr.INPUT_NEW_MESSAGES, attr.GEN_AI_INPUT_MESSAGES, attr.GEN_AI_SYSTEM_INSTRUCTIONS,

@@ -18,8 +18,8 @@ import pytest
 from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.export.command import write_prime_rl
 from looptrace.proxy.export.rollouts import rollout_rows
-from looptrace.proxy.replay.read import session_steps
 from looptrace.proxy.settings import Settings
+from looptrace.trace_store.recorded_sessions import session_steps
 
 from app_thread import AppThread
 from build_cache import cached
@@ -147,7 +147,7 @@ def test_atif_trajectory_of_a_rollout_holds_its_steps_ids_and_reward(rollout):
     import atif
 
     from looptrace.proxy.export.atif import trajectories
-    from looptrace.proxy.replay.read import open_reader
+    from looptrace.trace_store.recorded_sessions import open_reader
 
     store, steps, _, _ = rollout
     (document,) = trajectories(open_reader(store), ["formats-1"], store)

@@ -14,8 +14,8 @@ from looptrace.common import attributes as attr
 from looptrace.proxy.export import command as export
 from looptrace.proxy.replay import figures as compare
 from looptrace.proxy.replay import run as command
-from looptrace.proxy.replay.read import Recorded
 from looptrace.proxy.replay.report import write_junit
+from looptrace.trace_store.recorded_sessions import Recorded
 
 from waiting import wait_until
 

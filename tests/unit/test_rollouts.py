@@ -14,9 +14,9 @@ import pytest
 from looptrace.common import attributes as attr
 from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.export.rollouts import rollout_rows
-from looptrace.proxy.replay.read import session_steps
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.gap import figures
+from looptrace.trace_store.recorded_sessions import session_steps
 
 from app_thread import AppThread, Reading
 

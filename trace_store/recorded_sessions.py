@@ -1,7 +1,7 @@
 """A recorded session as a replay reads it: each step's prompt ids, the tokens the model chose with
 their logprobs, its tool calls, its tools and sampling settings, straight from the stored spans.
 
-The store is opened through one function (`open_reader`, `open_writer`): trace_store.location's
+The store is opened through one function (`open_reader`, `open_writer`): location.py's
 openers, which take what `--trace-db` takes (a SQLite file or a PostgreSQL URL).
 """
 
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
-from looptrace.trace_store.location import open_queries, open_store, unreadable
-from looptrace.trace_store.records import request_span
+
+from .location import open_queries, open_store, unreadable
+from .records import request_span
 
 # A replay adds to a store and never retires what is there: retiring old traces is the server's
 # business, with its own --trace-retention-days and --trace-max-mb.
