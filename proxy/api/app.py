@@ -11,12 +11,11 @@ from ..engine.memory import Memory, StoredMemory
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from . import anthropic, native, openai, rollouts, viewer
+from . import anthropic, monitoring, native, openai, rollouts, viewer
 from .errors import APIError, error_middleware
 from .hosts import host_check
 from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
-from .monitoring import health, metrics
-from .openai.response_store import RESPONSE_STORE, ResponseStore, SharedResponseStore
+from .route import Scope, mount, scope_of
 from .unreadable import answer_unreadable_requests
 from .viewer import pages
 
@@ -37,18 +36,17 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[RUNTIME] = runtime or Runtime(settings)
     app[TELEMETRY] = Telemetry(settings)
-    # With a store, stored responses and what each conversation's model read and sampled live in it:
-    # any process serves any turn.
+    # With a store, what each conversation's model read and sampled lives in it: any process serves any
+    # turn (the Responses API's stored responses too: openai/routes.py).
     state = app[TELEMETRY].state
-    app[RESPONSE_STORE] = SharedResponseStore(state) if state is not None else ResponseStore()
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    # The API surfaces, siblings: each adds its routes (and an error shape of its own, if its clients
-    # expect one); looptrace's own routes that run token ids; rollouts (agent RL: every API under
-    # /r/{rollout}/, rewards, trainer logprobs); the trace viewer, which only reads.
+    mount(app, monitoring.ROUTES)
+    # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own
+    # if its clients expect one) and lists its routes; looptrace's own routes that run token ids;
+    # rollouts (agent RL: rewards, trainer logprobs); the trace viewer, which only reads.
     for surface in (openai, anthropic, native, rollouts, viewer):
-        surface.add_routes(app)
+        surface.setup(app)
+        mount(app, surface.ROUTES)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app
@@ -73,7 +71,6 @@ async def _start(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     await app[RUNTIME].close()
-    app[RESPONSE_STORE].close()
     app[MEMORY].close()
     app[TELEMETRY].close()
 
@@ -81,7 +78,8 @@ async def _stop(app: web.Application) -> None:
 @web.middleware
 async def _auth_middleware(request: web.Request, handler):
     key = request.app[SETTINGS].api_key
-    if key and not pages.is_public(request.path):
+    # A path no route matched needs the key too: what is not there is not told to a stranger.
+    if key and scope_of(request) is not Scope.PUBLIC:
         # OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`.
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")

@@ -1,5 +1,5 @@
 """Typed keys for what the aiohttp application holds, for every API (an API's own state keys its own:
-openai/response_store.py's RESPONSE_STORE)."""
+openai/responses/store.py's RESPONSE_STORE)."""
 
 from __future__ import annotations
 

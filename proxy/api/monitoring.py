@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .keys import RUNTIME, TELEMETRY
+from .route import Route, Scope
 
 
 async def health(request: web.Request) -> web.Response:
@@ -17,3 +18,6 @@ async def metrics(request: web.Request) -> web.Response:
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type
     return response
+
+
+ROUTES = (Route("GET", "/health", health, Scope.PUBLIC), Route("GET", "/metrics", metrics, Scope.PUBLIC))

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
+from looptrace.proxy.api.openai.responses.compaction.plan import SUMMARY_HEADER
 from looptrace.proxy.settings import Settings
 
 import clients

@@ -6,10 +6,9 @@ each worker's own metric files."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
-from looptrace.proxy.api.openai.compaction import SUMMARY_HEADER
+from looptrace.proxy.api.openai.responses.compaction.plan import SUMMARY_HEADER
 
 from server import Server
 from server_workers import all_ready, children, counted_by_pid, metrics_dir
@@ -67,10 +66,7 @@ def test_a_compaction_made_by_one_worker_is_expanded_by_the_other(serve, qwen3_5
 
 def stored(server: Server, path: str, whole=lambda found: True, timeout: float = 30) -> dict:
     """GET `path` until it answers 200 and is `whole`: the store writes a step a moment after its answer."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def answered():
         status, found = server.get(path)
-        if status == 200 and whole(found):
-            return found
-        assert time.monotonic() < deadline, (status, found)
-        time.sleep(0.1)
+        return found if status == 200 and whole(found) else None
+    return server.wait_until(answered, timeout)

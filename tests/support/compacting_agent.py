@@ -11,7 +11,7 @@ parser, API and tracing as a model's.
 from __future__ import annotations
 
 from looptrace.backends.recorded import ReplayBackend
-from looptrace.proxy.api.openai.compaction import COMPACTION_PROMPT
+from looptrace.proxy.api.openai.responses.compaction.plan import COMPACTION_PROMPT
 
 from messages_api import qwen_call
 

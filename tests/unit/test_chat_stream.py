@@ -9,7 +9,7 @@ import json
 from openai import OpenAI
 
 from looptrace.proxy.api import streaming
-from looptrace.proxy.api.openai import chat_response as chat
+from looptrace.proxy.api.openai.chat import response as chat
 
 from app_thread import Wrapped
 from server import sse_events

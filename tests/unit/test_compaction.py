@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from looptrace.backends.recorded import ReplayBackend
 from looptrace.common import attributes as attr
-from looptrace.proxy.api.openai.compaction import COMPACTION_PROMPT, SUMMARY_HEADER
+from looptrace.proxy.api.openai.responses.compaction.plan import COMPACTION_PROMPT, SUMMARY_HEADER
 from looptrace.proxy.settings import Settings
 
 from app_thread import AppThread, Reading

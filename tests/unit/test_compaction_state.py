@@ -10,9 +10,9 @@ import asyncio
 import pytest
 
 from looptrace.proxy.api.errors import APIError
-from looptrace.proxy.api.openai import compaction
-from looptrace.proxy.api.openai import summaries as summaries_module
-from looptrace.proxy.api.openai.summaries import SharedSummaries, Summaries, Unresolved, new_id
+from looptrace.proxy.api.openai.responses.compaction import plan as compaction
+from looptrace.proxy.api.openai.responses.compaction import summaries as summaries_module
+from looptrace.proxy.api.openai.responses.compaction.summaries import SharedSummaries, Summaries, Unresolved, new_id
 from looptrace.trace_store import state as state_module
 
 from stores import SilentState

@@ -91,7 +91,7 @@ def test_cancel_stops_a_running_response(replay_app):
 
 
 def _running_ids(app) -> list[str]:
-    from looptrace.proxy.api.openai.running import RUNNING
+    from looptrace.proxy.api.openai.responses.running import RUNNING
 
     return list(app.app[RUNNING]._by_id)
 

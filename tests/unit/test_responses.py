@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from looptrace.proxy.api import streaming
-from looptrace.proxy.api.openai.responses_request import parse_responses
+from looptrace.proxy.api.openai.responses.request import parse_responses
 
 import build_cache
 from app_thread import Wrapped

@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-from looptrace.proxy.api.openai.chat_request import parse_chat
+from looptrace.proxy.api.openai.chat.request import parse_chat
 from looptrace.proxy.api.errors import APIError
 from looptrace.proxy.api.request_parts import MEDIA_NOTE
-from looptrace.proxy.api.openai.response_store import ResponseStore
-from looptrace.proxy.api.openai.responses_request import (
+from looptrace.proxy.api.openai.responses.store import ResponseStore
+from looptrace.proxy.api.openai.responses.request import (
     parse_response_tools,
     parse_responses,
     to_messages,

@@ -186,7 +186,7 @@ class Slow:
 
 def test_a_socket_that_closes_stops_its_responses(replay_app):
     """Closing the socket mid-answer stops the generation: nothing keeps running for a client gone."""
-    from looptrace.proxy.api.openai.running import RUNNING
+    from looptrace.proxy.api.openai.responses.running import RUNNING
 
     long = "\n</think>\n\n" + "word " * 400 + "<|im_end|>"
     slow = Slow(replay_app.replay(long))
@@ -276,7 +276,7 @@ def raw_socket(app):
 def test_a_message_past_the_limit_closes_the_socket(replay_app, monkeypatch):
     from websockets.exceptions import ConnectionClosed
 
-    from looptrace.proxy.api.openai import websocket
+    from looptrace.proxy.api.openai.responses import websocket
 
     monkeypatch.setattr(websocket, "MAX_MESSAGE_BYTES", 4096)  # read when a socket opens
     with raw_socket(replay_app) as ws:
@@ -290,7 +290,7 @@ def test_a_message_past_the_limit_closes_the_socket(replay_app, monkeypatch):
 
 
 def test_lanes_past_the_limit_are_refused(replay_app, monkeypatch):
-    from looptrace.proxy.api.openai import websocket
+    from looptrace.proxy.api.openai.responses import websocket
 
     monkeypatch.setattr(websocket, "MAX_LANES", 2)
     slow = Slow(replay_app.replay(*["\n</think>\n\n" + "word " * 100 + "<|im_end|>"] * 2))
@@ -307,7 +307,7 @@ def test_lanes_past_the_limit_are_refused(replay_app, monkeypatch):
 def test_an_idle_socket_is_closed(replay_app, monkeypatch):
     from websockets.exceptions import ConnectionClosed
 
-    from looptrace.proxy.api.openai import websocket
+    from looptrace.proxy.api.openai.responses import websocket
 
     monkeypatch.setattr(websocket, "IDLE_SECONDS", 0.5)
     with raw_socket(replay_app) as ws:

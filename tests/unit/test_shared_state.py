@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from looptrace.proxy.api.errors import APIError
-from looptrace.proxy.api.openai.response_store import SharedResponseStore
+from looptrace.proxy.api.openai.responses.store import SharedResponseStore
 from looptrace.proxy.engine import state_calls
 from looptrace.proxy.engine.memory import Memory, StoredMemory
 from looptrace.proxy.engine.turn_digests import TurnDigests
@@ -219,7 +219,7 @@ def test_a_response_stored_by_one_process_is_continued_and_deleted_by_another(st
 
 
 def test_responses_while_the_store_does_not_answer(monkeypatch):
-    from looptrace.proxy.api.openai import response_store
+    from looptrace.proxy.api.openai.responses import store as response_store
 
     monkeypatch.setattr(response_store, "WAIT", 0.5)
     store = SharedResponseStore(Silent(False))

@@ -1,5 +1,5 @@
 """Anthropic's Messages API (Claude Code): its request and content blocks, answer, stream, errors."""
 
-from .routes import add_routes
+from .routes import ROUTES, setup
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "setup"]

@@ -2,6 +2,6 @@
 tokens (fork.py), a given answer scored (score.py), a prompt decoded afresh (generate.py); what they
 share (stored_run.py)."""
 
-from .routes import add_routes
+from .routes import ROUTES, setup
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "setup"]

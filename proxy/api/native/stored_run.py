@@ -18,7 +18,7 @@ from ...engine.runtime import Runtime
 from ...observe.telemetry import RequestTelemetry
 from ..errors import invalid, model_not_found
 from ..keys import RUNTIME
-from ..openai.chat_response import ChatCollector
+from ..openai.chat.response import ChatCollector
 from ..validation import field
 
 

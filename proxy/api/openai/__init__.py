@@ -1,6 +1,6 @@
 """The OpenAI API: Chat Completions and Responses, each API's request, answer and stream in modules of
 their own."""
 
-from .routes import add_routes
+from .routes import ROUTES, setup
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "setup"]

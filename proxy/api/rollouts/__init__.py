@@ -2,6 +2,6 @@
 the rollout is: clients.py),
 and a rollout's reward (rewards.py) and trainer logprobs with the training–inference gap (gap.py)."""
 
-from .routes import add_routes
+from .routes import ROUTES, setup
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "setup"]

@@ -1,5 +1,5 @@
 """The trace viewer and the data it reads."""
 
-from .routes import add_routes
+from .routes import ROUTES, setup
 
-__all__ = ["add_routes"]
+__all__ = ["ROUTES", "setup"]

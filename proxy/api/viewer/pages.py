@@ -23,27 +23,12 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def is_public(path: str) -> bool:
-    """What needs no key: /health and /metrics (probes, Prometheus) and the viewer's page and assets,
-    which hold no data. Everything else, the API and the data the page reads, does."""
-    return path in ("/", "/health", "/metrics", "/compare") or path.startswith(
-        ("/static/", "/sessions/", "/traces/", "/compare/"))
-
-
 async def page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
 async def compare_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "compare.html", headers={"Cache-Control": "no-cache"})
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    for path in PAGES:
-        router.add_get(path, page)
-    for path in COMPARE_PAGES:
-        router.add_get(path, compare_page)
-    router.add_static("/static", STATIC, follow_symlinks=False)
 
 
 @web.middleware

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..route import Route, Scope, mount_static
 from . import pages
 from .compare import compare_sessions
 from .sessions import get_session, list_sessions, live
 from .traces import get_prompt, get_tokens, get_trace, list_traces
 
+READ = Scope.TRACES_READ
+ROUTES = (
+    Route("GET", "/v1/traces", list_traces, READ),
+    Route("GET", "/v1/traces/{trace_id}", get_trace, READ),
+    Route("GET", "/v1/traces/{trace_id}/prompt", get_prompt, READ),
+    Route("GET", "/v1/traces/{trace_id}/tokens", get_tokens, READ),
+    Route("GET", "/v1/compare", compare_sessions, READ),  # ?a=KEY&b=KEY: the compare page's data
+    Route("GET", "/v1/sessions", list_sessions, READ),
+    Route("GET", "/v1/sessions/", get_session, READ),  # ?key=: a key of "." or ".." (sessions.py)
+    Route("GET", "/v1/sessions/{key:.+}", get_session, READ),
+    Route("GET", "/v1/live", live, READ),
+    *(Route("GET", path, pages.page, Scope.PUBLIC) for path in pages.PAGES),
+    *(Route("GET", path, pages.compare_page, Scope.PUBLIC) for path in pages.COMPARE_PAGES),
+)
 
-def add_routes(app: web.Application) -> None:
-    router = app.router
-    router.add_get("/v1/traces", list_traces)
-    router.add_get("/v1/traces/{trace_id}", get_trace)
-    router.add_get("/v1/traces/{trace_id}/prompt", get_prompt)
-    router.add_get("/v1/traces/{trace_id}/tokens", get_tokens)
-    router.add_get("/v1/compare", compare_sessions)  # ?a=KEY&b=KEY: the compare page's data
-    router.add_get("/v1/sessions", list_sessions)
-    router.add_get("/v1/sessions/", get_session)  # ?key=: a key of "." or ".." (sessions.py)
-    router.add_get("/v1/sessions/{key:.+}", get_session)
-    router.add_get("/v1/live", live)
-    pages.add_routes(router)
+
+def setup(app: web.Application) -> None:
+    mount_static(app, "/static", pages.STATIC, Scope.PUBLIC)

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..errors import APIError, invalid
-from ..keys import SETTINGS, TELEMETRY
-from ..request_parts import warn_once
-from ..validation import describe
-from ..validation import field as body_field
+from ....errors import APIError, invalid
+from ....keys import SETTINGS, TELEMETRY
+from ....request_parts import warn_once
+from ....validation import describe
+from ....validation import field as body_field
 from .summaries import SUMMARIES, SharedSummaries, Summaries, Unresolved
 
 TRIGGER = "compaction_trigger"

@@ -1,56 +1,14 @@
-"""What else the Responses API does with a response: count a request's input tokens
-(`POST /v1/responses/input_tokens`), list a stored response's input items
-(`GET /v1/responses/{id}/input_items`), and cancel a running one (`POST /v1/responses/{id}/cancel`)."""
+"""GET /v1/responses/{id}/input_items: the items a stored response's model read, as a page of a list."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from ..errors import APIError, invalid
-from ..serving import prepared
-from ..validation import field, json_body
-from . import compaction
-from .response_store import RESPONSE_STORE
-from .responses_request import parse_responses
-from .running import RUNNING
+from ...errors import invalid
+from .store import RESPONSE_STORE
 
 ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_",
                "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "compaction": "cmp_"}
-
-
-async def input_tokens(request: web.Request) -> web.Response:
-    """The prompt a `POST /v1/responses` body would give the model, counted as the model reads it
-    (rendered with the template, tools and thinking; images counted), nothing generated or traced."""
-    body = await json_body(request)
-    previous_id = field(body, "previous_response_id", str, "previous_response_id")
-    previous = await request.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
-    # Compaction items counted as the summaries the model reads for them.
-    generation_request, options, _ = parse_responses(body, previous, await compaction.plan(request, body, previous))
-    generation = await prepared(request, None, body, generation_request, model=options.model, stream=False)
-    return web.json_response({"object": "response.input_tokens", "input_tokens": generation.prompt_tokens})
-
-
-async def cancel_response(request: web.Request) -> web.Response:
-    response_id = request.match_info["response_id"]
-    cancelled = request.app[RUNNING].cancel(response_id)
-    if cancelled is not None:
-        return web.json_response(cancelled)
-    stored = await _stored(request, response_id)
-    if stored is not None:
-        raise invalid(f"Response '{response_id}' is {stored.get('status')}: only a running response can be "
-                      "cancelled.", param="response_id", code="response_not_running")
-    raise APIError(404, f"No response '{response_id}' is running in this process, nor stored. With --workers (or "
-                   "several servers) a cancel must reach the process that runs the response: running generations "
-                   "are not shared, stored responses are.", param="response_id", code="response_not_found")
-
-
-async def _stored(request: web.Request, response_id: str) -> dict | None:
-    try:
-        return await request.app[RESPONSE_STORE].response(response_id)
-    except APIError as err:
-        if err.status == 404:
-            return None
-        raise
 
 
 async def input_items(request: web.Request) -> web.Response:

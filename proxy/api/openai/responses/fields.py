@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from looptrace.backends.base import SamplingParams
 
-from ..errors import invalid
-from ..validation import field, in_range
+from ...errors import invalid
+from ...validation import field, in_range
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from looptrace.backends.events import TOP_N
 
-from ...engine.request import GenerationRequest
-from ..errors import invalid
-from ..request_parts import (
+from ....engine.request import GenerationRequest
+from ...errors import invalid
+from ...request_parts import (
     MAX_STOP_LENGTH,
     MAX_STOPS,
     MEDIA_PARTS,
@@ -22,7 +22,7 @@ from ..request_parts import (
     seed,
     temperature_and_top_p,
 )
-from ..validation import field, in_range, is_a
+from ...validation import field, in_range, is_a
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

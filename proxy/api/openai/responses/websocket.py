@@ -39,14 +39,14 @@ from looptrace.backends.base import BackendError
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
-from ...engine.errors import Refused, Unavailable
-from ..errors import APIError, ClientStoppedReading, answered, internal_error, invalid
-from ..serving import traced
-from ..validation import field, json_object
-from .response_store import RESPONSE_STORE
-from .responses import respond
-from .responses_request import parse_responses
-from .responses_stream import ResponseBuilder
+from ....engine.errors import Refused, Unavailable
+from ...errors import APIError, ClientStoppedReading, answered, internal_error, invalid
+from ...serving import traced
+from ...validation import field, json_object
+from .store import RESPONSE_STORE
+from .http import respond
+from .request import parse_responses
+from .stream import ResponseBuilder
 
 log = logging.getLogger("looptrace")
 

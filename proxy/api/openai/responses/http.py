@@ -10,12 +10,12 @@ from aiohttp import web
 
 from looptrace.common import attributes as attr
 
-from ...observe.telemetry import RequestTelemetry
-from ..serving import prepared, traced
-from ..streaming import relay
-from ..validation import field, json_body
-from . import compact
-from .response_store import RESPONSE_STORE
+from ....observe.telemetry import RequestTelemetry
+from ...serving import prepared, traced
+from ...streaming import relay
+from ...validation import field, json_body
+from .compaction import run as compact
+from .store import RESPONSE_STORE
 from .running import RUNNING
 
 

@@ -14,9 +14,9 @@ from looptrace.common.jsonio import dumps
 from looptrace.families.base import CONTENT, new_id
 from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
-from ...engine.generation import Generation
-from ...engine.request import Step
-from ..errors import APIError
+from ....engine.generation import Generation
+from ....engine.request import Step
+from ...errors import APIError
 
 DONE_FRAME = b"data: [DONE]\n\n"
 

@@ -19,11 +19,11 @@ from looptrace.common.jsonio import dumps
 from looptrace.families.base import new_id
 from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta, dispatch
 
-from ...engine.generation import Generation
-from ...engine.request import Step
-from ..errors import APIError
-from .response_fields import with_sampling
-from .responses_request import ToolNames
+from ....engine.generation import Generation
+from ....engine.request import Step
+from ...errors import APIError
+from .fields import with_sampling
+from .request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"
 DONE = b"data: [DONE]\n\n"

@@ -8,12 +8,12 @@ from aiohttp import web
 
 from looptrace.common import attributes as attr
 
-from ..keys import RUNTIME
-from ..serving import prepared, traced
-from ..streaming import relay
-from ..validation import json_body
-from .chat_request import parse_chat
-from .chat_response import ChatCollector, ChatStream, LogprobEntries
+from ...keys import RUNTIME
+from ...serving import prepared, traced
+from ...streaming import relay
+from ...validation import json_body
+from .request import parse_chat
+from .response import ChatCollector, ChatStream, LogprobEntries
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -15,9 +15,9 @@ import logging
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 
-from ...engine.request import GenerationRequest
-from ..errors import invalid
-from ..request_parts import (
+from ....engine.request import GenerationRequest
+from ...errors import invalid
+from ...request_parts import (
     MEDIA_PARTS,
     at_most,
     call_arguments,
@@ -28,8 +28,8 @@ from ..request_parts import (
     temperature_and_top_p,
     warn_once,
 )
-from ..validation import describe, field, in_range, tool_name
-from .response_fields import echoed, penalties
+from ...validation import describe, field, in_range, tool_name
+from .fields import echoed, penalties
 
 log = logging.getLogger("looptrace")
 

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from looptrace.trace_store.state import MAX_COMPACTIONS, StateStore
 
-from ...observe.conversations import Bounded
+from .....observe.conversations import Bounded
 
 log = logging.getLogger("looptrace")
 

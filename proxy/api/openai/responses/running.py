@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from ...engine.generation import Generation
-    from .responses_stream import ResponseBuilder
+    from ....engine.generation import Generation
+    from .stream import ResponseBuilder
 
 
 class Running:

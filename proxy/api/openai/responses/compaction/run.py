@@ -18,19 +18,19 @@ from aiohttp import web
 from looptrace.common import attributes as attr
 from looptrace.families.base import new_id
 
-from ...engine.generation import Generation
-from ...engine.request import GenerationRequest
-from ...observe.telemetry import RequestTelemetry
-from ..errors import APIError
-from ..keys import RUNTIME
-from ..serving import prepared, traced
-from ..validation import field, json_body
-from . import compaction
-from .compaction import TRIGGER, Plan
-from .compaction_output import AfterCompaction, CompactionBuilder
-from .response_store import RESPONSE_STORE
-from .responses_request import ResponsesOptions, ToolNames, parse_responses
-from .responses_stream import ResponseBuilder
+from .....engine.generation import Generation
+from .....engine.request import GenerationRequest
+from .....observe.telemetry import RequestTelemetry
+from ....errors import APIError
+from ....keys import RUNTIME
+from ....serving import prepared, traced
+from ....validation import field, json_body
+from . import plan as compaction
+from .plan import TRIGGER, Plan
+from .answer import AfterCompaction, CompactionBuilder
+from ..store import RESPONSE_STORE
+from ..request import ResponsesOptions, ToolNames, parse_responses
+from ..stream import ResponseBuilder
 from .summaries import SUMMARIES
 
 

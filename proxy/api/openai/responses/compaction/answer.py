@@ -14,9 +14,9 @@ from __future__ import annotations
 from looptrace.families.base import new_id
 from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, UnparsedCallDelta
 
-from ...engine.generation import Generation
-from ..errors import APIError
-from .responses_stream import ResponseBuilder
+from .....engine.generation import Generation
+from ....errors import APIError
+from ..stream import ResponseBuilder
 from .summaries import Summaries
 from .summaries import new_id as summary_id
 

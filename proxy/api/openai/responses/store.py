@@ -25,7 +25,7 @@ from aiohttp import web
 from looptrace.common.jsonio import dumps, loads
 from looptrace.trace_store.state import StateStore
 
-from ..errors import APIError
+from ...errors import APIError
 
 log = logging.getLogger("looptrace")
 

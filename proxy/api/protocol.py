@@ -1,0 +1,112 @@
+"""What every API surface's protocol models share: a request body is parsed once, at the door, into
+immutable pydantic models, and a validation error becomes the house's 400 naming its place
+(`tools[0].type`), in the words the API's own servers use.
+
+Each surface has a protocol module of its own (openai/chat/protocol.py, openai/responses/protocol.py,
+anthropic/protocol.py); its request module turns the model into the engine's request.
+
+- Fields a model does not name are kept (`model_extra`) and pass through as they do today.
+- Types are strict, as JSON's are: an integer is not a bool, a string is not a number; a number is
+  taken where a float is.
+- A field sent as null is absent, so an optional field is declared `T | None = None` and its default
+  given where it is read (pydantic has no "null means the default"; a validator per object would cost
+  more than the whole parse).
+- The pre-parse guard (validation.py: how many values, how deep, surrogates, numbers JSON has not)
+  runs before a body reaches a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
+
+from .errors import APIError, invalid
+from .validation import describe
+
+M = TypeVar("M", bound="Protocol")
+
+
+class Protocol(BaseModel):
+    """The base of every request model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, populate_by_name=True)
+
+
+def parse(model: type[M], data: Any, where: str = "") -> M:
+    """`data` as `model`, or the house's 400 for the first thing wrong; `where` prefixes its place
+    (`input[3]` for an item parsed on its own)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise refusal(exc, where) from None
+
+
+_OURS: set[str] = set()
+
+
+def refused(code: str, message: str) -> PydanticCustomError:
+    """An error a model's validator raises: `message` may name `{param}`, the place it is found at
+    (filled in by `refusal`); `code` is the 400's code."""
+    _OURS.add(code)
+    return PydanticCustomError(code, message, {"code": code})
+
+
+# pydantic's error types → what a value should have been, in OpenAI's words ("expected a string").
+_EXPECTED = {
+    "string_type": "a string", "int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
+    "float_type": "a number", "list_type": "an array", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object", "tuple_type": "an array",
+}
+
+
+def refusal(exc: ValidationError, where: str = "") -> APIError:
+    """A ValidationError as the house's 400. Of a union's errors (one per branch), the one that got
+    furthest into the value is the client's mistake; where the branches failed at the value itself,
+    the 400 names what each would have taken ("a string or an array")."""
+    errors = exc.errors(include_url=False, include_context=True, include_input=True)
+    places = [_place(where, e["loc"]) for e in errors]
+    depth = max(p.count(".") + p.count("[") for p in places)
+    at = next(i for i, p in enumerate(places) if p.count(".") + p.count("[") == depth)
+    error, param = errors[at], places[at]
+    kind = error["type"]
+    if kind == "missing":
+        return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    if kind in _EXPECTED:
+        expected = " or ".join(dict.fromkeys(_EXPECTED[e["type"]] for e, p in zip(errors, places)
+                                             if p == param and e["type"] in _EXPECTED))
+        return invalid(f"Invalid type for '{param}': expected {expected}, but got {describe(error.get('input'))}.",
+                       param=param, code="invalid_type")
+    context = error.get("ctx") or {}
+    if kind == "literal_error":
+        return invalid(f"Invalid value for '{param}': {_shown(error.get('input'))}; expected one of "
+                       f"{context.get('expected', '')}.", param=param)
+    bound = {"greater_than_equal": "at least", "less_than_equal": "at most", "greater_than": "more than",
+             "less_than": "less than"}.get(kind)
+    if bound is not None:
+        limit = next(iter(v for k, v in context.items() if k in ("ge", "le", "gt", "lt")), "")
+        return invalid(f"Invalid value for '{param}': {error.get('input')} is not {bound} {limit}.", param=param)
+    if kind in _OURS:  # raised by a model's validator (`refused`)
+        return invalid(error["msg"].replace("{param}", param), param=param, code=context.get("code", kind))
+    return invalid(f"Invalid value for '{param}': {error['msg']}.", param=param)
+
+
+def _place(where: str, loc: tuple) -> str:
+    """('tools', 0, 'function', 'name') → tools[0].function.name; a union's branch names (a model's or
+    a tag's, which pydantic puts in the path) are left out: the client named none of them."""
+    out = where
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not _is_branch(part):
+            out = f"{out}.{part}" if out else part
+    return out
+
+
+def _is_branch(part: str) -> bool:
+    return part[:1].isupper() or part.startswith(("list[", "dict[", "str", "function-", "tagged-union["))
+
+
+def _shown(value: Any) -> str:
+    return f"'{value}'" if isinstance(value, str) else describe(value)
