@@ -1,6 +1,6 @@
 """Media a client attached: the parts as the API layer found them (`MediaPart`), their limits, and
 where they sit in a conversation (in Hugging Face's message format, as the processor reads it).
-Decoding them is decode.py's.
+Decoding them is decode.py's; reading a PDF's text, pdf.py's.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ class MediaLimits:
 class MediaPart:
     """One attached item as the client sent it: what it is, its base64 text, and where it was."""
 
-    kind: str  # "image" | "audio" | "video"
+    kind: str  # "image" | "audio" | "video" | "pdf" (read as its pages' text: pdf.py)
     encoded: str  # base64, as in the data URL
     param: str  # e.g. messages[1].content[0].image_url.url
     mime: str = ""  # as the data URL declared it (or the server that served it)
     info: dict = field(default_factory=dict)  # filled once decoded: format, size, bytes, sha256
     url: str = ""  # an http(s) URL to fetch (proxy/api/media_fetch.py), instead of `encoded`
     raw: bytes | None = None  # its bytes, once fetched
+    filename: str = ""  # a file's name, as the client gave it (a PDF's pages are headed with it)
 
     def data_url(self) -> str:
         """The item as a data URL (a fetched one too: the server it goes on to need not fetch it)."""

@@ -4,42 +4,55 @@ the prefix cache's key, the trace).
 
 The API adapters put each item into the conversation as a part `{"type": KIND, "media": MediaPart}`;
 `MediaPlan.of` walks the messages once, in order, noting which role each item came from. Decoding
-happens on the rendering thread (`decoded`), never on the event loop.
+happens on the rendering thread (`decoded`), never on the event loop; so does reading a PDF's text
+(pdf.py), which becomes text before anything else reads the conversation, whatever the model takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .decode import decode_audio, decode_image, decode_video, image_size, thumbnail
 from .parts import MediaError, MediaLimits, MediaPart, noted_in_tool_results, with_decoded
+from .pdf import with_pdf_text
 
 
 @dataclass(slots=True)
 class MediaPlan:
     parts: list[MediaPart]  # every attached item, in the conversation's order
     roles: list[str]  # the role of the message each came in
+    # PDFs, read as text on the rendering thread (pdf.with_pdf_text): never items the model reads as such.
+    pdfs: list[MediaPart] = field(default_factory=list)
 
     @classmethod
     def of(cls, messages: list[dict]) -> MediaPlan:
-        parts, roles = [], []
+        parts, roles, pdfs = [], [], []
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
             if not isinstance(content, list):
                 continue
             for part in content:
-                if isinstance(part, dict) and isinstance(part.get("media"), MediaPart):
+                if not isinstance(part, dict) or not isinstance(part.get("media"), MediaPart):
+                    continue
+                if part["media"].kind == "pdf":
+                    pdfs.append(part["media"])
+                else:
                     parts.append(part["media"])
                     roles.append(message.get("role", ""))
-        return cls(parts, roles)
+        return cls(parts, roles, pdfs)
 
     def __bool__(self) -> bool:
         return bool(self.parts)
 
     def __len__(self) -> int:
         return len(self.parts)
+
+    def with_pdf_text(self, messages: list[dict]) -> list[dict]:
+        """The conversation with each PDF read as its pages' text (pdf.py); a MediaError names one that
+        cannot be read."""
+        return with_pdf_text(messages) if self.pdfs else messages
 
     def to_fetch(self) -> list[MediaPart]:
         """The items given by URL, not fetched yet."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from looptrace.families.media.parts import NOTE, MediaPart
+from looptrace.families.media.parts import NOTE, MediaError, MediaPart
+from looptrace.families.media.pdf import pdf_part
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from .errors import invalid
-from .pdf_text import pdf_text
 from .validation import embedded_json, field, in_range, tool_name
 
 log = logging.getLogger("looptrace")
@@ -42,10 +42,11 @@ def media_note() -> str:
     return MEDIA_NOTE
 
 
-def media_part(part: dict, param: str) -> dict | str:
+def media_part(part: dict, param: str) -> dict:
     """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
-    rendering thread (families/media/decode.py). A PDF file is its pages' text (pdf_text.py)."""
+    rendering thread (families/media/decode.py). A PDF file is `{"type": "pdf", "media": MediaPart}`,
+    read there as its pages' text (families/media/pdf.py): only its size is checked here."""
     kind = part.get("type")
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
@@ -73,8 +74,8 @@ def media_part(part: dict, param: str) -> dict | str:
                           "API, and URLs are not fetched).", param=param, code="media_unsupported")
         url, where = holder.get("file_data"), f"{param}.file_data"
         if isinstance(url, str) and (url.startswith("data:application/pdf;") or _pdf_named(holder, url)):
-            return pdf_text(url.partition(",")[2] if url.startswith("data:") else url, where,
-                            holder.get("filename") if isinstance(holder.get("filename"), str) else None)
+            return _pdf(url.partition(",")[2] if url.startswith("data:") else url, where,
+                        holder.get("filename") if isinstance(holder.get("filename"), str) else None)
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
     if kind in ("image_url", "input_image", "video_url") and url.startswith(("http://", "https://")):
@@ -90,6 +91,13 @@ def media_part(part: dict, param: str) -> dict | str:
         raise invalid(f"'{where}' is {mime or 'of no declared type'}; this part takes {what}.", param=where,
                       code="media_unsupported")
     return {"type": media, "media": MediaPart(media, encoded, where, mime)}
+
+
+def _pdf(encoded: str, where: str, filename: str | None) -> dict:
+    try:
+        return {"type": "pdf", "media": pdf_part(encoded, where, filename)}
+    except MediaError as exc:
+        raise invalid(str(exc), param=exc.param, code=exc.code) from None
 
 
 def _pdf_named(holder: dict, data: str) -> bool:

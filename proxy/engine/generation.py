@@ -158,14 +158,18 @@ class Generation:
 
     def _checked_before_rendering(self, tools: list[dict] | None) -> list[dict]:
         """Everything that can refuse the conversation before it is rendered, cheapest first, or a 400
-        saying what: every kind of item counted (families/prompt_items.py); the media this model and
-        backend can take, within their limits, and the tokens their headers say the images will become;
-        the prompt's lower bound, each item at its least cost through the template, against the context
-        (families/prompt_length.py); then the media decoded. The conversation to render."""
+        saying what: first each PDF read as its pages' text (families/media/pdf.py), which all that
+        follows counts as the text it is; every kind of item counted (families/prompt_items.py); the media
+        this model and backend can take, within their limits, and the tokens their headers say the images
+        will become; the prompt's lower bound, each item at its least cost through the template, against
+        the context (families/prompt_length.py); then the media decoded. The conversation to render."""
         runtime, request = self.runtime, self.request
         family, limit, limits = runtime.family, runtime.max_model_len, runtime.media_limits
-        messages, plan = request.messages, request.media
+        plan = request.media
         try:
+            if plan.pdfs:  # read as text first (on this thread, off the event loop): all that follows counts it
+                request.messages = plan.with_pdf_text(request.messages)
+            messages = request.messages
             counts = ItemCounts(request.messages, tools)
             if plan:
                 messages, plan = plan.readable(messages, family.media_kinds, runtime.model_name)
@@ -331,8 +335,8 @@ RENDER_IN_PLACE_BYTES = 16_384  # a conversation this small (as JSON) renders in
 def _renders_quickly(request: GenerationRequest) -> bool:
     if request.stored is not None:
         return len(request.stored.ids) < RENDER_IN_PLACE_BYTES // 4
-    if request.media:
-        return False  # media is decoded while rendering: never on the event loop
+    if request.media or request.media.pdfs:
+        return False  # media is decoded while rendering, a PDF read: never on the event loop
     size = 0
     for item in (*request.messages, *(request.tools or ())):  # stops as soon as the bound is passed
         try:
