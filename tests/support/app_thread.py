@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
+
+from opentelemetry.sdk.trace import SpanProcessor
 
 from looptrace.backends.base import BackendError
 from looptrace.backends.recorded import ReplayBackend
 from looptrace.proxy.api.app import create_app
-from looptrace.proxy.api.keys import RUNTIME
+from looptrace.proxy.api.keys import RUNTIME, TELEMETRY
 from looptrace.proxy.settings import Settings
 
 
@@ -33,6 +34,7 @@ class AppThread:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None
+        self.spans_open = OpenSpans()
 
     def start(self) -> "AppThread":
         self._thread.start()
@@ -51,6 +53,7 @@ class AppThread:
 
         try:
             self.app = create_app(self.settings)
+            self.app[TELEMETRY].provider.add_span_processor(self.spans_open)  # after the store's: sees an end last
             runner = web.AppRunner(self.app, handler_cancellation=True, access_log=self.access_log)
             await runner.setup()
             if self.send_buffer is None:
@@ -104,19 +107,23 @@ class AppThread:
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"null")
 
-    def stored(self, path: str, timeout: float = 10.0, steps: int = 0) -> object:
-        """GET `path` until it answers 200, and for a trace until it is whole (`complete`: its server
-        span, the last to end, is written), for a session until it holds `steps` steps: the store writes
-        spans a moment after the answer, in batches."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status, body = self.call("GET", path)
-            whole = status == 200 and (not isinstance(body, dict) or body.get("complete", True))
-            whole = whole and (not steps or len(body.get("steps") or ()) >= steps)
-            if whole or time.monotonic() > deadline:
-                assert whole, body
-                return body
-            time.sleep(0.05)
+    def settled(self, timeout: float = 30.0) -> None:
+        """Every span begun so far has ended and is in the store, and every rollout noted: a request's
+        server span ends when its handler returns, which for a stream can be after the client has read
+        the last frame, and the store writes spans a moment later, in batches."""
+        assert self.spans_open.none(timeout), f"spans still open after {timeout:g} s: {self.spans_open.names()}"
+        telemetry = self.app[TELEMETRY]
+        assert telemetry.flush(timeout), f"the store did not take every span within {timeout:g} s"
+        telemetry._noting.submit(lambda: None).result(timeout)  # one worker: the rollouts noted before it are written
+
+    def stored(self, path: str, timeout: float = 30.0, steps: int = 0) -> object:
+        """GET `path` once the store holds what was asked so far (settled): a trace whole (`complete`),
+        a session with at least `steps` steps."""
+        self.settled(timeout)
+        status, body = self.call("GET", path)
+        whole = status == 200 and (not isinstance(body, dict) or body.get("complete", True))
+        assert whole and (not steps or len(body.get("steps") or ()) >= steps), (status, body)
+        return body
 
     def metric(self, name: str, **labels: str) -> float:
         """One series of /metrics, summed over the labels not given (0 when absent)."""
@@ -137,6 +144,31 @@ class AppThread:
                 return response.status, response.headers["Content-Type"], response.read()
         except urllib.error.HTTPError as err:
             return err.code, err.headers["Content-Type"], err.read()
+
+
+class OpenSpans(SpanProcessor):
+    """The spans begun and not yet ended, and a wait on their ending (an event, not a poll)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, str] = {}
+        self._changed = threading.Condition()
+
+    def on_start(self, span, parent_context=None) -> None:
+        with self._changed:
+            self._open[span.context.span_id] = span.name
+
+    def on_end(self, span) -> None:
+        with self._changed:
+            self._open.pop(span.context.span_id, None)
+            self._changed.notify_all()
+
+    def none(self, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._open, timeout)
+
+    def names(self) -> list[str]:
+        with self._changed:
+            return sorted(self._open.values())
 
 
 class Wrapped:

@@ -7,9 +7,11 @@ import socket
 import subprocess
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import waiting
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -42,15 +44,16 @@ class Service:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
-        """Until `ready()`; a process that exits first, or the time running out, fails with its log."""
-        def answered() -> bool:
+    def wait_until(self, ready: Callable[[], T], timeout: float) -> T:
+        """`ready()`'s first answer that is something; a process that exits first, or the time running
+        out, fails with its log."""
+        def answered() -> T:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
             return ready()
 
         try:
-            waiting.wait_until(answered, timeout, every=0.2)
+            return waiting.wait_until(answered, timeout, every=0.2)
         except AssertionError:
             raise TimeoutError(f"{self.name} was not ready after {timeout} s:\n{self.log()}") from None
 

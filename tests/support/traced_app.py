@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from looptrace.proxy.api.app import create_app
 from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.settings import Settings
+from waiting import wait_until_async
 
 
 class App:
@@ -29,9 +30,11 @@ class App:
         self.telemetry.provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.client = TestClient(TestServer(app))
         await self.client.start_server()
-        while (await self.client.get("/health")).status != 200:
-            await asyncio.sleep(0.05)
+        await wait_until_async(self._healthy, timeout=300, what="/health answering 200")
         return self
+
+    async def _healthy(self) -> bool:
+        return (await self.client.get("/health")).status == 200
 
     async def __aexit__(self, *exc):
         await self.client.close()

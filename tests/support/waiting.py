@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar, Union
 
 T = TypeVar("T")
+What = Union[str, Callable[[], str], None]  # a callable says it at the deadline: a log as it then stands
 
 
-def wait_until(found: Callable[[], T], timeout: float = 30.0, every: float = 0.1, what: str | None = None, *,
+def wait_until(found: Callable[[], T], timeout: float = 30.0, every: float = 0.1, what: What = None, *,
                or_last: bool = False) -> T:
     """`found()`'s first answer that is something (truthy), asked every `every` seconds; past `timeout`
     an AssertionError saying what was awaited and the last answer (or, `or_last`, that answer, for a
@@ -28,12 +29,12 @@ def wait_until(found: Callable[[], T], timeout: float = 30.0, every: float = 0.1
         if time.monotonic() >= deadline:
             if or_last:
                 return value
-            raise AssertionError(f"not within {timeout:g} s: {what or _name(found)} (last answer: {value!r})")
+            raise AssertionError(f"not within {timeout:g} s: {_said(what, found)} (last answer: {value!r})")
         time.sleep(every)
 
 
 async def wait_until_async(found: Callable[[], T | Awaitable[T]], timeout: float = 30.0, every: float = 0.02,
-                           what: str | None = None) -> T:
+                           what: What = None) -> T:
     """As wait_until, on an event loop: the loop runs between the questions."""
     deadline = time.monotonic() + timeout
     while True:
@@ -43,9 +44,11 @@ async def wait_until_async(found: Callable[[], T | Awaitable[T]], timeout: float
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what or _name(found)} (last answer: {value!r})")
+            raise AssertionError(f"not within {timeout:g} s: {_said(what, found)} (last answer: {value!r})")
         await asyncio.sleep(every)
 
 
-def _name(found: Callable) -> str:
-    return getattr(found, "__qualname__", None) or repr(found)
+def _said(what: What, found: Callable) -> str:
+    if callable(what):
+        return what()
+    return what or getattr(found, "__qualname__", None) or repr(found)

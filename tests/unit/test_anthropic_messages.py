@@ -358,14 +358,7 @@ def test_claude_codes_session_header_groups_its_requests(replay_app):
 
 def steps_of(app, session: str, count: int) -> dict:
     """The session once its `count` steps are stored (the store writes a moment after each answer)."""
-    import time
-
-    deadline = time.monotonic() + 15
-    while True:
-        found = app.stored(f"/v1/sessions/{session}")
-        if len(found["steps"]) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+    return app.stored(f"/v1/sessions/{session}", steps=count)
 
 
 def metrics_text(app) -> str:

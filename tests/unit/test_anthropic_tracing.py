@@ -19,14 +19,7 @@ HEADERS = {"X-Claude-Code-Session-Id": SESSION, "User-Agent": "claude-cli/2.1.33
 
 
 def steps_of(app, count: int) -> list[dict]:
-    import time
-
-    deadline = time.monotonic() + 30
-    while True:
-        steps = app.stored(f"/v1/sessions/{SESSION}")["steps"]
-        if len(steps) >= count or time.monotonic() > deadline:
-            return steps
-        time.sleep(0.05)
+    return app.stored(f"/v1/sessions/{SESSION}", steps=count)["steps"]
 
 
 def test_a_messages_session_has_tokens_prompt_diffs_and_forks(local_app):

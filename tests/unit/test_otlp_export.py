@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -19,6 +18,7 @@ from looptrace.trace_store.processor import QueueingSpanProcessor
 
 import load_once
 from traced_app import App, run
+from waiting import wait_until
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -287,9 +287,7 @@ def test_a_held_span_is_sent_when_due_on_a_quiet_server():
     provider.add_span_processor(processor)
     span = provider.get_tracer("t").start_span("execute_tool f", attributes={attr.GEN_AI_TOOL_CALL_ID: "call_1"})
     span.end()
-    deadline = time.monotonic() + 10
-    while not sent.get_finished_spans() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(sent.get_finished_spans, 10, every=0.02, or_last=True)  # no flush: that would wake the sink
     assert [s.name for s in sent.get_finished_spans()] == ["execute_tool f"]
     assert processor.depth == 0
     provider.shutdown()
