@@ -65,7 +65,7 @@ class UpstreamEvent(TypedDict):
     moved_from: str | None  # the server the conversation's last request went to, when it was another
     # The attempt before this one, which failed before its first token: {"server", "code", "message"}.
     retry_after: dict | None
-    # Why this server (vllm/routing.py's receipt): policy, reason, predicted_cached_tokens, index (which of
+    # Why this server (vllm/routing/policies.py's receipt): policy, reason, predicted_cached_tokens, index (which of
     # the server's indexes predicted it: "events" or "estimate"), score, load, and the runner-up's
     # runner_up, runner_up_score, runner_up_predicted_cached_tokens, runner_up_load; None: not routed.
     receipt: dict | None

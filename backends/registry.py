@@ -126,7 +126,7 @@ def _check_llama_cpp(settings) -> str | None:
     return _speculation(settings, ("ngram", "suffix"))
 
 
-ROUTING = ("rendezvous", "least-loaded", "cache-aware")  # backends/vllm/routing.py's POLICIES, in its order
+ROUTING = ("rendezvous", "least-loaded", "cache-aware")  # backends/vllm/routing/policies.py's POLICIES, in its order
 
 
 def _check_vllm(settings) -> str | None:

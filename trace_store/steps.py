@@ -12,7 +12,7 @@ JSON document per step instead of every prompt and token.
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
 the trace was recorded without content. `tools` counts the tool calls by outcome. `route` is the vLLM
 routing's receipt: the server, the policy and its reason, the cached tokens predicted and those the
-server then reported, the expected time to first token and its terms (backends/vllm/cost.py) and the one it
+server then reported, the expected time to first token and its terms (backends/vllm/routing/cost.py) and the one it
 took, and the runner-up. `compaction` marks a compaction step (how it was asked for, the summary's id, the
 input items it replaces); `compactions_expanded`, a step whose input held compaction items, each read as
 its summary.

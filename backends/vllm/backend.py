@@ -13,7 +13,7 @@ at load (upstream.py), else `/v1/completions` with a token-id prompt. Failures b
 `BackendError` the client hears, never a hang: every wait on the server is bounded by the timeout.
 
 Several servers may serve the model (pool.py chooses one per request, by the routing policy of
-routing.py, and says why in the `upstream` event). A server that fails before the first token
+routing/policies.py, and says why in the `upstream` event). A server that fails before the first token
 (refused, cut, an error, silence past the timeout) is left for another, once: nothing has reached the
 client yet. After the first token a failure is the client's error.
 """
@@ -30,9 +30,8 @@ from looptrace.common.vocabulary import Vocabulary
 
 from ..base import BackendError, DecodeRequest, Loader, LoaderHost, TextModel, TokenScore
 from ..events import Event, upstream_event
-from .cost import Price
-from .kv_index import PromptBlocks
 from .pool import Pool
+from .routing import Price, PromptBlocks
 from .scoring import score_on
 from .spawn import SpawnedVLLM, default_command
 from .stream import SSEReader, TokenEmitter, cut, post
@@ -95,7 +94,7 @@ class VLLMLoader(Loader):
 
 def _follow_kv_events(upstreams: list[Upstream], endpoints: list[str]) -> None:
     """Each server's KV events (`ENDPOINT[,REPLAY_ENDPOINT]`, or "none"), read into what it holds."""
-    from .kv_events import KVEvents  # ZeroMQ and msgpack: the vllm extra, checked with the options
+    from .routing.kv_events import KVEvents  # ZeroMQ and msgpack: the vllm extra, checked with the options
 
     for upstream, spec in zip(upstreams, endpoints):
         if spec != "none":

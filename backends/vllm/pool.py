@@ -1,8 +1,8 @@
 """The vLLM servers behind the vllm backend, all serving one model: which one takes a request.
 
-The choice is the routing policy's (--routing; routing.py: rendezvous, least-loaded, cache-aware),
+The choice is the routing policy's (--routing; routing/policies.py: rendezvous, least-loaded, cache-aware),
 among the servers that answer; each choice comes with its receipt (a Route). What each server holds in
-its prefix cache is kept per server (kv_index.py: its KV events when it publishes them, kv_events.py,
+its prefix cache is kept per server (routing/kv_index.py: its KV events when it publishes them, routing/kv_events.py,
 else what looptrace sent it); its load is looptrace's own count and, for the policies that weigh load, what
 its /metrics says, read every second.
 
@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 from ..base import BackendError
 from . import protocol, routing
-from .conversations import Conversations
-from .kv_index import PromptBlocks, SharedPrefixes
+from .routing import Conversations, PromptBlocks, SharedPrefixes
 from .upstream import Unreachable, Upstream
 
 log = logging.getLogger("looptrace")

@@ -2,7 +2,7 @@
 
 The command (`--vllm-command`, `{model}` and `{port}` filled in, a free loopback port chosen; `{kv_events}`
 with vLLM's --kv-events-config, publishing on sockets of a folder of its own, which looptrace follows:
-kv_events.py) runs in a process group of its own; its output is logged line by line with a `vllm|`
+routing/kv_events.py) runs in a process group of its own; its output is logged line by line with a `vllm|`
 prefix and its last lines kept, so that when it exits or never gets ready the reason is said, not
 guessed. looptrace waits for its /health while saying how long it has waited and what it printed last;
 once ready, a server that dies is started again (after 1, 2, 5 … 30 s), and stopping looptrace stops

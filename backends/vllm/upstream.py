@@ -5,7 +5,7 @@ context; an empty POST to `/inference/v1/generate` tells whether that route is t
 the body failed validation at no cost to the engine; 403: started without --enable-scale-out; 404:
 a vLLM too old to have it). Once connected, its /health is probed so that requests go only to a
 server that answers (the pool of servers, pool.py, keeps that going), and its /metrics read for its
-load and its prefix cache's shape (routing.py, kv_index.py).
+load and its prefix cache's shape (routing/policies.py, routing/kv_index.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from . import protocol
-from .cost import ServerCost
-from .kv_index import Holdings
-from .load import Load
+from .routing import Holdings, Load, ServerCost
 
 log = logging.getLogger("looptrace")
 
@@ -59,10 +57,10 @@ class Upstream:
         self.reachable = False  # it answered last time it was asked
         self.error: str | None = None
         self.load = Load()  # requests in flight on it (this process's, and as it says), and averaged
-        # What its prefix cache holds: read from its KV events (vllm/kv_events.py) when the loader gives it
+        # What its prefix cache holds: read from its KV events (vllm/routing/kv_events.py) when the loader gives it
         # them, else estimated from what was sent to it.
         self.holdings = Holdings()
-        self.cost = ServerCost()  # what a request would wait there for its first token, as measured (cost.py)
+        self.cost = ServerCost()  # what a request would wait there for its first token, as measured (routing/cost.py)
         # Its weights' label (GET /weight_info: vLLM started with VLLM_SERVER_DEV_MODE=1), read with each probe; for a
         # response that does not say which weights sampled it.
         self.weight_version: str | None = None

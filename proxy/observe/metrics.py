@@ -42,7 +42,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                 10.0, 20.0, 40.0, 80.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
-MOVE_REASONS = ("faster", "least_loaded", "home", "retry", "only")  # why a conversation leaves a server (routing.py)
+MOVE_REASONS = ("faster", "least_loaded", "home", "retry", "only")  # why a conversation leaves a server (vllm/routing/policies.py)
 ERROR_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # a prediction's error, as a share of the prompt
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000)
 

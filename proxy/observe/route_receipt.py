@@ -1,6 +1,6 @@
-"""The routing receipt (backends/vllm/routing.py's Route.receipt) as the decode span's attributes: where a request
-went and why, each server's price (backends/vllm/cost.py), and, once it is answered, how far the prediction was:
-cached tokens against predicted, time to first token against expected."""
+"""The routing receipt (backends/vllm/routing/policies.py's Route.receipt) as the decode span's attributes: where a
+request went and why, each server's price (backends/vllm/routing/cost.py), and, once it is answered, how far the
+prediction was: cached tokens against predicted, time to first token against expected."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ import real_vllm
 import zmq
 from real_vllm import VLLMServer
 
-from looptrace.backends.vllm import routing
+from looptrace.backends.vllm.routing import policies
 
 from server import free_port
 from vllm_double import DoubleProcess
@@ -314,7 +314,7 @@ def check_prices(server, spans: list[dict]) -> None:
         if s["looptrace.route.reason"] == "faster":  # left its home (of two servers, the runner-up) only for a saving
             home, spreads = s["looptrace.route.runner_up_expected_ttft"], (s["looptrace.route.spread_seconds"],
                                                                            s["looptrace.route.runner_up_spread_seconds"])
-            assert home - s["looptrace.route.expected_ttft"] > routing.margin(
+            assert home - s["looptrace.route.expected_ttft"] > policies.margin(
                 SimpleNamespace(seconds=home, spread=spreads[1]), SimpleNamespace(spread=spreads[0])) - 1e-5, s
     fits = [u["cost"] for u in server.get("/health")[1]["upstreams"]]
     assert all(f["answered"] > 0 and 10 < f["prefill_rate"] < 100_000 and f["spread_seconds"] >= 0 for f in fits), fits

@@ -1,4 +1,4 @@
-"""Following a vLLM server's KV events (backends/vllm/kv_events.py) through what a real publisher will not do
+"""Following a vLLM server's KV events (backends/vllm/routing/kv_events.py) through what a real publisher will not do
 on demand: batches published before looptrace subscribed, a seq gap the replay socket fills, one nothing
 fills, a publisher that restarts (its seq from 0, its cache empty), one that goes silent while the server
 serves, a reset (AllBlocksCleared), and a payload of another format. The publisher is the vLLM double's
@@ -13,9 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from looptrace.backends.vllm import kv_events
-from looptrace.backends.vllm.kv_events import KVEvents
-from looptrace.backends.vllm.kv_index import PromptBlocks
+from looptrace.backends.vllm.routing import PromptBlocks, kv_events
+from looptrace.backends.vllm.routing.kv_events import KVEvents
 
 from kv_publisher import PrefixCache, Publisher
 from waiting import wait_until_async

@@ -1,13 +1,13 @@
-"""A hybrid model's KV-cache groups (backends/vllm/kv_groups.py): each group's blocks as vLLM 0.32's events announce
-them (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`), and the prefix vLLM's hybrid coordinator
-finds cached across them: a full-attention prefix is no hit without the sliding window's last blocks or the recurrent
-state at its end. Where the kinds leave it unsaid, the receipt says `estimate`. The expected hits are worked out by
-hand from vLLM 0.32's managers (vllm/v1/core/single_type_kv_cache_manager.py: FullAttentionManager,
+"""A hybrid model's KV-cache groups (backends/vllm/routing/kv_groups.py): each group's blocks as vLLM 0.32's events
+announce them (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`), and the prefix vLLM's hybrid
+coordinator finds cached across them: a full-attention prefix is no hit without the sliding window's last blocks or
+the recurrent state at its end. Where the kinds leave it unsaid, the receipt says `estimate`. The expected hits are
+worked out by hand from vLLM 0.32's managers (vllm/v1/core/single_type_kv_cache_manager.py: FullAttentionManager,
 SlidingWindowManager, MambaManager, and vllm/v1/core/kv_cache_coordinator.py's fixed point)."""
 
 from __future__ import annotations
 
-from looptrace.backends.vllm.kv_index import EventIndex, Holdings, PromptBlocks
+from looptrace.backends.vllm.routing.kv_index import EventIndex, Holdings, PromptBlocks
 
 BLOCK = 16
 PROMPT = list(range(3000, 3000 + 10 * BLOCK + 1))  # ten whole blocks usable (vLLM computes the last token again)

@@ -1,4 +1,4 @@
-"""What each vLLM server holds (backends/vllm/kv_index.py): the index its KV events build predicts exactly
+"""What each vLLM server holds (backends/vllm/routing/kv_index.py): the index its KV events build predicts exactly
 what its prefix cache will find, through evictions and resets; what it cannot place (an unknown parent,
 media, another medium) it leaves out rather than guesses; the estimate keeps what was sent, up to the
 server's capacity. The events here are the vLLM double's (tests/support/kv_publisher.py), whose messages
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from looptrace.backends.vllm.kv_index import EventIndex, Holdings, PromptBlocks, SentIndex
+from looptrace.backends.vllm.routing.kv_index import EventIndex, Holdings, PromptBlocks, SentIndex
 
 from kv_publisher import PrefixCache
 

@@ -6,7 +6,7 @@ A name is checked when it ends in .py or .md and stands in a docstring or a comm
 in code are data: a test's `a.py`; the comments of pyproject.toml, the scripts and configuration too)
 or in README.md and docs/ (outside code blocks, which show a user's own files; code spans are read).
 It resolves as a path from the repository's root, from the naming file's folder, or as the end of a
-tracked path (`vllm/kv_index.py` is backends/vllm/kv_index.py). Names of other projects' files say
+tracked path (`vllm/routing/kv_index.py` is backends/vllm/routing/kv_index.py). Names of other projects' files say
 whose they are with a prefix from EXTERNAL."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The cost model of `--routing cache-aware` (backends/vllm/cost.py, routing.py): each server priced in seconds, as
-the request's expected time to first token there (its own uncached prompt, the uncached tokens queued ahead of it,
+"""The cost model of `--routing cache-aware` (backends/vllm/routing/cost.py, policies.py): each server priced in
+seconds, as the request's expected time to first token there (its own uncached prompt, the uncached tokens queued ahead of it,
 vLLM's waiting requests beyond looptrace's, over the server's measured prefill rate, plus decode pressure), the
 conversation's home winning ties, near-ties and savings within the prices' spread. Driven through the pool, with
 servers whose holdings, queues and rates are set here; the clock is the test's."""
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from looptrace.backends.vllm import conversations, cost, routing
-from looptrace.backends.vllm.kv_index import PromptBlocks
 from looptrace.backends.vllm.pool import Pool
+from looptrace.backends.vllm.routing import PromptBlocks, conversations, cost, policies
 from looptrace.backends.vllm.upstream import Upstream
 
 SYSTEM = list(range(1000, 1160))  # a system prompt every conversation shares: 10 blocks of 16
@@ -33,7 +32,7 @@ def pool_of(n: int = 2) -> Pool:
 
 
 def home_of(pool: Pool, conversation: str) -> Upstream:
-    return max(pool.upstreams, key=lambda u: routing.weight(conversation, u.url))
+    return max(pool.upstreams, key=lambda u: policies.weight(conversation, u.url))
 
 
 def named_for(pool: Pool, server: Upstream, prefix: str) -> str:
@@ -251,7 +250,7 @@ def test_a_server_that_answered_a_handful_is_not_trusted_to_the_second(clock):
     history = held_apart(home, other)
     waiting = queue(home, 200)  # the other would read 160 tokens more and wait for none of these 200
     lasting(teacher)
-    assert routing.crowded(home.cost.price(1), other.cost.price(1))
+    assert policies.crowded(home.cost.price(1), other.cost.price(1))
 
     def saving(route) -> float:
         return route.runner_up.price.seconds - route.chosen.price.seconds
@@ -259,8 +258,8 @@ def test_a_server_that_answered_a_handful_is_not_trusted_to_the_second(clock):
     kept = pool.choose(conversation, history + [1] * 20)
     assert kept.upstream is home and kept.reason == "home" and kept.runner_up.upstream is other, kept.receipt()
     # A saving past the near-tie (NEAR of the home's time): three misses of 0 s would have moved it.
-    assert -saving(kept) > routing.NEAR * kept.chosen.price.seconds
-    assert -saving(kept) < routing.margin(kept.chosen.price, kept.runner_up.price)
+    assert -saving(kept) > policies.NEAR * kept.chosen.price.seconds
+    assert -saving(kept) < policies.margin(kept.chosen.price, kept.runner_up.price)
     home.cost.closed(waiting)
     for upstream in (home, other):
         answer(upstream, [0.0] * 60)  # dozens more, each as priced: the spread is now theirs
@@ -292,7 +291,7 @@ def test_a_saving_the_prices_cannot_tell_apart_keeps_the_conversation_home(clock
     lasting(other)
     kept = pool.choose(conversation, history + [1] * 20)
     assert kept.upstream is home and kept.reason == "home", kept.receipt()
-    assert kept.runner_up.price.seconds < kept.chosen.price.seconds - routing.NEAR * kept.chosen.price.seconds
+    assert kept.runner_up.price.seconds < kept.chosen.price.seconds - policies.NEAR * kept.chosen.price.seconds
     assert -saving(kept) < kept.chosen.price.spread == pytest.approx(1.5, rel=0.1)
     assert kept.receipt()["spread_seconds"] == round(kept.chosen.price.spread, 6)
     assert kept.receipt()["runner_up_spread_seconds"] < kept.receipt()["spread_seconds"] / 3
@@ -326,8 +325,8 @@ def test_a_queue_found_by_fewer_requests_than_a_quarter_of_the_window_is_a_momen
     def price(met: float, found: int) -> cost.Price:
         return cost.Price(5.0, 500, 0.0, 0, 0.0, 0, 130.0, 0.0, 0.0, met=met, found=found)
 
-    assert not routing.crowded(price(0.19, cost.MET_LEAST - 1), price(0.09, cost.MET_LEAST - 1))
-    assert routing.crowded(price(0.19, cost.MET_LEAST), price(0.09, cost.MET_LEAST))
+    assert not policies.crowded(price(0.19, cost.MET_LEAST - 1), price(0.09, cost.MET_LEAST - 1))
+    assert policies.crowded(price(0.19, cost.MET_LEAST), price(0.09, cost.MET_LEAST))
     pool = pool_of()
     a, b = pool.upstreams
     for _ in range(3):
@@ -353,8 +352,8 @@ def test_a_wave_of_turns_moves_no_conversation_and_a_queue_that_lasts_does(clock
     kept = pool.choose(conversation, history + [1] * 20)
     assert (kept.upstream, kept.reason) == (home, "home"), kept.receipt()
     saving = kept.chosen.price.seconds - kept.runner_up.price.seconds
-    assert saving > routing.margin(kept.chosen.price, kept.runner_up.price) and saving > 5  # priced alone, it moves
-    assert not routing.crowded(kept.chosen.price, kept.runner_up.price)
+    assert saving > policies.margin(kept.chosen.price, kept.runner_up.price) and saving > 5  # priced alone, it moves
+    assert not policies.crowded(kept.chosen.price, kept.runner_up.price)
     # A conversation none of whose own prompt is held anywhere loses no cache: the cheaper server takes it now.
     fresh = pool.choose(named_for(pool, home, "fresh"), SYSTEM + [9] * 100)
     assert (fresh.upstream, fresh.reason, fresh.chosen.own) == (other, "faster", 0)
@@ -363,7 +362,7 @@ def test_a_wave_of_turns_moves_no_conversation_and_a_queue_that_lasts_does(clock
     assert (moved.upstream, moved.reason, moved.moved_from) == (other, "faster", home.name), moved.receipt()
     receipt = moved.receipt()
     assert receipt["runner_up"] == home.name
-    assert receipt["runner_up_met_queue_seconds"] > routing.CROWDED * receipt["met_queue_seconds"] > 0
+    assert receipt["runner_up_met_queue_seconds"] > policies.CROWDED * receipt["met_queue_seconds"] > 0
 
 
 def test_a_conversation_under_way_holding_no_cache_moves_only_where_that_evens_the_servers(clock):
@@ -385,7 +384,7 @@ def test_a_conversation_under_way_holding_no_cache_moves_only_where_that_evens_t
     waiting = queue(a, 1500)  # a wave of turns reaching a
     kept = pool.choose(on_a[0], SYSTEM + [5] * 40)
     assert (kept.upstream, kept.reason, kept.chosen.own, kept.moved_from) == (a, "home", 0, None), kept.receipt()
-    assert kept.chosen.price.seconds - kept.runner_up.price.seconds > routing.margin(kept.chosen.price,
+    assert kept.chosen.price.seconds - kept.runner_up.price.seconds > policies.margin(kept.chosen.price,
                                                                                     kept.runner_up.price)
     assert (kept.chosen.kept, kept.runner_up.kept) == (3, 3)  # moved, it would leave a 2 and b 4
     receipt = kept.receipt()
@@ -407,7 +406,7 @@ def test_a_conversation_under_way_holding_no_cache_moves_only_where_that_evens_t
 
 
 def test_every_policy_receipt_carries_the_price(clock):
-    for policy in routing.POLICIES:
+    for policy in policies.POLICIES:
         pool = pool_of()
         pool.policy = policy
         for upstream in pool.upstreams:

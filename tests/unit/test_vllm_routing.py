@@ -1,4 +1,4 @@
-"""The routing policies (backends/vllm/routing.py), driven through the pool with servers whose holdings and
+"""The routing policies (backends/vllm/routing/policies.py), driven through the pool with servers whose holdings and
 loads are set here: cache-aware keeps a conversation where its prompt is held and at home on ties, and does
 not herd new conversations to the server that holds a shared system prompt; least-loaded goes to the idlest,
 home on ties; each choice's receipt says why, with the runner-up's numbers. The options that choose them are
@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 
 from looptrace.backends import registry
-from looptrace.backends.vllm import routing
-from looptrace.backends.vllm.kv_index import PromptBlocks
 from looptrace.backends.vllm.pool import Pool
+from looptrace.backends.vllm.routing import PromptBlocks, policies
 from looptrace.backends.vllm.upstream import Upstream
 
 SYSTEM = list(range(1000, 1160))  # a system prompt every conversation shares: 10 blocks of 16
@@ -37,7 +36,7 @@ def busy(upstream: Upstream, now: int) -> None:
 
 
 def home_of(pool: Pool, conversation: str) -> Upstream:
-    return max(pool.upstreams, key=lambda u: routing.weight(conversation, u.url))
+    return max(pool.upstreams, key=lambda u: policies.weight(conversation, u.url))
 
 
 def test_cache_aware_goes_where_the_prompt_is_held_and_says_so():
@@ -97,7 +96,7 @@ def test_a_conversation_that_moves_says_from_where():
 
 
 def test_the_command_line_offers_the_policies_routing_has():
-    assert registry.ROUTING == tuple(routing.POLICIES)
+    assert registry.ROUTING == tuple(policies.POLICIES)
     with pytest.raises(ValueError, match="no routing policy"):
         pool_of("round-robin")
 
@@ -167,7 +166,7 @@ def test_cache_aware_does_not_herd_new_conversations_to_the_server_holding_a_sha
 
 
 def test_the_prefix_shared_with_other_conversations_is_told_apart():
-    from looptrace.backends.vllm.kv_index import SharedPrefixes
+    from looptrace.backends.vllm.routing import SharedPrefixes
 
     shared = SharedPrefixes()
     assert shared.shared_tokens("a", PromptBlocks(SYSTEM + [1] * 40), 16) == 0  # first to send it

@@ -1,7 +1,7 @@
 """Where each conversation's requests go: the server of its last request (the pool says from it when a conversation
 moved), and how many conversations each server keeps lately (those whose last request this process sent there
 within RECENT_SECONDS). cache-aware routing asks for those counts before it moves a conversation that holds no cache
-of its own anywhere yet (routing.py): such a move loses nothing now, but takes the conversation's later turns along,
+of its own anywhere yet (policies.py): such a move loses nothing now, but takes the conversation's later turns along,
 and only where the servers keep unevenly many conversations is that a reason for it.
 
 Work per request is constant: both tables are kept least recent first, and what leaves the window leaves from the

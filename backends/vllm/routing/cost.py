@@ -1,5 +1,5 @@
 """What a request would wait for its first token on one vLLM server, in seconds: the price `--routing cache-aware`
-compares the servers by (routing.py).
+compares the servers by (policies.py).
 
     expected TTFT = overhead + (prefill + queued + others × per_request) / rate + per_decoding × decoding
 
@@ -26,12 +26,12 @@ SPREAD_PRIOR of the price itself, so that a server that has answered a handful o
 to the second (on real servers the early moves, on a conversation's second to fourth turn, were those made on spreads
 of 0–0.5 s that later measured 1.1–1.6 s). A miss every price shares (a request that waits for the engine's step in
 progress, or shares its step with prompts sent just after it) does not tell two servers apart; the spread does:
-routing.py moves a conversation only for a saving larger than the two prices can be told apart by.
+policies.py moves a conversation only for a saving larger than the two prices can be told apart by.
 
 Each server also keeps the queue the pool's requests have lately found there (`met`, seconds: its queued and others'
 tokens priced, averaged over the requests sent to any server of the pool, each weighing MET_FORGET as much as the next:
 about the last 200; `found` counts them). A price says what one request would wait now; a move also takes the
-conversation's later turns along, so routing.py moves one only off a home whose queue has lately been longer than the
+conversation's later turns along, so policies.py moves one only off a home whose queue has lately been longer than the
 other's for more than a moment (a wave of turns that all the servers drain in turn is no reason to move), and not
 before the pool has sent MET_LEAST requests.
 

@@ -1,4 +1,4 @@
-"""A vLLM server's load, as routing reads it (routing.py): its requests in flight now, and the server's own counts
+"""A vLLM server's load, as routing reads it (policies.py): its requests in flight now, and the server's own counts
 of those running and waiting.
 
 In flight is the larger of this process's own count (known at once) and the server's (its /metrics' requests

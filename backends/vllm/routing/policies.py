@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .cost import MET_LEAST
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .cost import Price
-    from .kv_index import PromptBlocks
-    from .upstream import Upstream
+    from .cost import Price, ServerCost
+    from .kv_index import Holdings, PromptBlocks
+    from .load import Load
 
 LOAD_SECONDS = 1.0  # between readings of each server's /metrics, for the policies that weigh load
 NEAR = 0.1  # cache-aware: the share of the home's expected time another server must save to take the request
@@ -56,9 +56,20 @@ NEAR_SECONDS = 0.05  # and the least it must save
 CROWDED = 2.0
 
 
+class Server(Protocol):
+    """A vLLM server as the policies read it (the pool's Upstream, backends/vllm/upstream.py): named here, so that
+    the routing imports nothing of the servers it ranks."""
+
+    url: str
+    name: str  # "host:port", as the receipt names it
+    holdings: Holdings  # what its prefix cache holds
+    load: Load
+    cost: ServerCost  # what a request would wait there for its first token
+
+
 @dataclass(slots=True)
 class Candidate:
-    upstream: Upstream
+    upstream: Server
     weight: int  # the conversation's rendezvous hash with this server (0 without a conversation)
     predicted: int  # prompt tokens predicted to be in its prefix cache
     own: int  # of which beyond the prefix the prompt shares with other conversations
@@ -83,7 +94,7 @@ class Candidate:
 class Route:
     """The server chosen for a request, and why."""
 
-    upstream: Upstream
+    upstream: Server
     policy: str
     reason: str  # home | faster | least_loaded | retry | only
     chosen: Candidate
@@ -122,7 +133,7 @@ def weight(conversation: str, url: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def candidates(live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
+def candidates(live: list[Server], conversation: str | None, prompt: PromptBlocks | None,
                shared: int = 0, kept: Mapping[str, int] | None = None, last: str | None = None) -> list[Candidate]:
     """Each live server as a policy sees it, in the order given (ties keep it). `shared`: the prompt's tokens
     another conversation sent first; `kept`: each server's recent conversations; `last`: the server of the
@@ -214,7 +225,7 @@ POLICIES = {"rendezvous": _rendezvous, "least-loaded": _least_loaded, "cache-awa
 USES_LOAD = ("least-loaded", "cache-aware")  # the policies for which each server's /metrics is read
 
 
-def choose(policy: str, live: list[Upstream], conversation: str | None, prompt: PromptBlocks | None,
+def choose(policy: str, live: list[Server], conversation: str | None, prompt: PromptBlocks | None,
            retry: bool = False, shared: int = 0, kept: Mapping[str, int] | None = None,
            last: str | None = None) -> Route:
     """The route for a request among the live servers (in the order in which idle ones should take turns)."""
