@@ -203,3 +203,20 @@ def browser():
         if os.environ.get("CI"):
             raise
         pytest.skip("Chromium is not installed (tests/run.sh installs it)")
+
+
+@pytest.fixture
+def responses_parses(monkeypatch) -> list:
+    """The names of the Responses request models (ResponsesRequest and its subclasses: the WebSocket's
+    ResponseCreate) validated while the test runs, one per parse: a turn's body is parsed once."""
+    from looptrace.proxy.api.openai.responses.protocol import ResponsesRequest
+
+    seen: list = []
+    validate = ResponsesRequest.model_validate.__func__
+
+    def counted(cls, *args, **kwargs):
+        seen.append(cls.__name__)
+        return validate(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ResponsesRequest, "model_validate", classmethod(counted))
+    return seen

@@ -17,9 +17,10 @@ anthropic/protocol.py); its request module turns the model into the engine's req
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 from pydantic_core import PydanticCustomError
 
 from .errors import APIError, invalid
@@ -53,6 +54,20 @@ def refused(code: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(code, message, {"code": code})
 
 
+def one_of(kind_of: Callable[[Any], str | None], **models: type) -> Any:
+    """A union picked by `kind_of(value)` (the name of one of `models`, or None: a 400 naming the
+    value's `type`), as OpenAI's item and part unions are: by their `type`, not by trying each."""
+    def tag(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return f"<{next(iter(models))}>"  # any branch refuses a non-object with "expected an object"
+        kind = kind_of(value)
+        return f"<{kind}>" if kind is not None else None
+
+    branches = tuple(Annotated[model, Tag(f"<{name}>")] for name, model in models.items())
+    return Annotated[Union[branches], Discriminator(tag, custom_error_type="unknown_type",
+                                                   custom_error_message="unknown type")]
+
+
 # pydantic's error types → what a value should have been, in OpenAI's words ("expected a string").
 _EXPECTED = {
     "string_type": "a string", "int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
@@ -71,7 +86,8 @@ def refusal(exc: ValidationError, where: str = "") -> APIError:
     at = next(i for i, p in enumerate(places) if p.count(".") + p.count("[") == depth)
     error, param = errors[at], places[at]
     kind = error["type"]
-    if kind == "missing":
+    if kind == "missing" or (kind in _EXPECTED and error.get("input", 0) is None and isinstance(error["loc"][-1], str)):
+        # A field that takes no null, sent as null: absent, as every optional one is when null.
         return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if kind in _EXPECTED:
         expected = " or ".join(dict.fromkeys(_EXPECTED[e["type"]] for e, p in zip(errors, places)
@@ -87,6 +103,9 @@ def refusal(exc: ValidationError, where: str = "") -> APIError:
     if bound is not None:
         limit = next(iter(v for k, v in context.items() if k in ("ge", "le", "gt", "lt")), "")
         return invalid(f"Invalid value for '{param}': {error.get('input')} is not {bound} {limit}.", param=param)
+    if kind == "unknown_type":  # one_of found no branch for the value's `type`
+        given = error["input"].get("type") if isinstance(error.get("input"), dict) else None
+        return invalid(f"Invalid value for '{param}.type': {given!r}.", param=f"{param}.type")
     if kind in _OURS:  # raised by a model's validator (`refused`)
         return invalid(error["msg"].replace("{param}", param), param=param, code=context.get("code", kind))
     return invalid(f"Invalid value for '{param}': {error['msg']}.", param=param)
@@ -105,7 +124,12 @@ def _place(where: str, loc: tuple) -> str:
 
 
 def _is_branch(part: str) -> bool:
-    return part[:1].isupper() or part.startswith(("list[", "dict[", "str", "function-", "tagged-union["))
+    # one_of's tags are <name>; a plain union's branches are named by their types.
+    return part in _SCALARS or part[:1].isupper() or part.startswith(("<", "list[", "dict[", "literal[", "function-",
+                                                                       "tuple[", "nullable["))
+
+
+_SCALARS = frozenset(("str", "int", "float", "bool", "none", "any"))
 
 
 def _shown(value: Any) -> str:

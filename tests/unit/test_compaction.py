@@ -380,3 +380,20 @@ def test_a_clients_own_compaction_is_marked_as_it_says(qwen, metadata, marked):
     assert status == 200, data
     (step,) = qwen.stored(f"/v1/sessions/{conversation}", steps=1)["steps"]
     assert step.get("compaction") == ({"how": "client", "replaced_items": len(HISTORY) - 1} if marked else None)
+
+
+def test_a_turn_compacted_first_parses_its_request_once(qwen, responses_parses):
+    parses = responses_parses
+    # Counting, the compaction's own request, then the compacted one: all made from the one model.
+    script(qwen, ANSWERS["qwen"][0], ANSWERS["qwen"][1])
+    status, answer = respond(qwen, HISTORY, context_management=[{"type": "compaction", "compact_threshold": 50}])
+    assert status == 200 and [i["type"] for i in answer["output"]] == ["compaction", "message"], answer
+    assert parses == ["ResponsesRequest"]
+    parses.clear()
+    script(qwen, ANSWERS["qwen"][0])
+    status, answer = respond(qwen, [*HISTORY, {"type": "compaction_trigger"}])  # a trigger: one parse too
+    assert status == 200 and parses == ["ResponsesRequest"], (answer, parses)
+    parses.clear()
+    script(qwen, ANSWERS["qwen"][0])
+    status, _, data = qwen.post({"model": MODEL, "input": HISTORY}, path="/v1/responses/compact")
+    assert status == 200 and parses == ["ResponsesRequest"], (data, parses)

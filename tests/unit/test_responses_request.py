@@ -14,7 +14,7 @@ from looptrace.proxy.api.errors import APIError
 from looptrace.proxy.api.request_parts import MEDIA_NOTE
 from looptrace.proxy.api.openai.responses.store import ResponseStore
 from looptrace.proxy.api.openai.responses.request import (
-    parse_response_tools,
+    Previous,
     parse_responses,
     to_messages,
 )
@@ -63,15 +63,25 @@ def test_leading_developer_messages_join_the_instructions_in_one_system_message(
                                                                                   {"type": "input_text", "text": "C"}]},
              user("Q"),
              {"role": "developer", "content": "later"}]
-    assert to_messages(items, "I", _names()) == [
+    assert to_messages(as_items(items), "I", _names()) == [
         {"role": "system", "content": "I\n\nA\n\nB\nC"},
         {"role": "user", "content": "Q"},
         {"role": "system", "content": "later"},  # past the start: left where it is, for the template to judge
     ]
 
 
+def parse_response_tools(tools: list):
+    """Tools as a request offers them: the functions the model sees, and the name map."""
+    request, _, names = parse(tools=tools)
+    return request.tools, names
+
+
 def _names():
     return parse_response_tools([EXEC, PATCH, AGENTS])[1]
+
+
+def as_items(items: list) -> list:
+    return Previous.of(items).items
 
 
 def test_a_tool_loop_becomes_assistant_turns_and_tool_messages():
@@ -90,7 +100,7 @@ def test_a_tool_loop_becomes_assistant_turns_and_tool_messages():
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Summary only."}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
     ]
-    assert to_messages(items, None, _names()) == [
+    assert to_messages(as_items(items), None, _names()) == [
         {"role": "user", "content": "Run it"},
         {"role": "assistant", "content": "", "reasoning_content": "Plan.", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "exec_command", "arguments": {"cmd": "echo a"}}},
@@ -113,7 +123,7 @@ def test_text_then_calls_is_one_turn_and_a_reasoning_after_calls_starts_another(
              {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"},
              {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Again."}]},
              {"type": "function_call", "call_id": "c2", "name": "exec_command", "arguments": ""}]
-    turns = [m for m in to_messages(items, None, _names()) if m["role"] == "assistant"]
+    turns = [m for m in to_messages(as_items(items), None, _names()) if m["role"] == "assistant"]
     assert [(t["content"], t.get("reasoning_content"), [c["id"] for c in t["tool_calls"]]) for t in turns] == [
         ("Let me look.", None, ["c1"]), ("", "Again.", ["c2"])]
     assert turns[1]["tool_calls"][0]["function"]["arguments"] == {}  # empty arguments: no arguments
@@ -123,7 +133,7 @@ def test_unknown_items_are_replayed_when_they_carry_text_else_skipped_with_a_war
     items = [user("Q"), {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}},
              {"type": "compaction_note", "text": "Earlier work was summarised."}]
     with caplog.at_level(logging.WARNING, logger="looptrace"):
-        messages = to_messages(items, None, _names())
+        messages = to_messages(as_items(items), None, _names())
     assert messages == [{"role": "user", "content": "Q"}, {"role": "user", "content": "Earlier work was summarised."}]
     assert "skipping input item 1 of type 'web_search_call'" in caplog.text
 
@@ -131,16 +141,16 @@ def test_unknown_items_are_replayed_when_they_carry_text_else_skipped_with_a_war
 def test_an_image_in_a_user_message_or_a_tool_output_is_a_part_and_elsewhere_a_note():
     image = {"type": "input_image", "image_url": "data:image/png;base64,AA"}
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"}, image]}
-    (message,) = to_messages([item], None, _names())
+    (message,) = to_messages(as_items([item]), None, _names())
     text, part = message["content"]
     assert text == {"type": "text", "text": "What is this?"}
     assert (part["type"], part["media"].kind, part["media"].mime, part["media"].encoded) == ("image", "image", "image/png", "AA")
     assert part["media"].param == "input[0].content[1].image_url"
     output = {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "shot:"}, image]}
-    text, part = to_messages([output], None, _names())[-1]["content"]
+    text, part = to_messages(as_items([output]), None, _names())[-1]["content"]
     assert text == {"type": "text", "text": "shot:"} and part["media"].param == "input[0].output[1].image_url"
     system = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}, image]}
-    assert to_messages([system, item], None, _names())[0]["content"] == f"Rules.\n{MEDIA_NOTE}"
+    assert to_messages(as_items([system, item]), None, _names())[0]["content"] == f"Rules.\n{MEDIA_NOTE}"
 
 
 def test_bad_items_are_refused_with_the_offending_field():

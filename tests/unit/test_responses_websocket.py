@@ -17,6 +17,8 @@ from pydantic import TypeAdapter
 
 from looptrace.common import attributes as attr
 
+from waiting import wait_until
+
 MODEL = "tiny-qwen"
 SERVER_EVENT = TypeAdapter(ResponsesServerEvent)
 FIRST = "\n</think>\n\nThe code word is papaya.<|im_end|>"
@@ -68,6 +70,18 @@ def test_a_multi_turn_conversation_over_the_sdks_websocket(replay_app):
     assert render[attr.PROMPT_REUSED_TOKENS] > 0, render
     assert replay_app.metric("looptrace_requests_total", endpoint=attr.ENDPOINT_RESPONSES_WEBSOCKET,
                              status="200") >= 2
+
+
+def test_a_websocket_turn_parses_its_message_once(replay_app, responses_parses):
+    # The envelope (type, stream_id) is read apart; the request itself once per turn, a warm-up too.
+    replay_app.replay(FIRST, SECOND)
+    with client(replay_app).responses.connect() as connection:
+        warm = turn(connection, input="Remember papaya.", store=False, generate=False)
+        assert responses_parses == ["ResponseCreate"], responses_parses
+        done = turn(connection, input="Which word?", previous_response_id=warm[-1]["response"]["id"], store=False,
+                    stream_id="lane-1")
+        assert done[-1]["type"] == "response.completed", done[-1]
+    assert responses_parses == ["ResponseCreate", "ResponseCreate"], responses_parses
 
 
 def test_lanes_run_side_by_side_each_in_order(replay_app):
@@ -243,10 +257,7 @@ def test_a_websocket_client_that_stops_reading_is_dropped_and_its_generation_sto
     monkeypatch.setattr(replay_app.runtime.settings, "stream_write_timeout", 2.0)
     unread = websocket_and_stop_reading(replay_app, "unread-socket", long + 10)
     try:
-        deadline = time.monotonic() + 120
-        while replay.running and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert replay.running == 0, "the generation went on for a client that read nothing"
+        wait_until(lambda: replay.running == 0, 120, what="the generation stopped for a client that read nothing")
         unread.settimeout(30)
         while unread.recv(65536):  # its connection was aborted: what is left to read ends
             pass

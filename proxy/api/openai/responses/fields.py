@@ -15,63 +15,33 @@ from __future__ import annotations
 
 from looptrace.backends.base import SamplingParams
 
-from ...errors import invalid
-from ...validation import field, in_range
-
-SERVICE_TIERS = ("auto", "default", "flex", "priority")
+from .protocol import FunctionTool, ResponsesRequest, ToolChoice
 
 
-def penalties(body: dict) -> tuple[float, float]:
-    """`presence_penalty` and `frequency_penalty`, −2 to 2 (OpenAI's formula, as Chat Completions applies them)."""
-    values = []
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = field(body, name, float, name, default=0.0)
-        in_range(value, name, -2, 2)
-        values.append(value)
-    return values[0], values[1]
-
-
-def checked_transport_fields(body: dict) -> None:
-    """Fields accepted and typed; `background: true` is refused: nothing here runs a response after its
-    request ends, and a client told it did would poll for ever."""
-    if field(body, "background", bool, "background", default=False):
-        raise invalid("Background mode is not supported by this server: send the request without 'background' "
-                      "(or stream it).", param="background", code="unsupported_parameter")
-    tier = field(body, "service_tier", str, "service_tier")
-    if tier is not None and tier not in SERVICE_TIERS:
-        raise invalid(f"Invalid value for 'service_tier': {tier!r}; expected one of {', '.join(SERVICE_TIERS)}.",
-                      param="service_tier")
-    top_logprobs = field(body, "top_logprobs", int, "top_logprobs")
-    in_range(top_logprobs, "top_logprobs", 0, 20)
-    max_tool_calls = field(body, "max_tool_calls", int, "max_tool_calls")
-    in_range(max_tool_calls, "max_tool_calls", 1)
-    identifier = field(body, "safety_identifier", str, "safety_identifier")
-    if identifier is not None and len(identifier) > 64:
-        raise invalid("'safety_identifier' is longer than 64 characters.", param="safety_identifier")
-
-
-def echoed(body: dict, **known) -> dict:
+def echoed(body: ResponsesRequest, **known) -> dict:
     """The response object's echo of the request: `known` holds what the parser already read."""
-    checked_transport_fields(body)
-    presence, frequency = penalties(body)
+    choice = body.tool_choice
     return {
         **known,
-        "previous_response_id": body.get("previous_response_id"),
-        "tool_choice": body.get("tool_choice", "auto"), "tools": echoed_tools(body.get("tools") or []),
-        "metadata": body.get("metadata") or {}, "prompt_cache_key": body.get("prompt_cache_key"),
-        "presence_penalty": presence, "frequency_penalty": frequency, "top_logprobs": 0, "max_tool_calls": None,
-        "background": False, "service_tier": "default", "safety_identifier": body.get("safety_identifier"),
+        "previous_response_id": body.previous_response_id,
+        "tool_choice": choice.model_dump(exclude_unset=True) if isinstance(choice, ToolChoice) else choice or "auto",
+        "tools": echoed_tools(body.tools or ()),
+        "metadata": body.metadata or {}, "prompt_cache_key": body.prompt_cache_key,
+        "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
+        "top_logprobs": 0, "max_tool_calls": None, "background": False, "service_tier": "default",
+        "safety_identifier": body.safety_identifier,
     }
 
 
-def echoed_tools(tools: list) -> list:
+def echoed_tools(tools) -> list:
     """The request's tools as given, each function tool with the `strict` in effect and a
     `description` (the specification requires both, null where there is none)."""
     out = []
     for tool in tools:
-        if isinstance(tool, dict) and tool.get("type", "function") == "function":
-            tool = {"description": None, "parameters": None, **tool, "strict": False}
-        out.append(tool)
+        given = tool.model_dump(exclude_unset=True)
+        if isinstance(tool, FunctionTool):
+            given = {"description": None, "parameters": None, **given, "strict": False}
+        out.append(given)
     return out
 
 

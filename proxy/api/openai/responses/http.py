@@ -13,35 +13,39 @@ from looptrace.common import attributes as attr
 from ....observe.telemetry import RequestTelemetry
 from ...serving import prepared, traced
 from ...streaming import relay
-from ...validation import field, json_body
+from ...protocol import parse
+from ...validation import json_body
 from .compaction import run as compact
+from .protocol import ResponsesRequest
+from .request import Previous
 from .store import RESPONSE_STORE
 from .running import RUNNING
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     async with traced(request, attr.ENDPOINT_RESPONSES) as trace:
-        body = await json_body(request)
-        previous_id = field(body, "previous_response_id", str, "previous_response_id")
-        previous = await request.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
-        return await respond(request, trace, body, previous)
+        raw = await json_body(request)
+        body = parse(ResponsesRequest, raw)
+        previous = await request.app[RESPONSE_STORE].conversation(body.previous_response_id) \
+            if body.previous_response_id else None
+        return await respond(request, trace, raw, body, Previous.of(previous))
 
 
-async def respond(request: web.Request, trace: RequestTelemetry, body: dict, previous: list | None, *,
-                  sink=None, conversation: str | None = None,
+async def respond(request: web.Request, trace: RequestTelemetry, raw: dict, body: ResponsesRequest,
+                  previous: Previous | None, *, sink=None, conversation: str | None = None,
                   kept: Callable[[dict, list], None] | None = None) -> web.StreamResponse:
-    """One response: `previous` is the conversation it continues. With `sink` (a WebSocket's) it is
-    streamed there, whatever `stream` says; `conversation` names it when the client does not; `kept`
-    is told of the response once it ended as answers do (a WebSocket keeps its lane's last one).
-    Compaction (compact.py) on either transport: its items expanded, a trigger answered with one
-    compaction item, context_management's compaction made first."""
+    """One response: `body` is its request (`raw`, as the client sent it), `previous` the conversation it
+    continues. With `sink` (a WebSocket's) it is streamed there, whatever `stream` says; `conversation`
+    names it when the client does not; `kept` is told of the response once it ended as answers do (a
+    WebSocket keeps its lane's last one). Compaction (compaction/run.py) on either transport: its items
+    expanded, a trigger answered with one compaction item, context_management's compaction made first."""
     store = request.app[RESPONSE_STORE]
     plan, generation_request, options, names = await compact.planned(request, trace, body, previous)
-    first = await compact.first(request, body, previous, plan, options)  # context_management
+    first = await compact.first(request, raw, body, previous, plan, options)  # context_management
     if first is not None:
         generation_request, names = first.request, first.names
     stream = options.stream or sink is not None
-    generation = await prepared(request, trace, body, generation_request, model=options.model, stream=stream,
+    generation = await prepared(request, trace, raw, generation_request, model=options.model, stream=stream,
                                 conversation=conversation)
     builder = compact.builder_for(request, plan, first, options, names, generation_request.conversation,
                                   stream=stream)

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ...protocol import parse
 from ...serving import prepared
-from ...validation import field, json_body
+from ...validation import json_body
 from .compaction import plan as compaction
-from .request import parse_responses
+from .protocol import ResponsesRequest
+from .request import Previous, converted
 from .store import RESPONSE_STORE
 
 
 async def input_tokens(request: web.Request) -> web.Response:
     """The prompt a `POST /v1/responses` body would give the model, counted as the model reads it
     (rendered with the template, tools and thinking; images counted), nothing generated or traced."""
-    body = await json_body(request)
-    previous_id = field(body, "previous_response_id", str, "previous_response_id")
-    previous = await request.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
+    raw = await json_body(request)
+    body = parse(ResponsesRequest, raw)
+    previous = Previous.of(await request.app[RESPONSE_STORE].conversation(body.previous_response_id)) \
+        if body.previous_response_id else None
     # Compaction items counted as the summaries the model reads for them.
-    generation_request, options, _ = parse_responses(body, previous, await compaction.plan(request, body, previous))
-    generation = await prepared(request, None, body, generation_request, model=options.model, stream=False)
+    generation_request, options, _ = converted(body, previous, await compaction.plan(request, body, previous))
+    generation = await prepared(request, None, raw, generation_request, model=options.model, stream=False)
     return web.json_response({"object": "response.input_tokens", "input_tokens": generation.prompt_tokens})

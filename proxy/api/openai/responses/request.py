@@ -14,28 +14,37 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from dataclasses import field as dc_field
+from functools import cached_property
+
+from pydantic import TypeAdapter, ValidationError
 
 from ....engine.request import GenerationRequest
 from ...errors import invalid
-from ...request_parts import (
-    MEDIA_PARTS,
-    at_most,
-    call_arguments,
-    joined,
-    media_note,
-    media_part,
-    parse_tool_choice,
-    temperature_and_top_p,
-    warn_once,
+from ...protocol import parse, refusal
+from ...request_parts import at_most, call_arguments, joined, media_note, media_part, parse_tool_choice, warn_once
+from .fields import echoed
+from .protocol import (
+    CallOutput,
+    Compaction,
+    CompactionTrigger,
+    CustomTool,
+    CustomToolCall,
+    FunctionCall,
+    FunctionTool,
+    Item,
+    MediaPart,
+    Message,
+    NamespaceTool,
+    OtherItem,
+    Reasoning,
+    RefusalPart,
+    ResponsesRequest,
+    TextPart,
+    ToolChoice,
 )
-from ...validation import describe, field, in_range, tool_name
-from .fields import echoed, penalties
 
 log = logging.getLogger("looptrace")
 
-MESSAGE_ROLES = ("system", "developer", "user", "assistant")
-CALL_ITEMS = ("function_call", "custom_tool_call")
-OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 REASONING, TEXT, CALLS = 0, 1, 2  # the order of an assistant turn (an item that goes back starts a new one)
 
 
@@ -73,38 +82,72 @@ class ToolNames:
         return self.by_flat[flat] if flat is not None else None
 
 
-@dataclass(slots=True)
+@dataclass
 class ResponsesOptions:
     model: str
     stream: bool
     store: bool
-    items: list  # the conversation as Responses items (a previous response's included), for the store
+    request: ResponsesRequest
+    previous: list | None = None  # the stored conversation it continues, as items
     echo: dict = dc_field(default_factory=dict)  # request fields the response object repeats
     token_messages: bool = False  # vLLM's enable_response_messages: the prompt's and the answer's ids
 
+    @cached_property
+    def items(self) -> list:
+        """The conversation as Responses items, the previous response's included, as the client wrote them
+        (for the store: made only when a response is kept)."""
+        given = [item.model_dump(exclude_unset=True) for item in self.request.items]
+        if isinstance(self.request.input, str):
+            given = [{"type": "message", "role": "user", "content": self.request.input}]
+        return [*(self.previous or ()), *given]
 
-def parse_responses(body: dict, previous_items: list | None = None,
+
+_STORED_ITEMS = TypeAdapter(list[Item])
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """The conversation a request continues (its previous_response_id's, output included): as stored,
+    and as the models it is rendered from, read once for the turn."""
+
+    stored: list
+    items: list
+
+    @classmethod
+    def of(cls, stored: list | None) -> Previous | None:
+        if not stored:
+            return None
+        try:
+            return cls(stored, _STORED_ITEMS.validate_python(stored))
+        except ValidationError as exc:  # what a request once sent, or this server's answer: said as the request's
+            raise refusal(exc, "previous_response_id") from None
+
+
+def parse_responses(body: dict, previous: list | Previous | None = None,
                     compacting=None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
-    """`previous_items`: the stored conversation of `previous_response_id`, its output included;
-    `compacting`: what the request asks of compaction, its compaction items expanded (compaction.py's Plan)."""
-    model = field(body, "model", str, "model", required=True)
-    instructions = field(body, "instructions", str, "instructions")
-    items = previous_items + _input(body) if previous_items else _input(body)
-    tools, names = parse_response_tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"))
-    tool_choice = _tool_choice(body.get("tool_choice"), tools, names)
+    """A body parsed (once: parse(ResponsesRequest, body)) and converted; see `converted`."""
+    previous = previous if isinstance(previous, Previous) or previous is None else Previous.of(previous)
+    return converted(parse(ResponsesRequest, body), previous, compacting)
 
-    max_tokens = field(body, "max_output_tokens", int, "max_output_tokens")
-    in_range(max_tokens, "max_output_tokens", 1)
-    temperature, top_p = temperature_and_top_p(body)
-    reasoning = field(body, "reasoning", dict, "reasoning", default={})
-    effort = field(reasoning, "effort", str, "reasoning.effort")
-    text = field(body, "text", dict, "text", default={})
-    field(text, "format", dict, "text.format")  # accepted; output is not constrained to it
-    parallel = field(body, "parallel_tool_calls", bool, "parallel_tool_calls", default=True)
-    for name, kind in (("prompt_cache_key", str), ("include", list), ("client_metadata", dict), ("metadata", dict)):
-        field(body, name, kind, name)  # accepted, typed, otherwise unused
 
-    messages = to_messages(items, instructions, names, compacting)
+def converted(body: ResponsesRequest, previous: Previous | None = None,
+              compacting=None) -> tuple[GenerationRequest, ResponsesOptions, ToolNames]:
+    """The model → the engine's request. `previous`: the conversation of `previous_response_id`;
+    `compacting`: what the request asks of compaction, its compaction items expanded (compaction/plan.py's
+    Plan)."""
+    given = at_most(body.items, "messages", "input")
+    items = [*previous.items, *given] if previous is not None else given
+    tools, names = parse_response_tools(at_most(body.tools or [], "tools", "tools"))
+    tool_choice = _tool_choice(body.tool_choice, tools, names)
+    if body.top_p is not None and not 0 < body.top_p <= 1:
+        raise invalid(f"Invalid value for 'top_p': {body.top_p} must be greater than 0 and at most 1.", param="top_p")
+    if body.background:
+        raise invalid("Background mode is not supported by this server: send the request without 'background' "
+                      "(or stream it).", param="background", code="unsupported_parameter")
+    reasoning = body.reasoning
+    effort = reasoning.effort if reasoning is not None else None
+    parallel = body.parallel_tool_calls is not False
+    messages = to_messages(items, body.instructions, names, compacting)
     if not messages:
         raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     request = GenerationRequest(
@@ -113,123 +156,83 @@ def parse_responses(body: dict, previous_items: list | None = None,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         enable_thinking=None if effort is None else effort != "none",
-        max_tokens=max_tokens,
+        max_tokens=body.max_output_tokens,
         max_tokens_param="max_output_tokens",
-        temperature=temperature,
-        top_p=top_p,
+        temperature=body.temperature,
+        top_p=body.top_p,
     )
-    request.presence_penalty, request.frequency_penalty = penalties(body)
-    stream = field(body, "stream", bool, "stream", default=False)
-    store = field(body, "store", bool, "store", default=True)
-    echo = echoed(body, instructions=instructions, max_output_tokens=max_tokens, parallel_tool_calls=parallel,
-                  reasoning={"effort": effort, "summary": reasoning.get("summary")}, temperature=temperature,
-                  top_p=top_p, text={"format": text.get("format") or {"type": "text"}}, store=store)
-    options = ResponsesOptions(model=model, stream=stream, store=store, items=items, echo=echo,
-                               token_messages=field(body, "enable_response_messages", bool, "enable_response_messages",
-                                                    default=False))
+    request.presence_penalty = body.presence_penalty or 0.0
+    request.frequency_penalty = body.frequency_penalty or 0.0
+    store = body.store is not False
+    text_format = body.text.format if body.text is not None else None
+    echo = echoed(body, instructions=body.instructions, max_output_tokens=body.max_output_tokens,
+                  parallel_tool_calls=parallel, reasoning={"effort": effort, "summary": reasoning and reasoning.summary},
+                  temperature=body.temperature, top_p=body.top_p, text={"format": text_format or {"type": "text"}},
+                  store=store)
+    options = ResponsesOptions(model=body.model, stream=bool(body.stream), store=store, request=body,
+                               previous=previous.stored if previous is not None else None, echo=echo, token_messages=bool(body.enable_response_messages))
     return request, options, names
-
-
-def _input(body: dict) -> list:
-    value = body.get("input")
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    if not isinstance(value, list):
-        raise invalid(f"Invalid type for 'input': expected a string or an array of items, but got {describe(value)}.",
-                      param="input", code="invalid_type")
-    for i, item in enumerate(at_most(value, "messages", "input")):
-        if not isinstance(item, dict):
-            raise invalid(f"Invalid type for 'input[{i}]': expected an object, but got {describe(item)}.",
-                          param=f"input[{i}]", code="invalid_type")
-    return value
 
 
 # -- tools --
 
-def parse_response_tools(tools: list | None) -> tuple[list[dict] | None, ToolNames]:
+def parse_response_tools(tools: list) -> tuple[list[dict] | None, ToolNames]:
     """Responses tools → OpenAI function tools as the family renders them, and the name map."""
     names = ToolNames()
     out: list[dict] = []
-    for i, tool in enumerate(tools or []):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
-        kind = field(tool, "type", str, f"{where}.type", default="function")
-        if kind == "namespace":
-            namespace = _name(tool, where)
-            members = field(tool, "tools", list, f"{where}.tools", default=[])
-            for j, member in enumerate(members):
-                at = f"{where}.tools[{j}]"
-                if not isinstance(member, dict):
-                    raise invalid(f"Invalid type for '{at}': expected an object.", param=at, code="invalid_type")
-                _offer(member, at, out, names, namespace)
-        elif kind in ("function", "custom"):
-            _offer(tool, where, out, names, None)
+    for i, tool in enumerate(tools):
+        if isinstance(tool, NamespaceTool):
+            for j, member in enumerate(tool.tools):
+                _offer(member, f"tools[{i}].tools[{j}]", out, names, tool.name)
         else:
-            warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+            _offer(tool, f"tools[{i}]", out, names, None)
     return out or None, names
 
 
-def _name(tool: dict, where: str) -> str:
-    name = field(tool, "name", str, f"{where}.name", required=True)
-    if not name:
-        raise invalid(f"'{where}.name' must not be empty.", param=f"{where}.name")
-    return tool_name(name, f"{where}.name")
-
-
-def _offer(tool: dict, where: str, out: list, names: ToolNames, namespace: str | None) -> None:
-    kind = field(tool, "type", str, f"{where}.type", default="function")
-    if kind not in ("function", "custom"):
-        warn_once(f"tool:{kind}", "dropping %s tools: nothing on this server can run them", kind)
+def _offer(tool, where: str, out: list, names: ToolNames, namespace: str | None) -> None:
+    if not isinstance(tool, (FunctionTool, CustomTool)):
+        warn_once(f"tool:{tool.type}", "dropping %s tools: nothing on this server can run them", tool.type)
         return
-    name = _name(tool, where)
-    flat = f"{namespace}.{name}" if namespace else name
+    flat = f"{namespace}.{tool.name}" if namespace else tool.name
     if flat in names.by_flat:
         raise invalid(f"Duplicate tool name {flat!r} in 'tools'.", param=f"{where}.name")
-    description = field(tool, "description", str, f"{where}.description")
-    if kind == "function":
-        parameters = field(tool, "parameters", dict, f"{where}.parameters")
-        parameters = parameters if parameters is not None else {"type": "object", "properties": {}}
+    if isinstance(tool, FunctionTool):
+        parameters = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
     else:
-        parameters, description = _custom_parameters(tool, where, description)
+        parameters = _custom_parameters(tool)
     spec: dict = {"name": flat}
-    if description is not None:
-        spec["description"] = description
+    if tool.description is not None:
+        spec["description"] = tool.description
     spec["parameters"] = parameters
     out.append({"type": "function", "function": spec})
-    names.add(flat, ToolRef(kind, name, namespace))
+    names.add(flat, ToolRef(tool.type, tool.name, namespace))
 
 
-def _custom_parameters(tool: dict, where: str, description: str | None) -> tuple[dict, str | None]:
-    """A free-form tool as a function of one string; its grammar, if any, goes in the description,
-    since the model can only follow what it is shown."""
-    fmt = field(tool, "format", dict, f"{where}.format", default={})
+def _custom_parameters(tool: CustomTool) -> dict:
+    """A free-form tool as a function of one string; its grammar, if any, goes in the description of
+    that string, since the model can only follow what it is shown."""
+    fmt = tool.format
     input_doc = "The tool's whole input, as free-form text."
-    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
-        input_doc = f"The tool's whole input, as text matching this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
-    parameters = {"type": "object", "properties": {"input": {"type": "string", "description": input_doc}},
-                  "required": ["input"]}
-    return parameters, description
+    if fmt is not None and fmt.type == "grammar" and isinstance(fmt.definition, str):
+        input_doc = f"The tool's whole input, as text matching this {fmt.syntax or ''} grammar:\n{fmt.definition}"
+    return {"type": "object", "properties": {"input": {"type": "string", "description": input_doc}},
+            "required": ["input"]}
 
 
-def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> str | dict:
-    if isinstance(choice, dict):
-        kind = choice.get("type")
+def _tool_choice(choice: str | ToolChoice | None, tools: list[dict] | None, names: ToolNames) -> str | dict:
+    if isinstance(choice, ToolChoice):
+        kind, name = choice.type, choice.name
         if kind == "allowed_tools":
-            mode = choice.get("mode", "auto")
-            return parse_tool_choice(mode if isinstance(mode, str) else None, tools)
-        if kind in ("function", "custom") or (kind is None and "name" in choice):
-            name = choice.get("name")
-            namespace = choice.get("namespace")
-            if isinstance(name, str) and isinstance(namespace, str):
-                name = f"{namespace}.{name}"
+            return parse_tool_choice(choice.mode if isinstance(choice.mode, str) else "auto", tools)
+        if kind in ("function", "custom") or (kind is None and name is not None):
+            if isinstance(name, str) and isinstance(choice.namespace, str):
+                name = f"{choice.namespace}.{name}"
             flat = names.flat(name) if isinstance(name, str) else None
             return parse_tool_choice({"name": flat or name}, tools)
         if isinstance(kind, str):
             warn_once(f"choice:{kind}", "tool_choice %r names a tool this server dropped; using 'auto'", kind)
             return "auto"
+        return parse_tool_choice(choice.model_dump(exclude_unset=True), tools)
     if choice == "required" and not tools:
         return "auto"  # the only tools were dropped ones: nothing left to require
     return parse_tool_choice(choice, tools)
@@ -238,7 +241,7 @@ def _tool_choice(choice: object, tools: list[dict] | None, names: ToolNames) -> 
 # -- input items → messages --
 
 def to_messages(items: list, instructions: str | None, names: ToolNames, compacting=None) -> list[dict]:
-    """Responses items → Hugging Face messages.
+    """Responses items (models) → Hugging Face messages.
 
     System and developer messages before the first other item, with `instructions` first, become
     one system message: templates take the system prompt from the first message only, and codex
@@ -248,24 +251,23 @@ def to_messages(items: list, instructions: str | None, names: ToolNames, compact
     out = _Messages(instructions)
     for i, item in enumerate(items):
         where = f"input[{i}]"
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
+        if isinstance(item, Message):
             if out.message(item, where):
                 continue  # a leading system message: more may follow
-        elif kind in CALL_ITEMS:
-            out.call(item, where, kind)
-        elif kind in OUTPUT_ITEMS:
+        elif isinstance(item, (FunctionCall, CustomToolCall)):
+            out.call(item, where)
+        elif isinstance(item, CallOutput):
             out.output(item, where)
-        elif kind == "reasoning":
+        elif isinstance(item, Reasoning):
             out.reasoning(reasoning_text(item))
-        elif kind in ("compaction_trigger", "compaction", "compaction_summary") and compacting is not None:
-            compacting.render(item, out)  # a summary asked for, or one given back: compaction.py
+        elif isinstance(item, (Compaction, CompactionTrigger)) and compacting is not None:
+            compacting.render(item, out)  # a summary asked for, or one given back: compaction/plan.py
         else:
-            text = _loose_text(item)
+            text = item.loose_text() if isinstance(item, OtherItem) else ""
             if not text:
-                log.warning("skipping input item %d of type %r: nothing here can replay it", i, kind)
+                log.warning("skipping input item %d of type %r: nothing here can replay it", i, item.type)
                 continue
-            out.said("assistant" if item.get("role") == "assistant" else "user", text)
+            out.said("assistant" if getattr(item, "role", None) == "assistant" else "user", text)
         out.leading = False
     return out.messages()
 
@@ -297,40 +299,33 @@ class _Messages:
             self.out.append({"role": role, "content": text})
             self.turn = None
 
-    def message(self, item: dict, where: str) -> bool:
+    def message(self, item: Message, where: str) -> bool:
         """True when it joined the leading system text."""
-        role = field(item, "role", str, f"{where}.role", required=True)
-        if role not in MESSAGE_ROLES:
-            raise invalid(f"Invalid value for '{where}.role': '{role}'; expected one of "
-                          f"{', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
+        role = item.role
         # Images go to the model from a user's message; elsewhere (a system prompt, the assistant's own
         # words) they are noted as text.
-        text = content_text(item.get("content"), f"{where}.content", media=role == "user")
+        text = content_text(item.content, f"{where}.content", media=role == "user")
         if role in ("system", "developer") and self.leading:
             self.system.append(text)
             return True
         self.said("system" if role == "developer" else role, text)
         return False
 
-    def call(self, item: dict, where: str, kind: str) -> None:
-        call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
-        name = _name(item, where)
-        namespace = field(item, "namespace", str, f"{where}.namespace")
-        flat = f"{namespace}.{name}" if namespace else name
-        if kind == "function_call":
-            arguments = call_arguments(item.get("arguments", "{}"), f"{where}.arguments")
+    def call(self, item: FunctionCall | CustomToolCall, where: str) -> None:
+        flat = f"{item.namespace}.{item.name}" if item.namespace else item.name
+        if isinstance(item, FunctionCall):
+            arguments = call_arguments(item.arguments, f"{where}.arguments")
         else:
-            arguments = {"input": field(item, "input", str, f"{where}.input", default="")}
-        self.call_names[call_id] = flat
+            arguments = {"input": item.input or ""}
+        self.call_names[item.call_id] = flat
         self.assistant(CALLS).setdefault("tool_calls", []).append(
-            {"id": call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
+            {"id": item.call_id, "type": "function", "function": {"name": flat, "arguments": arguments}})
 
-    def output(self, item: dict, where: str) -> None:
-        call_id = field(item, "call_id", str, f"{where}.call_id", required=True)
-        message = {"role": "tool", "content": content_text(item.get("output"), f"{where}.output", media=True),
-                   "tool_call_id": call_id}
-        if call_id in self.call_names:
-            message["name"] = self.call_names[call_id]
+    def output(self, item: CallOutput, where: str) -> None:
+        message = {"role": "tool", "content": content_text(item.output, f"{where}.output", media=True),
+                   "tool_call_id": item.call_id}
+        if item.call_id in self.call_names:
+            message["name"] = self.call_names[item.call_id]
         self.out.append(message)
         self.turn = None
 
@@ -346,7 +341,7 @@ class _Messages:
         return self.out
 
 
-def content_text(content: object, param: str, media: bool = False) -> str | list[dict]:
+def content_text(content: str | list | None, param: str, media: bool = False) -> str | list[dict]:
     """A message's content, or a tool output: a string, or parts joined as the Chat adapter joins them.
     With `media` (a user's message, a tool's output), images are kept as parts; otherwise each becomes
     a note."""
@@ -354,44 +349,22 @@ def content_text(content: object, param: str, media: bool = False) -> str | list
         return ""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise invalid(f"Invalid type for '{param}': expected a string or an array of content parts, but got "
-                      f"{describe(content)}.", param=param, code="invalid_type")
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise invalid(f"Invalid type for '{param}[{j}]': expected an object.", param=f"{param}[{j}]",
-                          code="invalid_type")
-        kind = part.get("type")
-        if isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind in MEDIA_PARTS:
-            texts.append(media_part(part, f"{param}[{j}]") if media else media_note())
-        else:
-            raise invalid(f"Invalid value for '{param}[{j}].type': {kind!r}.", param=f"{param}[{j}].type")
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            texts.append(part.refusal)
+        elif isinstance(part, MediaPart):
+            texts.append(media_part(part.model_dump(), f"{param}[{j}]") if media else media_note())
     return joined(texts)
 
 
-def reasoning_text(item: dict) -> str:
+def reasoning_text(item: Reasoning) -> str:
     """The reasoning's own text, else its summary; `encrypted_content` means nothing here."""
-    for key, kinds in (("content", ("reasoning_text", "text")), ("summary", ("summary_text",))):
-        parts = item.get(key)
-        if isinstance(parts, list):
-            texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") in kinds
-                     and isinstance(p.get("text"), str)]
+    for parts, kinds in ((item.content, ("reasoning_text", "text")), (item.summary, ("summary_text",))):
+        if parts:
+            texts = [p.text for p in parts if p.type in kinds and isinstance(p.text, str)]
             if texts:
                 return "\n\n".join(texts)
-    return ""
-
-
-def _loose_text(item: dict) -> str:
-    if isinstance(item.get("text"), str):
-        return item["text"]
-    content = item.get("content", item.get("output"))
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -41,11 +40,13 @@ from looptrace.common.jsonio import dumps
 
 from ....engine.errors import Refused, Unavailable
 from ...errors import APIError, ClientStoppedReading, answered, internal_error, invalid
+from ...protocol import parse
 from ...serving import traced
-from ...validation import field, json_object
-from .store import RESPONSE_STORE
+from ...validation import json_object
 from .http import respond
-from .request import parse_responses
+from .protocol import LANE_ID, Envelope, ResponseCreate
+from .request import Previous, converted
+from .store import RESPONSE_STORE
 from .stream import ResponseBuilder
 
 log = logging.getLogger("looptrace")
@@ -53,11 +54,9 @@ log = logging.getLogger("looptrace")
 MAX_MESSAGE_BYTES = 256 * 1024**2  # as an HTTP body (app.py's client_max_size)
 MAX_LANES = 16
 MAX_QUEUED = 16
-MAX_LANE_ID = 256  # characters of a stream_id
-LANE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,%d}" % MAX_LANE_ID)  # what OpenAI's protocol allows a stream_id
+MAX_LANE_ID = 256  # characters of a stream_id (protocol.py's LANE_ID)
 IDLE_SECONDS = 3600.0
 KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may name (its lanes' latest, and more)
-TRANSPORT_ONLY = ("type", "stream_id", "stream", "stream_options")  # the envelope, and HTTP's streaming switches
 
 
 async def responses_socket(request: web.Request) -> web.WebSocketResponse:
@@ -111,25 +110,25 @@ class Socket:
 
     async def received(self, text: str) -> None:
         event: dict = {}
+        lane: str | None = None
         try:
             event = json_object(text.encode(), text)
-            kind = field(event, "type", str, "type", required=True)
-            if kind == "response.steer":
-                await self.steer_refused(event)
-                return
-            if kind != "response.create":
-                raise invalid(f"Unknown event type {kind!r}: this socket takes 'response.create' (and "
-                              "'response.steer').", param="type", code="unknown_event")
-            lane = field(event, "stream_id", str, "stream_id")
-            if lane is not None and not LANE_ID.fullmatch(lane):
+            envelope = parse(Envelope, event)
+            if envelope.stream_id is not None and not LANE_ID.fullmatch(envelope.stream_id):
                 # OpenAI's protocol: it is echoed on every event of the lane's responses, so it must be short and
                 # plain (no control characters or markup to copy thousands of times into a client's log).
                 raise invalid(f"'stream_id' must be 1 to {MAX_LANE_ID} characters of A-Z, a-z, 0-9, '_', '.' "
                               "and '-'.", param="stream_id", code="invalid_stream_id")
+            lane = envelope.stream_id
+            if envelope.type == "response.steer":
+                await self.steer_refused(event)
+                return
+            if envelope.type != "response.create":
+                raise invalid(f"Unknown event type {envelope.type!r}: this socket takes 'response.create' (and "
+                              "'response.steer').", param="type", code="unknown_event")
             self.queue(event, lane)
         except APIError as err:
-            lane = event.get("stream_id")
-            await self.error(err, lane if isinstance(lane, str) and LANE_ID.fullmatch(lane) else None)
+            await self.error(err, lane)
 
     def queue(self, event: dict, lane_id: str | None) -> None:
         lane = self.lanes.get(lane_id)
@@ -157,15 +156,15 @@ class Socket:
             self.lanes.pop(lane_id, None)
 
     async def create(self, event: dict, lane_id: str | None) -> None:
-        body = {k: v for k, v in event.items() if k not in TRANSPORT_ONLY}
         try:
-            if body.get("generate") is False:
-                await self.warm_up(body, lane_id)  # no generation: nothing to trace
+            body = parse(ResponseCreate, event)  # the turn's one parse: the envelope's fields and the request's
+            previous = Previous.of(await self.previous(body.previous_response_id))
+            if body.generate is False:
+                await self.warm_up(event, body, previous, lane_id)  # no generation: nothing to trace
                 return
             async with traced(self.request, attr.ENDPOINT_RESPONSES_WEBSOCKET, {attr.TRANSPORT: "websocket"},
                               continued=False) as trace:  # a trace per turn, not one for the socket's life
-                previous = await self.previous(body)
-                await respond(self.request, trace, body, previous, sink=Frames(self.ws, lane_id),
+                await respond(self.request, trace, event, body, previous, sink=Frames(self.ws, lane_id),
                               conversation=f"{self.id}/{lane_id or ''}", kept=self.keep)
         except (APIError, Refused, Unavailable, BackendError) as err:
             await self.error(err if isinstance(err, APIError) else answered(self.request, err), lane_id)
@@ -174,9 +173,8 @@ class Socket:
         except Exception:  # noqa: BLE001 - a bug must still answer, as an error event, and be logged
             await self.error(internal_error(f"WebSocket {self.id}: response.create failed"), lane_id)
 
-    async def previous(self, body: dict) -> list | None:
+    async def previous(self, previous_id: str | None) -> list | None:
         """The conversation `previous_response_id` continues: this socket's own first (stored or not)."""
-        previous_id = field(body, "previous_response_id", str, "previous_response_id")
         if previous_id is None:
             return None
         kept = self.kept.get(previous_id)
@@ -190,10 +188,10 @@ class Socket:
         while len(self.kept) > KEPT_RESPONSES:
             self.kept.popitem(last=False)
 
-    async def warm_up(self, body: dict, lane_id: str | None) -> None:
+    async def warm_up(self, event: dict, body: ResponseCreate, previous: Previous | None,
+                      lane_id: str | None) -> None:
         """`generate: false`: a response with no output, whose id later turns continue from."""
-        body.pop("generate")
-        _, options, names = parse_responses(body, await self.previous(body))
+        _, options, names = converted(body, previous)
         builder = ResponseBuilder(options.model, names, options.echo, stream=True)
         frames = builder.start() + builder.without_output()
         self.keep(builder.final, options.items)

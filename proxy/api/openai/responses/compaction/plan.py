@@ -4,14 +4,14 @@ threshold) and how the `compaction` items it carries are read.
 - A `compaction_trigger` item (codex's remote compaction; the last input item) asks the model for a
   summary: it is rendered as a user message holding the compaction prompt (COMPACTION_PROMPT, or the
   file `--compaction-prompt` names), with the family's template like any message, and the answer is
-  one `compaction` item (compaction_output.py).
+  one `compaction` item (answer.py).
 - A `compaction` item coming back is rendered where it stands as a user message: SUMMARY_HEADER, then
   the summary its reference names (summaries.py). It replaces the model's turns before it (assistant
   messages, reasoning, tool calls and their results); system, developer and user messages before it
   stay, which is the window a compaction leaves (what /v1/responses/compact answers, what codex keeps).
   A reference that cannot be expanded is a 400 naming the item: nothing is rendered without it.
 - `context_management: [{"type": "compaction", "compact_threshold": N}]`: when the rendered prompt
-  passes N tokens, the server compacts first (compact.py).
+  passes N tokens, the server compacts first (run.py).
 - A client that compacts on its own side (codex with a custom provider) sends an ordinary request; one
   whose metadata says it is a compaction is only marked as one in its trace (how: `client`).
 """
@@ -27,8 +27,8 @@ from aiohttp import web
 from ....errors import APIError, invalid
 from ....keys import SETTINGS, TELEMETRY
 from ....request_parts import warn_once
-from ....validation import describe
-from ....validation import field as body_field
+from ..protocol import Compaction, CompactionTrigger, ResponsesRequest
+from ..request import Previous
 from .summaries import SUMMARIES, SharedSummaries, Summaries, Unresolved
 
 TRIGGER = "compaction_trigger"
@@ -78,27 +78,27 @@ def setup(app: web.Application) -> None:
 
 @dataclass
 class Plan:
-    """What a Responses request asks of compaction, its compaction items expanded; handed to
-    parse_responses, whose to_messages asks it what each such item says."""
+    """What a Responses request asks of compaction, its compaction items expanded; handed to the
+    conversion (request.py), whose to_messages asks it what each such item says."""
 
     prompt: str
-    trigger: dict | None = None  # this request's compaction_trigger item (the last of its input)
+    trigger: CompactionTrigger | None = None  # this request's compaction_trigger item (the last of its input)
     threshold: int | None = None  # compact first past this many prompt tokens (context_management)
     thresholded: bool = False  # context_management asked for compaction (threshold None: THRESHOLD_SHARE)
     summaries: dict[str, str] = field(default_factory=dict)  # each compaction item's reference → its summary
     replaced: int = 0  # for a trigger: the items before it, which its summary replaces
     client: bool = False  # the client compacts on its own side and says this request is it (codex's metadata)
 
-    def render(self, item: dict, out) -> None:
-        """A compaction item or trigger, said in `out` (responses_request.py's messages being gathered)."""
-        if item.get("type") == TRIGGER:
+    def render(self, item: Compaction | CompactionTrigger, out) -> None:
+        """A compaction item or trigger, said in `out` (request.py's messages being gathered)."""
+        if isinstance(item, CompactionTrigger):
             # This request's own asks for the summary; one in a stored conversation was a request once.
             if item is self.trigger:
                 out.said("user", self.prompt)
             return
         # The summary replaces the model's turns before it: its messages, calls and their results.
         out.out = [m for m in out.out if m["role"] in ("system", "user")]
-        out.said("user", SUMMARY_HEADER + self.summaries[item["encrypted_content"]])
+        out.said("user", SUMMARY_HEADER + self.summaries[item.encrypted_content])
 
     def limit(self, max_model_len: int) -> int | None:
         """The prompt tokens past which the server compacts first, or None."""
@@ -107,26 +107,22 @@ class Plan:
         return self.threshold if self.threshold is not None else int(max_model_len * THRESHOLD_SHARE)
 
 
-async def plan(http: web.Request, body: dict, previous: list | None) -> Plan:
+async def plan(http: web.Request, body: ResponsesRequest, previous: Previous | None) -> Plan:
     """What `body` (continuing `previous`, a stored conversation) asks of compaction, its compaction items
     expanded: a 400 naming the first that cannot be, before anything is rendered or kept."""
     found = Plan(http.app[_PROMPT])
     _context_management(body, found)
-    given = body.get("input")
-    given = given if isinstance(given, list) else []
-    items = (previous or []) + given
-    offset = len(previous or [])
+    earlier = previous.items if previous is not None else []
+    items = [*earlier, *body.items]
+    offset = len(earlier)
     summaries = http.app[SUMMARIES]
     for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            continue  # parse_responses says what is wrong with it
-        kind = item.get("type")
         where = f"input[{index - offset}]" if index >= offset else "previous_response_id"
-        if kind == TRIGGER and index >= offset:
+        if isinstance(item, CompactionTrigger) and index >= offset:
             if index != len(items) - 1:
                 raise invalid(f"'{where}' is a compaction_trigger: it must be the last input item.", param=where)
             found.trigger, found.replaced = item, len(items) - 1
-        elif kind in ITEMS:
+        elif isinstance(item, Compaction):
             await _expand(http, summaries, item, where, found)
     if found.trigger is None and _client_compaction(body):
         found.client, found.replaced = True, len(items) - 1  # all but its last message, which asks for the summary
@@ -135,13 +131,10 @@ async def plan(http: web.Request, body: dict, previous: list | None) -> Plan:
     return found
 
 
-async def _expand(http: web.Request, summaries: Summaries, item: dict, where: str, found: Plan) -> None:
-    reference = item.get("encrypted_content")
+async def _expand(http: web.Request, summaries: Summaries, item: Compaction, where: str, found: Plan) -> None:
+    reference = item.encrypted_content
     if reference in found.summaries:
         return
-    if not isinstance(reference, str):
-        raise invalid(f"Invalid type for '{where}.encrypted_content': expected a string, but got "
-                      f"{describe(reference)}.", param=f"{where}.encrypted_content", code="invalid_type")
     await _key(summaries)
     summary = await summaries.expand(reference)
     metrics = http.app[TELEMETRY].metrics
@@ -164,28 +157,18 @@ async def _key(summaries: Summaries) -> bytes:
                        code="compaction_store_unavailable") from exc
 
 
-def _context_management(body: dict, found: Plan) -> None:
-    entries = body_field(body, "context_management", list, "context_management") or []
-    for i, entry in enumerate(entries):
-        where = f"context_management[{i}]"
-        if not isinstance(entry, dict):
-            raise invalid(f"Invalid type for '{where}': expected an object, but got {describe(entry)}.",
-                          param=where, code="invalid_type")
-        kind = body_field(entry, "type", str, f"{where}.type", required=True)
-        if kind != "compaction":
-            warn_once(f"context_management:{kind}", "ignoring context_management entries of type %r", kind)
+def _context_management(body: ResponsesRequest, found: Plan) -> None:
+    for entry in body.context_management or ():
+        if entry.type != "compaction":
+            warn_once(f"context_management:{entry.type}", "ignoring context_management entries of type %r", entry.type)
             continue
-        threshold = body_field(entry, "compact_threshold", int, f"{where}.compact_threshold")
-        if threshold is not None and threshold < 1:
-            raise invalid(f"'{where}.compact_threshold' must be at least 1.", param=f"{where}.compact_threshold")
-        found.thresholded, found.threshold = True, threshold
+        found.thresholded, found.threshold = True, entry.compact_threshold
 
 
-def _client_compaction(body: dict) -> bool:
+def _client_compaction(body: ResponsesRequest) -> bool:
     """Whether the client says this request is a compaction of its own: codex's turn metadata does
     (`request_kind` "compaction": a custom provider's local compaction). Read only to mark the step."""
-    metadata = body.get("client_metadata")
-    turn = metadata.get("x-codex-turn-metadata") if isinstance(metadata, dict) else None
+    turn = (body.client_metadata or {}).get("x-codex-turn-metadata")
     if not isinstance(turn, str) or '"compaction"' not in turn or len(turn) > METADATA_CHARS:
         return False  # the common case: nothing parsed
     try:

@@ -9,7 +9,6 @@ it was asked for, the summary's id, how many items it replaces), and it is count
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import aclosing
 from typing import NamedTuple
 
@@ -23,14 +22,16 @@ from .....engine.request import GenerationRequest
 from .....observe.telemetry import RequestTelemetry
 from ....errors import APIError
 from ....keys import RUNTIME
+from ....protocol import parse
 from ....serving import prepared, traced
-from ....validation import field, json_body
-from . import plan as compaction
-from .plan import TRIGGER, Plan
-from .answer import AfterCompaction, CompactionBuilder
+from ....validation import json_body
+from ..protocol import Compaction, CompactionTrigger, Message, ResponsesRequest
+from ..request import Previous, ResponsesOptions, ToolNames, converted
 from ..store import RESPONSE_STORE
-from ..request import ResponsesOptions, ToolNames, parse_responses
 from ..stream import ResponseBuilder
+from . import plan as compaction
+from .answer import AfterCompaction, CompactionBuilder
+from .plan import TRIGGER, Plan
 from .summaries import SUMMARIES
 
 
@@ -42,13 +43,13 @@ class First(NamedTuple):
     names: ToolNames
 
 
-async def planned(http: web.Request, trace: RequestTelemetry, body: dict,
-                  previous: list | None) -> tuple[Plan, GenerationRequest, ResponsesOptions, ToolNames]:
-    """A Responses body parsed, its compaction items expanded (a 400 for one that cannot be)."""
+async def planned(http: web.Request, trace: RequestTelemetry, body: ResponsesRequest,
+                  previous: Previous | None) -> tuple[Plan, GenerationRequest, ResponsesOptions, ToolNames]:
+    """A Responses request converted, its compaction items expanded (a 400 for one that cannot be)."""
     plan = await compaction.plan(http, body, previous)
     if plan.summaries:
         trace.expanded(len(plan.summaries))
-    request, options, names = parse_responses(body, previous, plan)
+    request, options, names = converted(body, previous, plan)
     if plan.trigger is not None and request.tool_choice not in ("auto", "none"):
         request.tool_choice = "auto"  # a call forced would leave no room for the summary, which is text
     return plan, request, options, names
@@ -79,43 +80,40 @@ async def kept(builder: ResponseBuilder, trace: RequestTelemetry, plan: Plan, ho
 
 # -- context_management: compacted first, when the prompt is past the threshold --
 
-async def first(http: web.Request, body: dict, previous: list | None, plan: Plan,
+async def first(http: web.Request, raw: dict, body: ResponsesRequest, previous: Previous | None, plan: Plan,
                 options: ResponsesOptions) -> First | None:
     """With context_management, the compaction made before the answer when the rendered prompt passes the
-    threshold (counted by rendering it once, untraced: the price of asking for it); None otherwise."""
+    threshold (counted by rendering it once, untraced: the price of asking for it); None otherwise. `raw`
+    is the body as the client sent it (who is calling: serving.prepared)."""
     if not plan.thresholded or plan.trigger is not None:
         return None
     runtime = http.app[RUNTIME]
     await runtime.ready()
-    counting, _, _ = parse_responses(body, previous, plan)  # prepared anew for the answer: nothing shared
-    counted = await prepared(http, None, body, counting, model=options.model, stream=False)
+    counting, _, _ = converted(body, previous, plan)  # prepared anew for the answer: nothing shared
+    counted = await prepared(http, None, raw, counting, model=options.model, stream=False)
     limit = plan.limit(runtime.max_model_len)
     if limit is None or len(counted.prompt_ids) <= limit:
         return None
-    given = _given(body)
     async with traced(http, attr.ENDPOINT_RESPONSES) as trace:
-        asking = {**body, "input": [*given, {"type": TRIGGER}], "stream": False, "store": False}
-        made = await _summarized(http, trace, asking, previous, "threshold")
+        made = await _summarized(http, trace, raw, _asking(body), previous, "threshold")
     item = made.output[0]
     plan.summaries[item["encrypted_content"]] = made.summary
-    compacted, _, names = parse_responses({**body, "input": [*given, item]}, previous, plan)
+    given = Compaction(type=item["type"], encrypted_content=item["encrypted_content"])
+    compacted, _, names = converted(body.model_copy(update={"input": [*body.items, given]}), previous, plan)
     return First(item, compacted, names)
 
 
-def _given(body: dict) -> list:
-    """The body's input items (a string is one user message); parse_responses says what is wrong with others."""
-    given = body.get("input")
-    if isinstance(given, str):
-        return [{"type": "message", "role": "user", "content": given}]
-    return list(given) if isinstance(given, list) else [] if given is None else [given]
+def _asking(body: ResponsesRequest) -> ResponsesRequest:
+    """The request as a compaction of itself: its input then a trigger, answered whole, kept nowhere."""
+    return body.model_copy(update={"input": [*body.items, CompactionTrigger(type=TRIGGER)], "stream": False,
+                                   "store": False})
 
 
-async def _summarized(http: web.Request, trace: RequestTelemetry, body: dict, previous: list | None,
-                      how: str) -> CompactionBuilder:
+async def _summarized(http: web.Request, trace: RequestTelemetry, raw: dict, body: ResponsesRequest,
+                      previous: Previous | None, how: str) -> CompactionBuilder:
     """A compaction run whole (not streamed) in `trace`, its summary kept: what its builder made."""
     plan, request, options, names = await planned(http, trace, body, previous)
-    options = dataclasses.replace(options, stream=False)
-    generation = await prepared(http, trace, body, request, model=options.model, stream=False)
+    generation = await prepared(http, trace, raw, request, model=options.model, stream=False)
     builder = builder_for(http, plan, None, options, names, request.conversation)
     trace.responded(builder.id)
     await _run(generation, builder)
@@ -142,22 +140,24 @@ async def _run(generation: Generation, builder: ResponseBuilder) -> None:
 async def compact_response(http: web.Request) -> web.Response:
     """The conversation compacted: the user's messages and one compaction item (CompactResource)."""
     async with traced(http, attr.ENDPOINT_RESPONSES_COMPACT) as trace:
-        body = await json_body(http)
-        previous_id = field(body, "previous_response_id", str, "previous_response_id")
-        previous = await http.app[RESPONSE_STORE].conversation(previous_id) if previous_id else None
-        given = _given(body)
-        asking = {**body, "input": [*given, {"type": TRIGGER}], "stream": False, "store": False}
-        made = await _summarized(http, trace, asking, previous, "compact")
+        raw = await json_body(http)
+        body = parse(ResponsesRequest, raw)
+        store = http.app[RESPONSE_STORE]
+        previous = Previous.of(await store.conversation(body.previous_response_id)) \
+            if body.previous_response_id else None
+        made = await _summarized(http, trace, raw, _asking(body), previous, "compact")
         # The window a compaction leaves: the user's messages, then the compaction item.
-        users = [_user_message(item) for item in (previous or []) + given if isinstance(item, dict)
-                 and item.get("type", "message") == "message" and item.get("role") == "user"]
+        earlier = previous.items if previous is not None else []
+        users = [_user_message(item) for item in [*earlier, *body.items]
+                 if isinstance(item, Message) and item.role == "user"]
         return web.json_response({"id": made.id, "object": "response.compaction", "output": [*users, made.output[0]],
                                   "created_at": made.created_at, "usage": made.final["usage"]})
 
 
-def _user_message(item: dict) -> dict:
+def _user_message(item: Message) -> dict:
     """A user's input message as an output item (the specification's Message: id, status, content parts)."""
-    content = item.get("content")
-    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
-    return {"type": "message", "id": item.get("id") or new_id("msg_"), "status": "completed", "role": "user",
-            "content": parts}
+    content = item.content
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else \
+        [part.model_dump(exclude_unset=True) for part in content or ()]
+    return {"type": "message", "id": (item.model_extra or {}).get("id") or new_id("msg_"), "status": "completed",
+            "role": "user", "content": parts}
