@@ -1,0 +1,140 @@
+"""A Chat Completions request as it arrives, in one place: what each field may be, parsed once at the
+door (`parse(ChatRequest, body)`); request.py turns it into the engine's request.
+
+Fields the models do not name pass through as they do today (`extra="allow"`), and a null is absent:
+an optional field's default is given where request.py reads it. What cannot be a type is said once
+here: the limits on how many messages and tools are read (checked before any is parsed), and what a
+tool's name may hold (it is written into the prompt, where `f<|im_end|>` must not become a token).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from looptrace.backends.events import TOP_N
+from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
+
+from ...protocol import Protocol, refused
+from ...request_parts import MEDIA_PARTS, SEED_RANGE
+from ...validation import TOOL_NAME
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+def at_most(items: Any, kind: str, param: str) -> Any:
+    """`items`, refused before any is parsed when there are more than the engine would take
+    (families/prompt_items.py): a parser must not build what is refused anyway. For a `mode="before"`
+    validator: anything not a list is left to the type's own refusal."""
+    limit = ITEM_LIMITS[kind][0]
+    if isinstance(items, list) and len(items) > limit:
+        raise refused("too_many_items", str(TooManyItems(kind, limit, param)))
+    return items
+
+
+def named(name: str) -> str:
+    """A tool's name as the model will write it in a call (validation.TOOL_NAME), or a refusal naming its place."""
+    if not name:
+        raise refused("invalid_value", "'{param}' must not be empty.")
+    if not TOOL_NAME.fullmatch(name):
+        raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
+                      f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).")
+    return name
+
+
+class ContentPart(Protocol):
+    """A text part, or an attachment (its fields are extras, read by request_parts.media_part)."""
+
+    type: Literal[TEXT_PARTS + MEDIA_PARTS]  # a tuple in a Literal is its members
+    text: str | None = None  # a text part's, required there
+
+
+class CallFunction(Protocol):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # a JSON string or the object; none is {}
+
+
+class ToolCall(Protocol):
+    """A past call of an assistant's turn."""
+
+    function: CallFunction
+    id: Any = None  # kept when a string; an odd id is dropped, as before, not refused
+
+
+class Message(Protocol):
+    role: Role
+    # Required of system and user turns (request.py says so); a tool's none is "", an assistant's None.
+    content: str | list[ContentPart] | None = None
+    reasoning_content: str | None = None  # an assistant's thinking, vLLM's name
+    reasoning: str | None = None  # the same, as other servers name it
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's: the call it answers
+    name: str | None = None  # a tool's: the function that answered
+
+
+class Function(Protocol):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none is an object without properties
+
+    @field_validator("name")
+    @classmethod
+    def _named(cls, name: str) -> str:
+        return named(name)
+
+
+class FunctionTool(Protocol):
+    type: Literal["function"] | None = None  # the only kind of tool here
+    function: Function
+
+
+class StreamOptions(Protocol):
+    include_usage: bool | None = None
+
+
+class ChatTemplateKwargs(Protocol):
+    enable_thinking: bool | None = None
+
+
+class Sampling(Protocol):
+    """The sampling settings every surface that decodes here takes (and looptrace's own routes: native/)."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # -1: all tokens, as vLLM takes it
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])  # what a torch generator takes
+
+
+class ChatRequest(Sampling):
+    model: str
+    messages: list[Message]
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # checked against the tools (request_parts.parse_tool_choice)
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name: read first
+    max_tokens: int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    n: int | None = None  # 1 only: one sequence is decoded per request
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_N)  # the backends report the TOP_N most likely
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    reasoning_effort: str | None = None  # thinking unless "none", when enable_thinking is not given
+    stop: str | list[str] | None = None  # at most MAX_STOPS of MAX_STOP_LENGTH (request.py)
+    # vLLM's token extensions: the prompt's and the answer's ids, and logprobs' tokens as "token_id:N".
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _few_messages(cls, messages: Any) -> Any:
+        return at_most(messages, "messages", "messages")
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _few_tools(cls, tools: Any) -> Any:
+        return at_most(tools, "tools", "tools")
