@@ -38,10 +38,6 @@ def prompt(n: int, length: int = 64) -> list[int]:
     return [n * 1000 + i for i in range(length)]
 
 
-async def until(check, timeout: float = 5.0) -> None:
-    await wait_until_async(check, timeout)
-
-
 def run(test):
     """An async test on a loop of its own, the reader started and stopped around it."""
     async def main(folder, replay):
@@ -60,7 +56,7 @@ async def subscribed(events: KVEvents, server: Server) -> None:
     """Following, and its subscription arrived at the publisher: ZeroMQ's SUB receives only what is
     published after it is connected and subscribed (a reader with a replay socket asks for what came
     before; one without cannot)."""
-    await until(lambda: events.state == "following")
+    await wait_until_async(lambda: events.state == "following")
     await server.publisher.subscribed()
 
 
@@ -77,11 +73,11 @@ def test_what_was_published_before_it_subscribed_is_read_through_the_replay(tmp_
         events = KVEvents("a:1", server.endpoint, server.replay)
         task = asyncio.create_task(events.run())
         try:
-            await until(lambda: events.batches == 3)
+            await wait_until_async(lambda: events.batches == 3)
             assert events.replayed == 3 and events.lost == 0 and events.trusted
             assert all(predicts(events, server, prompt(n) + [1]) for n in range(3))
             server.request(prompt(4))  # and then what it publishes live
-            await until(lambda: events.batches == 4)
+            await wait_until_async(lambda: events.batches == 4)
             assert predicts(events, server, prompt(4) + [1]) and events.next_seq == 4
         finally:
             task.cancel()
@@ -92,13 +88,13 @@ def test_what_was_published_before_it_subscribed_is_read_through_the_replay(tmp_
 
 def test_a_gap_is_filled_from_the_replay_socket(tmp_path):
     async def test(server, events):
-        await until(lambda: events.state == "following")
+        await wait_until_async(lambda: events.state == "following")
         server.request(prompt(0))
         server.publisher.dropping = 2  # two batches kept for replay but never sent
         server.request(prompt(1))
         server.request(prompt(2))
         server.request(prompt(3))
-        await until(lambda: events.batches == 4)
+        await wait_until_async(lambda: events.batches == 4)
         assert (events.gaps, events.lost, events.next_seq) == (1, 0, 4)
         assert all(predicts(events, server, prompt(n) + [9]) for n in range(4))
 
@@ -107,13 +103,13 @@ def test_a_gap_is_filled_from_the_replay_socket(tmp_path):
 
 def test_a_gap_nothing_fills_is_counted_lost_and_followed_from_there(tmp_path):
     async def test(server, events):
-        await until(lambda: events.state == "following")
+        await wait_until_async(lambda: events.state == "following")
         server.request(prompt(0))
         server.publisher.dropping = 1
         server.request(prompt(1))
         server.publisher.buffer.clear()  # the server no longer keeps it
         server.request(prompt(2))
-        await until(lambda: events.batches == 2)
+        await wait_until_async(lambda: events.batches == 2)
         assert events.lost >= 1 and events.trusted
         assert predicts(events, server, prompt(2) + [9]) and predicts(events, server, prompt(0) + [9])
         assert events.index.cached_tokens(PromptBlocks(prompt(1) + [9])) == 0  # its blocks are unknown
@@ -125,11 +121,11 @@ def test_without_a_replay_socket_a_gap_is_lost(tmp_path):
     async def test(server, events):
         await subscribed(events, server)
         server.request(prompt(0))
-        await until(lambda: events.batches == 1)
+        await wait_until_async(lambda: events.batches == 1)
         server.publisher.dropping = 1
         server.request(prompt(1))
         server.request(prompt(2))
-        await until(lambda: events.batches == 2)
+        await wait_until_async(lambda: events.batches == 2)
         assert (events.gaps, events.lost) == (1, 1)
 
     asyncio.run(run(test)(tmp_path, False))
@@ -139,12 +135,12 @@ def test_a_restarted_publisher_empties_the_index_and_it_is_read_again(tmp_path):
     async def test(server, events):
         for n in range(3):
             server.request(prompt(n))
-        await until(lambda: events.batches == 3)
+        await wait_until_async(lambda: events.batches == 3)
         assert events.index.cached_tokens(PromptBlocks(prompt(0) + [9])) == 64
         server.publisher.restart()  # a new vLLM: seq from 0, cache empty
         server.cache.clear()
         server.request(prompt(5))
-        await until(lambda: events.restarts == 1 and events.next_seq == 1)
+        await wait_until_async(lambda: events.restarts == 1 and events.next_seq == 1)
         assert events.index.cached_tokens(PromptBlocks(prompt(0) + [9])) == 0
         assert predicts(events, server, prompt(5) + [9])
 
@@ -154,9 +150,9 @@ def test_a_restarted_publisher_empties_the_index_and_it_is_read_again(tmp_path):
 def test_a_reset_clears_the_index(tmp_path):
     async def test(server, events):
         server.request(prompt(0))
-        await until(lambda: events.batches == 1)
+        await wait_until_async(lambda: events.batches == 1)
         server.publisher.publish(server.cache.clear())  # AllBlocksCleared
-        await until(lambda: events.batches == 2)
+        await wait_until_async(lambda: events.batches == 2)
         assert len(events.index) == 0 and predicts(events, server, prompt(0) + [9])
 
     asyncio.run(run(test)(tmp_path, True))
@@ -166,17 +162,17 @@ def test_a_silent_publisher_is_not_trusted_until_it_speaks_again(tmp_path, monke
     monkeypatch.setattr(kv_events, "SILENT_SECONDS", 0.2)
 
     async def test(server, events):
-        await until(lambda: events.state == "following")
+        await wait_until_async(lambda: events.state == "following")
         started = time.monotonic()
         server.publisher.publishing = False  # its thread died; the server serves on
         server.request(prompt(0))
         events.owed(True, started)  # the request ended having stored blocks, and no batch came meanwhile
         assert events.trusted
-        await until(lambda: not events.trusted)
+        await wait_until_async(lambda: not events.trusted)
         assert "silent_seconds" in events.health()
         server.publisher.publishing = True
         server.request(prompt(1))
-        await until(lambda: events.trusted)
+        await wait_until_async(lambda: events.trusted)
 
     asyncio.run(run(test)(tmp_path, True))
 
@@ -185,10 +181,10 @@ def test_a_request_whose_events_came_while_it_ran_owes_nothing(tmp_path, monkeyp
     monkeypatch.setattr(kv_events, "SILENT_SECONDS", 0.2)
 
     async def test(server, events):
-        await until(lambda: events.state == "following")
+        await wait_until_async(lambda: events.state == "following")
         started = time.monotonic()
         server.request(prompt(0))
-        await until(lambda: events.batches == 1)
+        await wait_until_async(lambda: events.batches == 1)
         events.owed(True, started)  # its blocks' batch came before it ended
         later = time.monotonic() + 1  # the silence allowed (0.2 s) has passed: nothing was owed
         monkeypatch.setattr(kv_events, "time", SimpleNamespace(monotonic=lambda: later))
@@ -247,9 +243,9 @@ def test_a_batch_that_never_comes_is_waited_for_at_most_await_seconds(tmp_path, 
 
 def test_a_payload_of_another_format_is_said_and_not_used(tmp_path):
     async def test(server, events):
-        await until(lambda: events.state == "following")
+        await wait_until_async(lambda: events.state == "following")
         server.publisher._pub.send_multipart((b"kv-events", (0).to_bytes(8, "big"), b"\x93not msgpack"))
-        await until(lambda: events.state == "unreadable")
+        await wait_until_async(lambda: events.state == "unreadable")
         assert not events.trusted and "could not be read" in events.error
 
     asyncio.run(run(test)(tmp_path, True))
@@ -260,7 +256,7 @@ def test_health_says_how_it_follows(tmp_path, replay):
     async def test(server, events):
         await subscribed(events, server)
         server.request(prompt(0))
-        await until(lambda: events.batches == 1)
+        await wait_until_async(lambda: events.batches == 1)
         health = events.health()
         assert health["state"] == "following" and health["blocks"] == 4 and health["block_size"] == 16
         assert health["replay_endpoint"] == server.replay

@@ -14,6 +14,7 @@ from looptrace.backends.local.backend import LocalBackend, decode_one_token, pre
 
 import load_once
 from tiny_models import chat_prompt_ids
+from waiting import wait_until_async
 
 NEW_TOKENS = 48
 
@@ -164,8 +165,7 @@ def test_the_queue_refuses_past_its_bound(loaded):
         waiting = [backend.generate(greedy()) for _ in range(2)]
         firsts = [asyncio.ensure_future(anext(w)) for w in waiting]
         # Each consumer queues its job on its first step; on a loaded machine that can take a while.
-        while backend.waiting < 2:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: backend.waiting >= 2, 60, every=0.01)
         assert backend.waiting == 2
         with pytest.raises(Busy):
             await anext(backend.generate(greedy()))

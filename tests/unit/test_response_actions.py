@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 from openai.types.responses import Response, ResponseItemList
 from openai.types.responses.input_token_count_response import InputTokenCountResponse
+
+from waiting import wait_until
 
 from .test_openai_types import STREAM_EVENT, strict
 from .test_responses import sse
@@ -67,8 +68,7 @@ def test_cancel_stops_a_running_response(replay_app):
     streaming = threading.Thread(target=lambda: got.append(replay_app.post({"model": MODEL, "input": "x",
                                                                             "stream": True})), daemon=True)
     streaming.start()
-    while slow.tokens < 3:
-        time.sleep(0.02)
+    wait_until(lambda: slow.tokens >= 3, 60, every=0.02, what="the response under way")
     (response_id,) = _running_ids(replay_app)
     status, cancelled = replay_app.call("POST", f"/v1/responses/{response_id}/cancel")
     assert status == 200, cancelled
@@ -103,8 +103,7 @@ def test_a_non_streamed_response_cancelled_answers_cancelled(replay_app):
     waiting = threading.Thread(target=lambda: got.append(replay_app.call("POST", "/v1/responses", {
         "model": MODEL, "input": "x"})), daemon=True)
     waiting.start()
-    while slow.tokens < 3:
-        time.sleep(0.02)
+    wait_until(lambda: slow.tokens >= 3, 60, every=0.02, what="the response under way")
     (response_id,) = _running_ids(replay_app)
     assert replay_app.call("POST", f"/v1/responses/{response_id}/cancel")[0] == 200
     waiting.join(30)
