@@ -24,10 +24,11 @@ from ...engine.request import StoredPrompt
 from ...engine.runtime import Runtime
 from ..errors import APIError, invalid
 from ..keys import RUNTIME
-from ..request_parts import seed, temperature_and_top_p
+from ..protocol import parse
 from ..serving import traced
 from ..stored import stored_trace
-from ..validation import field, in_range, json_body
+from ..validation import json_body
+from .protocol import ForkRequest
 from .stored_run import run_stored
 
 DEFAULT_MAX_TOKENS = 1024  # when the original request said none
@@ -35,13 +36,9 @@ DEFAULT_MAX_TOKENS = 1024  # when the original request said none
 
 async def fork_trace(request: web.Request) -> web.Response:
     async with traced(request, attr.ENDPOINT_FORK) as trace:
-        body = await json_body(request)
+        body = parse(ForkRequest, await json_body(request))
         index, token_id, text = _what(body)
-        max_tokens = field(body, "max_tokens", int, "max_tokens")
-        in_range(max_tokens, "max_tokens", 1)
-        temperature, top_p = temperature_and_top_p(body)
-        top_k = field(body, "top_k", int, "top_k")
-        in_range(top_k, "top_k", -1)
+        max_tokens = body.max_tokens
         runtime = request.app[RUNTIME]
         await runtime.ready()
         if not runtime.entry.can.fork:
@@ -67,7 +64,7 @@ async def fork_trace(request: web.Request) -> web.Response:
         trace.checked()
         trace.forked(recorded, index, replacement)
         run = await run_stored(runtime, trace, stored, tools=original.tools, max_tokens=max_tokens,
-                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed(body))
+                               temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed)
         AlternativeTexts(runtime.vocab).add_to(run.tokens)
         answer = run.answer
         answer["looptrace"] = {
@@ -78,10 +75,8 @@ async def fork_trace(request: web.Request) -> web.Response:
         return web.json_response(answer)
 
 
-def _what(body: dict) -> tuple[int, int | None, str | None]:
-    index = field(body, "index", int, "index", required=True)
-    token_id = field(body, "token_id", int, "token_id")
-    text = field(body, "text", str, "text")
+def _what(body: ForkRequest) -> tuple[int, int | None, str | None]:
+    index, token_id, text = body.index, body.token_id, body.text
     if (token_id is None) == (text is None):
         raise invalid("Give either 'token_id' (one of the alternatives) or 'text' to put at 'index'.",
                       param="token_id")

@@ -15,33 +15,31 @@ from looptrace.common.jsonio import dumps
 
 from ...engine.request import StoredPrompt
 from ..errors import invalid
-from ..request_parts import at_most, parse_tools, seed, temperature_and_top_p
+from ..openai.chat.request import tools_of
+from ..protocol import parse
 from ..serving import traced
-from ..validation import field, in_range, json_body
+from ..validation import json_body
+from .protocol import GenerateRequest
 from .stored_run import ready_for, run_stored, token_ids
 
 
 async def generate(request: web.Request) -> web.Response:
     async with traced(request, attr.ENDPOINT_GENERATE) as trace:
-        body = await json_body(request)
-        runtime = await ready_for(request, body, "fork", "decoding a prompt of token ids")
-        prompt, prefix = token_ids(body, "prompt_ids", runtime), token_ids(body, "answer_prefix", runtime, required=False)
+        body = parse(GenerateRequest, await json_body(request))
+        runtime = await ready_for(request, body.model, "fork", "decoding a prompt of token ids")
+        prompt = token_ids(body.prompt_ids, "prompt_ids", runtime)
+        prefix = token_ids(body.answer_prefix, "answer_prefix", runtime)
         if not prompt:
             raise invalid("'prompt_ids' must hold at least one token.", param="prompt_ids")
-        thinking = field(body, "thinking", bool, "thinking")
+        thinking = body.thinking
         if thinking is None:  # as the family reads the prompt's end (Qwen3.5: `<think>` left open)
             thinking = runtime.family.prompt_leaves_thinking(runtime.tokenizer.decode(prompt[-8:]))
-        tools = parse_tools(at_most(field(body, "tools", list, "tools") or [], "tools", "tools"))
-        max_tokens = field(body, "max_tokens", int, "max_tokens")
-        in_range(max_tokens, "max_tokens", 1)
-        temperature, top_p = temperature_and_top_p(body)
-        top_k = field(body, "top_k", int, "top_k")
-        in_range(top_k, "top_k", -1)
+        tools = tools_of(body.tools)
         trace.requested(runtime.model_name, stream=False, conversation=None)
         trace.checked()
         run = await run_stored(runtime, trace, StoredPrompt(prompt, thinking, prefix), tools=tools,
-                               max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                               seed=seed(body))
+                               max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+                               top_k=body.top_k, seed=body.seed)
         pieces = runtime.vocab.pieces
         for token in run.tokens:  # the alternatives' pieces: a replay records them as a decode span does
             token["top_pieces"] = [pieces[i] if 0 <= i < len(pieces) else "" for i in token["top_ids"]]

@@ -15,18 +15,21 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from ..errors import invalid
+from ..protocol import parse
 from ..serving import traced
 from ..validation import json_body
+from .protocol import ScoreRequest
 from .stored_run import ready_for, token_ids
 
 
 async def score(request: web.Request) -> web.Response:
     async with traced(request, attr.ENDPOINT_SCORE) as trace:
-        body = await json_body(request)
-        runtime = await ready_for(request, body, "score", "scoring")
+        body = parse(ScoreRequest, await json_body(request))
+        runtime = await ready_for(request, body.model, "score", "scoring")
         trace.requested(runtime.model_name, stream=False, conversation=None)
         trace.checked()
-        prompt, answer = token_ids(body, "prompt_ids", runtime), token_ids(body, "answer_ids", runtime)
+        prompt, answer = token_ids(body.prompt_ids, "prompt_ids", runtime), \
+            token_ids(body.answer_ids, "answer_ids", runtime)
         if not prompt or not answer:
             raise invalid("'prompt_ids' and 'answer_ids' must each hold at least one token.",
                           param="prompt_ids" if not prompt else "answer_ids")

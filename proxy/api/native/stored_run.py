@@ -19,7 +19,6 @@ from ...observe.telemetry import RequestTelemetry
 from ..errors import invalid, model_not_found
 from ..keys import RUNTIME
 from ..openai.chat.response import ChatCollector
-from ..validation import field
 
 
 class Run(NamedTuple):
@@ -67,21 +66,20 @@ async def run_stored(runtime: Runtime, trace: RequestTelemetry, stored: StoredPr
     return Run(answer, tokens, calls.seen, generation)
 
 
-def token_ids(body: dict, key: str, runtime: Runtime, *, required: bool = True) -> list[int]:
-    """A list of token ids from a body, each in the served model's vocabulary, or a 400 naming it."""
-    ids = field(body, key, list, key, required=required, default=[])
+def token_ids(ids: list[int] | None, key: str, runtime: Runtime) -> list[int]:
+    """`ids` (the body's `key`, integers already), each in the served model's vocabulary, or a 400 naming it."""
+    ids = ids or []
     known = len(runtime.vocab.pieces)
     for n, token in enumerate(ids):
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < known:
+        if not 0 <= token < known:
             raise invalid(f"'{key}[{n}]' must be a token id of this model's vocabulary of {known}.",
                           param=f"{key}[{n}]")
     return ids
 
 
-async def ready_for(request: web.Request, body: dict, capability: str, what: str) -> Runtime:
+async def ready_for(request: web.Request, model: str | None, capability: str, what: str) -> Runtime:
     """The runtime, once loaded, when its backend can do `capability` and `model` (if given) is the one served."""
     runtime: Runtime = request.app[RUNTIME]
-    model = field(body, "model", str, "model")
     await runtime.ready()
     if model is not None and model != runtime.model_name:
         raise model_not_found(model, runtime.model_name)
