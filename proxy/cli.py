@@ -21,6 +21,7 @@ from looptrace.trace_store.location import refusal as store_refusal
 
 from . import workers
 from .engine import model_runtime
+from .erase import add_command as add_erase
 from .export.arguments import add_command as add_export
 from .replay.arguments import add_command as add_replay
 from .settings import DEFAULT_MODEL, Settings
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_replay(commands)  # proxy/replay/
     add_export(commands)  # proxy/export/
+    add_erase(commands)  # proxy/erase.py
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API", formatter_class=_ShowDefaults)
     serve.add_argument("model", nargs="?", default=None,
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
@@ -213,7 +215,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "serve":  # replay, export: the module each names runs it
+    if args.command != "serve":  # replay, export, erase: the module each names runs it
         module, _, function = args.run.partition(":")
         sys.exit(getattr(importlib.import_module(module), function)(args))
     settings = settings_from(args)

@@ -72,6 +72,8 @@ CREATE TABLE IF NOT EXISTS state_compactions (
     id text PRIMARY KEY, summary bytea NOT NULL, conversation text, trace_id text, created_ns bigint NOT NULL
 );
 CREATE TABLE IF NOT EXISTS state_secrets (name text PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE IF NOT EXISTS erasures (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at_ns bigint NOT NULL,
+                                     who text NOT NULL, kind text NOT NULL, subject text NOT NULL, counts text NOT NULL);
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
                                      weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,

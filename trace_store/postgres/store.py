@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..batch import Batch, hex_id
+from .. import erasure
 from ..chains import materialize
 from ..steps import StepGatherer
 from . import write as pg_write
@@ -187,8 +188,8 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
         if not count:
             return 0
         self._materialize(db)
-        sessions = [r[0] for r in db.execute("SELECT DISTINCT session FROM traces WHERE trace_id IN "
-                                             "(SELECT trace_id FROM doomed) AND session IS NOT NULL").fetchall()]
+        found = erasure.linked(_Reading(db), "postgresql")  # what the state beside the traces holds of them
+        sessions = found.sessions
         for table in ("spans", "traces"):
             db.execute(f"WITH gone AS (DELETE FROM {table} WHERE trace_id IN (SELECT trace_id FROM doomed) "
                        "RETURNING bytes) INSERT INTO store_usage SELECT %s, -coalesce(sum(bytes), 0) FROM gone "
@@ -198,6 +199,9 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
             db.execute(f"DELETE FROM {table} WHERE trace_id IN (SELECT trace_id FROM doomed)")
         for start in range(0, len(sessions), 500):
             rebuild_sessions(db, sessions[start:start + 500])
+        erasure.gone(_Reading(db), found)
+        for _, sql, args in erasure.state_statements(found):  # conversations and rollouts none of whose traces is left
+            _Reading(db).execute(sql, args)
         return count
 
     def _materialize(self, db: psycopg.Connection) -> None:
@@ -213,6 +217,39 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
         if materialize(_Reading(db), "doomed", update) and grown:
             db.execute("INSERT INTO store_usage VALUES (%s, %s) ON CONFLICT (writer) DO UPDATE "
                        "SET bytes = store_usage.bytes + excluded.bytes", (self._writer_id, grown))
+
+    def erase(self, subject) -> "erasure.Found":
+        """Every trace of `subject` (trace_store/erasure.py), its rows in every table, on a connection of
+        its own (the exporting thread keeps the writer's); the rows' space is PostgreSQL's VACUUM's to free."""
+        with connect(self.url, row_factory=row_factory) as db, db.transaction():
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id text PRIMARY KEY) ON COMMIT DELETE ROWS")
+            reading = _Reading(db)
+            erasure.pick(reading, subject)
+            if subject.kind == "before":
+                self._materialize(db)
+            found = erasure.linked(reading, "postgresql")
+            before = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+            found.counts["spans"] = db.execute("SELECT count(*) FROM spans WHERE trace_id IN "
+                                               "(SELECT trace_id FROM doomed)").fetchone()[0]
+            for table in ("spans", "traces"):  # their bytes out of the usage retention keeps under --trace-max-mb
+                db.execute(f"WITH gone AS (DELETE FROM {table} WHERE trace_id IN (SELECT trace_id FROM doomed) "
+                           "RETURNING bytes) INSERT INTO store_usage SELECT %s, -coalesce(sum(bytes), 0) FROM gone "
+                           "ON CONFLICT (writer) DO UPDATE SET bytes = store_usage.bytes + excluded.bytes",
+                           (self._writer_id,))
+            for table in ("tool_calls", "trace_text", "lost_spans", "trace_bases"):
+                found.counts[table] = db.execute(
+                    f"DELETE FROM {table} WHERE trace_id IN (SELECT trace_id FROM doomed)").rowcount
+            found.counts["traces"] = len(found.traces)
+            for start in range(0, len(found.sessions), 500):
+                rebuild_sessions(db, found.sessions[start:start + 500])
+            if subject.kind == "session":
+                db.execute("DELETE FROM sessions WHERE key = %s", (subject.value,))
+                found.sessions = sorted(set(found.sessions) | {subject.value})
+                if not subject.value.startswith("trace:"):
+                    found.conversations = sorted(set(found.conversations) | {subject.value})
+            found.counts["sessions"] = before - db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+            erasure.gone(reading, found)
+        return found
 
     def interrupt(self) -> None:
         """The process is stopping: a held batch is given up rather than waited with."""

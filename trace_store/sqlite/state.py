@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +27,8 @@ CREATE TABLE IF NOT EXISTS state_responses (id TEXT PRIMARY KEY, conversation BL
 CREATE TABLE IF NOT EXISTS state_compactions (id TEXT PRIMARY KEY, summary BLOB NOT NULL, conversation TEXT,
                                               trace_id TEXT, created_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS erasures (id INTEGER PRIMARY KEY, at_ns INTEGER NOT NULL, who TEXT NOT NULL,
+                                     kind TEXT NOT NULL, subject TEXT NOT NULL, counts TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
 CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
@@ -93,6 +96,14 @@ class SQLiteState(StateStore):
             conn.execute("COMMIT")
             return counts
 
+    def scrub(self) -> None:
+        """After an erasure: the file rebuilt and its write-ahead log emptied, so that the erased rows'
+        bytes leave the files (trace_store/erasure.py)."""
+        with self._lock, _unavailable(self.path):
+            conn = self._connection()
+            conn.execute("VACUUM")
+            checkpoint(conn, self.path)
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -107,6 +118,17 @@ def _unavailable(path: Path) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise StoreUnavailable(f"{path}: {exc}") from exc
+
+
+def checkpoint(conn: sqlite3.Connection, path: Path, tries: int = 50) -> None:
+    """The write-ahead log copied into the file and cut to nothing, once no reader holds it (a server
+    reading the file: waited for a few seconds at most, then said)."""
+    for _ in range(tries):
+        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if not busy:
+            return
+        time.sleep(0.1)
+    raise sqlite3.OperationalError(f"{path}-wal: a reader held the write-ahead log; run the erasure again")
 
 
 def sqlite_state_path(trace_path: str | Path) -> Path:

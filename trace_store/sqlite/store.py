@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -26,10 +27,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..batch import Batch, hex_id
+from .. import erasure
 from ..chains import materialize
 from ..steps import StepGatherer
 from .queries import SQLiteQueries
 from .schema import prepare, rebuild_sessions
+from .state import SQLiteState, checkpoint, sqlite_state_path
 from .write import insert, write
 
 log = logging.getLogger("looptrace.trace")
@@ -53,6 +56,9 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
         self._retiring = False  # retention has more to delete: a little more after each batch
         self._steps = StepGatherer()
         self._lost: dict[str, int] = {}  # trace id → spans lost, not yet marked in the file
+        # The writing connection's one user at a time: the exporting thread, or an erasure (a route's thread).
+        self._writing = threading.RLock()
+        self._retired: list[erasure.Found] = []  # what retention removed, for the state beside it to follow
 
     # -- writing (the exporting thread) --
 
@@ -76,6 +82,10 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             self._close_writer()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._writing:
+            return self._export(spans)
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             db = self._writer()
             batch = Batch(self._steps)
@@ -124,15 +134,70 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
             return
         try:
             self._retiring = not self._retire(RETIRE_PER_BATCH)
+            self._forget_retired()
         except (sqlite3.Error, OSError) as exc:
             log.warning("trace store %s: retention: %s", self.path, exc)
+            self._retired = []  # rolled back
             self._close_writer()
         self._last_retention = time.monotonic()
 
     def enforce_retention(self) -> None:
         """All of retention, now."""
-        while not self._retire(None):
-            pass
+        with self._writing:
+            while not self._retire(None):
+                pass
+            self._forget_retired()
+
+    def _forget_retired(self) -> None:
+        """The state rows of what retention removed (conversations and rollouts none of whose traces is
+        left, responses and calls of the traces removed), in the state's own file. Its failure is logged:
+        the state is bounded by itself too."""
+        retired, self._retired = self._retired, []
+        if not retired:
+            return
+        found = erasure.Found()
+        for part in retired:
+            for name in ("traces", "conversations", "sessions", "responses"):
+                getattr(found, name).extend(getattr(part, name))
+        state = SQLiteState(sqlite_state_path(self.path))
+        try:
+            erasure.forget(state, found)
+        except OSError as exc:
+            log.warning("trace store %s: retention of the state beside it: %s", self.path, exc)
+        finally:
+            state.close()
+
+    def erase(self, subject: erasure.Subject) -> erasure.Found:
+        """Every trace of `subject` (erasure.py), its rows in every table, and their bytes out of the file
+        and its write-ahead log: the FTS index merged without them, the file rebuilt, the log emptied.
+        Holds the writer meanwhile: this process's batches wait; another process's writer waits for the
+        file's lock (its busy timeout), as for any long transaction."""
+        with self._writing:
+            db = self._writer()
+            secure = ("OFF", "ON", "FAST")[db.execute("PRAGMA secure_delete").fetchone()[0]]
+            db.execute("PRAGMA busy_timeout = 60000")  # a server's batch or retention on the file: waited for
+            db.execute("PRAGMA secure_delete = ON")  # some builds' default: the deleted cells zeroed as they go
+            try:
+                with db:
+                    db.execute("BEGIN IMMEDIATE")
+                    db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id TEXT PRIMARY KEY)")
+                    db.execute("DELETE FROM doomed")
+                    erasure.pick(db, subject)
+                    found = self._delete_doomed(db, whole=subject.kind == "before")
+                    if subject.kind == "session":  # a session row whose traces went before
+                        found.counts["sessions"] += db.execute("DELETE FROM sessions WHERE key = ?",
+                                                               (subject.value,)).rowcount
+                        if subject.value not in found.sessions:
+                            found.sessions.append(subject.value)
+                        if not subject.value.startswith("trace:") and subject.value not in found.conversations:
+                            found.conversations.append(subject.value)
+                    db.execute("INSERT INTO trace_text (trace_text) VALUES ('optimize')")  # the erased words out
+                db.execute("VACUUM")
+                checkpoint(db, self.path)
+            finally:
+                db.execute("PRAGMA busy_timeout = 5000")
+                db.execute(f"PRAGMA secure_delete = {secure}")
+            return found
 
     def _retire(self, limit: int | None) -> bool:
         """Deletes up to `limit` traces (None: no limit) past their age, else the oldest while the
@@ -173,21 +238,31 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
         pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size"))
         return (pages - free) * size
 
-    @staticmethod
-    def _delete(db: sqlite3.Connection, select: str, args: tuple) -> int:
+    def _delete(self, db: sqlite3.Connection, select: str, args: tuple) -> int:
         """The traces `select` picks, every row of theirs, as a few set-wide statements (one per table,
         not one per trace: see batch.py on the GIL)."""
         db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id TEXT PRIMARY KEY)")
         db.execute("DELETE FROM doomed")
         db.execute(f"INSERT OR IGNORE INTO doomed {select}", args)
-        materialize(db, "doomed")  # the steps left that build on these, whole first (chains.py)
-        sessions = [r[0] for r in db.execute(
-            "SELECT DISTINCT session FROM traces WHERE trace_id IN doomed AND session IS NOT NULL")]
+        found = self._delete_doomed(db, whole=True)
+        self._retired.append(found)
+        return len(found.traces)
+
+    @staticmethod
+    def _delete_doomed(db: sqlite3.Connection, *, whole: bool) -> erasure.Found:
+        """Every row of the traces in `doomed`; `whole`: the steps left that build on them made whole
+        first (chains.py). What they linked to, for the state beside the store."""
+        if whole:
+            materialize(db, "doomed")
+        found = erasure.linked(db, "sqlite")
         for table in ("spans", "tool_calls", "trace_text", "lost_spans", "trace_bases", "traces"):
-            db.execute(f"DELETE FROM {table} WHERE trace_id IN doomed")
-        for start in range(0, len(sessions), 500):  # what is left of the sessions they belonged to
-            rebuild_sessions(db, sessions[start:start + 500])
-        return db.execute("SELECT count(*) FROM doomed").fetchone()[0]
+            found.counts[table] = db.execute(f"DELETE FROM {table} WHERE trace_id IN doomed").rowcount
+        before = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+        for start in range(0, len(found.sessions), 500):  # what is left of the sessions they belonged to
+            rebuild_sessions(db, found.sessions[start:start + 500])
+        found.counts["sessions"] = before - db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+        erasure.gone(db, found)
+        return found
 
     def shutdown(self) -> None:
         self._close_writer()

@@ -1,4 +1,4 @@
-"""The trace viewer: its data (traces, sessions, the live feed, compare) and its pages. It only reads."""
+"""The trace viewer: its data (traces, sessions, the live feed, compare) and its pages; and erasing a session."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from aiohttp import web
 from ..route import Route, Scope, mount_static
 from . import pages
 from .compare import compare_sessions
+from .erasure import erase_session, list_erasures
 from .sessions import get_session, list_sessions, live
 from .traces import get_prompt, get_tokens, get_trace, list_traces
 
@@ -21,6 +22,10 @@ ROUTES = (
     Route("GET", "/v1/sessions/", get_session, READ),  # ?key=: a key of "." or ".." (sessions.py)
     Route("GET", "/v1/sessions/{key:.+}", get_session, READ),
     Route("GET", "/v1/live", live, READ),
+    # Admin for now; the session's own tenant may erase it too once keys land (the route's tenant check).
+    Route("DELETE", "/v1/sessions/", erase_session, Scope.ADMIN),  # ?key=
+    Route("DELETE", "/v1/sessions/{key:.+}", erase_session, Scope.ADMIN),
+    Route("GET", "/v1/erasures", list_erasures, Scope.ADMIN),
     *(Route("GET", path, pages.page, Scope.PUBLIC) for path in pages.PAGES),
     *(Route("GET", path, pages.compare_page, Scope.PUBLIC) for path in pages.COMPARE_PAGES),
 )
