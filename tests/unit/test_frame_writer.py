@@ -1,14 +1,20 @@
 """proxy/api/streaming.FrameWriter: frames made in one run of the handler leave in one write, in
 order, none late, none lost; a client that left is heard of; the client's pace holds the handler, for at
-most the write timeout."""
+most the write timeout. And the transports' framings of a format's events: SSE's lines, a WebSocket's
+messages."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from aiohttp import WSMsgType
 
 from looptrace.proxy.api import streaming
+from looptrace.proxy.api.openai.responses.request import ToolNames
+from looptrace.proxy.api.openai.responses.stream import ResponseBuilder
+from looptrace.proxy.api.openai.responses.websocket import Frames
 from looptrace.proxy.api.streaming import FrameWriter
 
 
@@ -188,3 +194,93 @@ def test_a_slow_client_within_the_write_timeout_is_waited_for():
         return b"".join(response.writes)
 
     assert asyncio.run(run()) == b"".join(b"%d," % i for i in range(20))
+
+
+# Events framed by the transport (issue 54): a format makes (name, JSON) events; SSE adds its lines,
+# a WebSocket sends each JSON as a message with the lane's stream_id in it. Nothing un-formats a frame.
+
+def test_sse_frames_named_and_unnamed_events_and_ends_an_openai_stream_with_done():
+    sse = streaming.SSE()
+    delta = ("response.output_text.delta", b'{"type":"response.output_text.delta","delta":"Hi"}')
+    assert sse.frames([delta]) == (b'event: response.output_text.delta\ndata: '
+                                   b'{"type":"response.output_text.delta","delta":"Hi"}\n\n',)
+    chunk = (None, b'{"choices":[]}')  # Chat Completions names no events
+    assert sse.frames([chunk, chunk]) == (b'data: {"choices":[]}\n\ndata: {"choices":[]}\n\n',)
+    assert sse.frames([]) == ()
+    assert sse.end([chunk], done=True) == (b'data: {"choices":[]}\n\ndata: [DONE]\n\n',)
+    assert sse.end([("message_stop", b'{"type":"message_stop"}')], done=False) == (
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',)
+    # A silence: the format's keepalive events, or SSE's comment where the API has none of its own.
+    assert sse.keepalive([]) == (streaming.SSE_KEEPALIVE,) == (b": keepalive\n\n",)
+    assert sse.keepalive([("ping", b'{"type":"ping"}')]) == (b'event: ping\ndata: {"type":"ping"}\n\n',)
+
+
+class Socket:
+    """What websocket.Frames uses of aiohttp's WebSocketResponse: `send_frame`, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, object]] = []
+
+    async def send_frame(self, data: bytes, kind) -> None:
+        self.sent.append((data, kind))
+
+
+def test_a_websocket_sends_each_events_json_with_its_lane_as_a_field_and_no_sse():
+    builder = ResponseBuilder("m", ToolNames(), {}, stream=True)
+    events = builder.start() + builder.text({"type": "text", "text": 'a "quoted"\n\n data: [DONE]'})
+    events += builder.without_output()
+
+    async def run(lane):
+        ws = Socket()
+        frames = Frames(ws, lane)
+        out = FrameWriter(frames, messages=True)
+        # The relay's calls: end() and keepalive() add nothing of SSE's (no [DONE], no comment).
+        await out.write(*frames.frames(events[:2]))
+        await out.write(*frames.keepalive([]))
+        await out.write(*frames.end(events[2:], done=True))
+        await out.flush()
+        out.close()
+        return ws.sent
+
+    for lane in (None, "lane-1"):
+        sent = asyncio.run(run(lane))
+        assert all(kind == WSMsgType.TEXT for _, kind in sent)
+        messages = [json.loads(data) for data, _ in sent]  # each one JSON object, [DONE] never among them
+        assert [m["type"] for m in messages] == [name for name, _ in events]
+        if lane is None:
+            assert all("stream_id" not in m for m in messages)
+            assert [data for data, _ in sent] == [data for _, data in events]
+        else:  # the lane is the object's first field: inserted after the brace the format wrote
+            assert all(data.startswith(b'{"stream_id":"lane-1","type":') for data, _ in sent)
+            assert [{k: v for k, v in m.items() if k != "stream_id"} for m in messages] == \
+                [json.loads(data) for _, data in events]
+        text = [m for m in messages if m["type"] == "response.output_text.delta"]
+        assert text[0]["delta"] == 'a "quoted"\n\n data: [DONE]'
+
+
+def test_a_burst_of_messages_reaches_the_sink_as_one_list_in_order():
+    class Sink:
+        def __init__(self) -> None:
+            self.bursts: list[list[bytes]] = []
+
+        async def write(self, burst: list[bytes]) -> None:
+            self.bursts.append(list(burst))
+
+    async def run():
+        sink = Sink()
+        out = FrameWriter(sink, messages=True)
+        first = asyncio.get_running_loop().create_future()
+        first.set_result("token")
+        await out.opening(b"created", first)
+        await out.opening(b"in_progress", first)
+        await out.write_now(b"item added", b"delta 0")  # in place, with the opening: one burst
+        before_any_turn = list(sink.bursts)
+        for i in range(1, 4):
+            await out.write(b"delta %d" % i)
+        await out.flush()
+        out.close()
+        return before_any_turn, sink.bursts
+
+    before, bursts = asyncio.run(run())
+    assert before == [[b"created", b"in_progress", b"item added", b"delta 0"]]
+    assert bursts == [before[0], [b"delta 1", b"delta 2", b"delta 3"]]

@@ -1,4 +1,5 @@
-"""Channel deltas → Chat Completions: SSE chunks for a stream, one JSON object otherwise.
+"""Channel deltas → Chat Completions: chunk events for a stream (unnamed: the API names none), one
+JSON object otherwise.
 
 Reasoning goes out under both `reasoning_content` and `reasoning`, because clients differ in which
 they read. Chunks are assembled from a preformatted prefix, so the per-token cost is one
@@ -17,8 +18,9 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 from ....engine.generation import Generation
 from ....engine.request import Step
 from ...errors import APIError
+from ...streaming import SSE_KEEPALIVE, Event, each
 
-DONE_FRAME = b"data: [DONE]\n\n"
+KEEPALIVE = SSE_KEEPALIVE  # what fills a chat stream's silences: SSE's comment (the API has no event for it)
 
 
 class LogprobEntries:
@@ -68,12 +70,12 @@ class ChatStream:
         self.model = model
         self.include_usage = include_usage
         self.logprobs = logprobs
-        self._head = f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"choices":[{{"index":0,"delta":'
+        self._head = f'{{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"choices":[{{"index":0,"delta":'
         self._pending_logprobs: list[dict] = []
         self._ids: list[int] | None = [] if token_ids else None  # ids since the last chunk
 
     def _chunk(self, delta: dict | str, finish_reason: str | None = None, logprobs: list | None = None,
-               top: str = "", ids: bool = True) -> bytes:
+               top: str = "", ids: bool = True) -> Event:
         body = delta if isinstance(delta, str) else dumps(delta)
         if self._ids is not None and logprobs is None and self._pending_logprobs:
             logprobs, self._pending_logprobs = self._pending_logprobs, []
@@ -82,17 +84,18 @@ class ChatStream:
         token_ids = ""
         if self._ids is not None and ids:
             token_ids, self._ids = f',"token_ids":{dumps(self._ids)}', []
-        return (f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}{token_ids}}}]{top}}}'
-                '\n\n').encode()
+        return None, (f'{self._head}{body},"logprobs":{tail_logprobs},"finish_reason":{tail_finish}{token_ids}}}]'
+                      f'{top}}}').encode()
 
     name = "chat"
+    ends_with_done = True
 
-    def start(self, generation: Generation | None = None) -> bytes:
+    def start(self, generation: Generation | None = None) -> list[Event]:
         top = f',"prompt_token_ids":{dumps(generation.prompt_ids)}' if self._ids is not None and generation else ""
         # As vLLM's: the opening chunk's choice has no token_ids (its ids are the prompt's, beside it).
-        return self._chunk('{"role":"assistant","content":""}', top=top, ids=False)
+        return [self._chunk('{"role":"assistant","content":""}', top=top, ids=False)]
 
-    def frames(self, step: Step) -> bytes:
+    def frames(self, step: Step) -> list[Event]:
         token = step.token
         if token is not None:
             if self._ids is not None:
@@ -101,50 +104,40 @@ class ChatStream:
                     self._pending_logprobs.append(self.logprobs.entry(token))
             elif self.logprobs is not None and step.channel == CONTENT:
                 self._pending_logprobs.append(self.logprobs.entry(token))
-        return b"".join(dispatch(step.deltas, self)) if step.deltas else b""
+        return each(dispatch(step.deltas, self)) if step.deltas else []
 
     # DeltaHandler: each delta's chunk.
 
-    def text(self, delta: TextDelta) -> bytes:
+    def text(self, delta: TextDelta) -> list[Event]:
         logprobs, self._pending_logprobs = (self._pending_logprobs or None), []
-        return self._chunk('{"content":' + dumps(delta["text"]) + "}", logprobs=logprobs)
+        return [self._chunk('{"content":' + dumps(delta["text"]) + "}", logprobs=logprobs)]
 
-    def thinking(self, delta: ThinkingDelta) -> bytes:
+    def thinking(self, delta: ThinkingDelta) -> list[Event]:
         text = dumps(delta["text"])
-        return self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}")
+        return [self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}")]
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
+    def tool_call(self, delta: ToolCallDelta) -> list[Event]:
         # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
         call = tool_call_json(delta)
         call["index"] = delta["index"]
-        return self._chunk({"tool_calls": [call]})
+        return [self._chunk({"tool_calls": [call]})]
 
-    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
-        return b""  # its text follows as a text delta
+    def unparsed_call(self, delta: UnparsedCallDelta) -> list[Event]:
+        return []  # its text follows as a text delta
 
-    def finish(self, generation: Generation) -> bytes:
+    def finish(self, generation: Generation) -> list[Event]:
         logprobs = self._pending_logprobs or None
         out = [self._chunk("{}", generation.finish_reason, logprobs=logprobs)]
         if self.include_usage:
-            out.append(
-                f'data: {{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},'
-                f'"model":{dumps(self.model)},"choices":[],"usage":{dumps(usage(generation))}}}\n\n'.encode()
-            )
-        out.append(DONE_FRAME)
-        return b"".join(out)
+            out.append((None, f'{{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},'
+                              f'"model":{dumps(self.model)},"choices":[],"usage":{dumps(usage(generation))}}}'.encode()))
+        return out
 
-    def failed(self, error: APIError, generation: Generation) -> bytes:
-        return error_frame(error.body())
+    def failed(self, error: APIError, generation: Generation) -> list[Event]:
+        return [(None, dumps(error.body()).encode())]
 
-    def keepalive(self) -> bytes:
-        return KEEPALIVE
-
-
-KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
-
-
-def error_frame(body: dict) -> bytes:
-    return f"data: {dumps(body)}\n\n".encode() + DONE_FRAME
+    def keepalive(self) -> list[Event]:
+        return []  # SSE's comment (KEEPALIVE)
 
 
 class ChatCollector:

@@ -3,10 +3,10 @@
 Output items follow the model: reasoning (`rs_`), then a message (`msg_`), then calls (`fc_` for
 functions, `ctc_` for custom tools); an open item is closed before the next one opens. Every event
 carries `sequence_number`, and `response.output_item.done` carries the whole item: codex acts on that
-event alone, and a call it does not get whole is never run. Each frame carries an `event:` line like
-OpenAI's, though codex and the openai SDK read only `data.type`.
+event alone, and a call it does not get whole is never run. Each event is named by its type, which
+SSE writes in an `event:` line like OpenAI's, though codex and the openai SDK read only `data.type`.
 
-Text deltas are the per-token path: their frames are assembled from a prefix made once per item, so
+Text deltas are the per-token path: their JSON is assembled from a prefix made once per item, so
 each costs one JSON encoding of the new text.
 """
 
@@ -22,11 +22,11 @@ from looptrace.families.deltas import Delta, TextDelta, ThinkingDelta, ToolCallD
 from ....engine.generation import Generation
 from ....engine.request import Step
 from ...errors import APIError
+from ...streaming import Event, each
 from .fields import with_sampling
 from .request import ToolNames
 
 REASONING, MESSAGE = "reasoning", "message"
-DONE = b"data: [DONE]\n\n"
 
 
 def usage(generation: Generation) -> dict:
@@ -42,10 +42,11 @@ def usage(generation: Generation) -> dict:
 
 
 class ResponseBuilder:
-    """Builds one response; with `stream` it also returns the SSE frames of each step (a StreamFormat:
+    """Builds one response; with `stream` it also returns the events of each step (a StreamFormat:
     api/streaming.py)."""
 
     name = "responses"
+    ends_with_done = True  # the specification's terminal `data: [DONE]` (the openai SDKs stop on it)
 
     def __init__(self, model: str, names: ToolNames, echo: dict, *, stream: bool, token_messages: bool = False) -> None:
         self.id = new_id("resp_")
@@ -62,19 +63,19 @@ class ResponseBuilder:
         self._item: dict | None = None  # the reasoning or message item being written
         self._index = 0  # its place in the output
         self._texts: list[str] = []
-        self._delta_head = ""  # the open item's delta frame up to its sequence number
+        self._delta_kind = ""  # the open item's delta event
+        self._delta_head = ""  # … its JSON up to its sequence number
         self._delta_mid = ""  # … from after the sequence number up to the delta text
         self._ids: list[int] | None = [] if token_messages else None  # every token's id, for output_messages
 
     # -- events --
 
-    def _event(self, kind: str, payload: dict) -> bytes:
+    def _event(self, kind: str, payload: dict) -> list[Event]:
         if not self.stream:
-            return b""
+            return []
         number = self.sequence
         self.sequence += 1
-        body = dumps({"type": kind, "sequence_number": number, **payload})
-        return f"event: {kind}\ndata: {body}\n\n".encode()
+        return [(kind, dumps({"type": kind, "sequence_number": number, **payload}).encode())]
 
     def response(self, error: dict | None = None, incomplete: dict | None = None, usage: dict | None = None,
                  completed_at: int | None = None) -> dict:
@@ -86,40 +87,40 @@ class ResponseBuilder:
         """The sampling settings the prepared generation decodes with, echoed from here on."""
         with_sampling(self.echo, generation.sampling)
 
-    def start(self, generation: Generation | None = None) -> bytes:
+    def start(self, generation: Generation | None = None) -> list[Event]:
         if generation is not None:
             self.sampled(generation)
         snapshot = self.response()
         return self._event("response.created", {"response": snapshot}) + self._event(
             "response.in_progress", {"response": snapshot})
 
-    def keepalive(self) -> bytes:
+    def keepalive(self) -> list[Event]:
         """Sent after a silence, so clients and proxies with idle timeouts keep waiting."""
         return self._event("response.in_progress", {"response": self.response()})
 
     # -- the run --
 
-    def add(self, deltas: list[Delta]) -> bytes:
-        return b"".join(dispatch(deltas, self)) if deltas else b""
+    def add(self, deltas: list[Delta]) -> list[Event]:
+        return each(dispatch(deltas, self)) if deltas else []
 
     # DeltaHandler: each delta's events.
 
-    def text(self, delta: TextDelta) -> bytes:
+    def text(self, delta: TextDelta) -> list[Event]:
         return self._text(MESSAGE, delta["text"])
 
-    def thinking(self, delta: ThinkingDelta) -> bytes:
+    def thinking(self, delta: ThinkingDelta) -> list[Event]:
         return self._text(REASONING, delta["text"])
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
+    def tool_call(self, delta: ToolCallDelta) -> list[Event]:
         return self._close() + self._call(delta)
 
-    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
-        return b""  # its text follows as a text delta
+    def unparsed_call(self, delta: UnparsedCallDelta) -> list[Event]:
+        return []  # its text follows as a text delta
 
-    def _text(self, kind: str, text: str) -> bytes:
+    def _text(self, kind: str, text: str) -> list[Event]:
         if not text:
-            return b""
-        opened = b""
+            return []
+        opened = []
         if self._item is None or self._item["type"] != kind:
             opened = self._close() + self._open(kind)
         self._texts.append(text)
@@ -127,9 +128,10 @@ class ResponseBuilder:
             return opened
         number = self.sequence
         self.sequence += 1
-        return opened + f"{self._delta_head}{number}{self._delta_mid}{dumps(text)}}}\n\n".encode()
+        opened.append((self._delta_kind, f"{self._delta_head}{number}{self._delta_mid}{dumps(text)}}}".encode()))
+        return opened
 
-    def _open(self, kind: str) -> bytes:
+    def _open(self, kind: str) -> list[Event]:
         index = len(self.output)
         if kind == REASONING:
             item = {"id": new_id("rs_"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
@@ -141,16 +143,17 @@ class ResponseBuilder:
             delta_kind, extra = "response.output_text.delta", ',"logprobs":[]'
         self.output.append(item)
         self._item, self._index, self._texts = item, index, []
-        self._delta_head = f'event: {delta_kind}\ndata: {{"type":"{delta_kind}","sequence_number":'
+        self._delta_kind = delta_kind
+        self._delta_head = f'{{"type":"{delta_kind}","sequence_number":'
         self._delta_mid = f',"item_id":"{item["id"]}","output_index":{index},"content_index":0{extra},"delta":'
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return (self._event("response.output_item.added", {"output_index": index, "item": dict(item)})
                 + self._event("response.content_part.added", {**where, "part": part}))
 
-    def _close(self, status: str = "completed") -> bytes:
+    def _close(self, status: str = "completed") -> list[Event]:
         item = self._item
         if item is None:
-            return b""
+            return []
         self._item = None
         text = "".join(self._texts)
         index = self._index
@@ -166,7 +169,7 @@ class ResponseBuilder:
         return (done + self._event("response.content_part.done", {**where, "part": part})
                 + self._event("response.output_item.done", {"output_index": index, "item": item}))
 
-    def _call(self, delta: ToolCallDelta) -> bytes:
+    def _call(self, delta: ToolCallDelta) -> list[Event]:
         """A parsed call, reported as the client's tool: a function (its namespace apart) or a custom tool."""
         ref = self.names.resolve(delta["name"])
         index = len(self.output)
@@ -185,7 +188,7 @@ class ResponseBuilder:
                                           "response.function_call_arguments.done")
         self.output.append(item)
         if not self.stream:
-            return b""
+            return []
         where = {"item_id": item["id"], "output_index": index}
         return (self._event("response.output_item.added", {"output_index": index,
                                                            "item": {**item, "status": "in_progress", field: ""}})
@@ -195,7 +198,7 @@ class ResponseBuilder:
 
     # -- the end --
 
-    def finish(self, generation: Generation) -> bytes:
+    def finish(self, generation: Generation) -> list[Event]:
         """`response.completed`, or `response.incomplete` when the token budget ran out; a response
         cancelled (`POST /v1/responses/{id}/cancel`) ends as `cancelled`, with `response.failed`: the
         stream events have none of its own."""
@@ -204,7 +207,7 @@ class ResponseBuilder:
             closed = self._close("incomplete")
             self.status = "cancelled"
             self.final = self.response(usage=usage(generation))
-            return closed + self._event("response.failed", {"response": self.final}) + self._done()
+            return closed + self._event("response.failed", {"response": self.final})
         cut = generation.finish_reason == "length"
         closed = self._close("incomplete" if cut else "completed")
         self.status = "incomplete" if cut else "completed"
@@ -213,24 +216,20 @@ class ResponseBuilder:
         if self._ids is not None:
             body.update(token_messages(generation, self._ids))
         self.final = body
-        return closed + self._event(f"response.{self.status}", {"response": body}) + self._done()
+        return closed + self._event(f"response.{self.status}", {"response": body})
 
-    def without_output(self) -> bytes:
+    def without_output(self) -> list[Event]:
         """The end of a response that generates nothing (the WebSocket mode's `generate: false`)."""
         self.status = "completed"
         self.final = self.response(completed_at=int(time.time()))
-        return self._event("response.completed", {"response": self.final}) + self._done()
+        return self._event("response.completed", {"response": self.final})
 
-    def _done(self) -> bytes:
-        """The terminal `data: [DONE]` the specification's stream ends with (the openai SDKs stop on it)."""
-        return DONE if self.stream else b""
-
-    def frames(self, step: Step) -> bytes:
+    def frames(self, step: Step) -> list[Event]:
         if self._ids is not None and step.token is not None:
             self._ids.append(step.token["id"])
         return self.add(step.deltas)
 
-    def failed(self, error: APIError, generation: Generation | None = None) -> bytes:
+    def failed(self, error: APIError, generation: Generation | None = None) -> list[Event]:
         """Too late for an HTTP status: the error ends the stream, where codex shows its message.
 
         Its code is one of the few the Responses API defines (typed clients refuse others): what the
@@ -241,7 +240,7 @@ class ResponseBuilder:
         body = self.response(error={"code": code, "message": error.message},
                              usage=usage(generation) if generation is not None else None)
         self.final = body
-        return self._event("response.failed", {"response": body}) + self._done()
+        return self._event("response.failed", {"response": body})
 
 
 def token_messages(generation: Generation, ids: list[int]) -> dict:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections import OrderedDict, deque
 
 from aiohttp import WSMsgType, web
@@ -42,6 +41,7 @@ from ....engine.errors import Refused, Unavailable
 from ...errors import APIError, ClientStoppedReading, answered, internal_error, invalid
 from ...protocol import parse
 from ...serving import traced
+from ...streaming import Event
 from ...validation import json_object
 from .http import respond
 from .protocol import LANE_ID, Envelope, ResponseCreate
@@ -193,9 +193,10 @@ class Socket:
         """`generate: false`: a response with no output, whose id later turns continue from."""
         _, options, names = converted(body, previous)
         builder = ResponseBuilder(options.model, names, options.echo, stream=True)
-        frames = builder.start() + builder.without_output()
+        events = builder.start() + builder.without_output()
         self.keep(builder.final, options.items)
-        await Frames(self.ws, lane_id).write(frames)
+        frames = Frames(self.ws, lane_id)
+        await frames.write(frames.frames(events))
 
     async def steer_refused(self, event: dict) -> None:
         steer = {"input": event.get("input"), "previous_response_id": event.get("previous_response_id")}
@@ -232,24 +233,28 @@ class Socket:
 
 
 class Frames:
-    """A response's stream frames as WebSocket messages: each SSE event's `data` is one text message
-    (the terminal `[DONE]` is SSE's alone), with the lane's `stream_id` spliced in."""
+    """A response's events as WebSocket messages (a Framing: api/streaming.py): each event's JSON is one
+    text message, with the lane's `stream_id` as its first field. SSE's `event:` lines, comments and
+    terminal `[DONE]` are not the socket's: nothing of them ever reaches it."""
 
-    __slots__ = ("ws", "tag", "since")
+    __slots__ = ("ws", "tag")
+    messages = True  # each frame is a message: the FrameWriter hands `write` a burst as a list
 
     def __init__(self, ws: web.WebSocketResponse, lane_id: str | None) -> None:
         self.ws = ws
         self.tag = b'{"stream_id":' + dumps(lane_id).encode() + b"," if lane_id is not None else b""
-        self.since = time.monotonic()
 
-    async def write(self, data: bytes) -> None:
-        for block in data.split(b"\n\n"):
-            at = block.find(b"data: ")
-            if at < 0:
-                continue
-            payload = block[at + 6:]
-            if payload == b"[DONE]":
-                continue
-            if self.tag:
-                payload = self.tag + payload[1:]
-            await self.ws.send_frame(payload, WSMsgType.TEXT)
+    def frames(self, events: list[Event]) -> list[bytes]:
+        # Each event's JSON is an object the format made: the lane goes in after its opening brace.
+        tag = self.tag
+        return [tag + data[1:] for _, data in events] if tag else [data for _, data in events]
+
+    def end(self, events: list[Event], done: bool) -> list[bytes]:
+        return self.frames(events)
+
+    def keepalive(self, events: list[Event]) -> list[bytes]:
+        return self.frames(events)  # none of SSE's comments: a WebSocket's own pings keep it open
+
+    async def write(self, messages: list[bytes]) -> None:
+        for message in messages:
+            await self.ws.send_frame(message, WSMsgType.TEXT)

@@ -16,6 +16,7 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 
 from .....engine.generation import Generation
 from ....errors import APIError
+from ....streaming import Event
 from ..stream import ResponseBuilder
 from .summaries import Summaries
 from .summaries import new_id as summary_id
@@ -40,21 +41,21 @@ class CompactionBuilder(ResponseBuilder):
 
     # Every delta is kept for the summary; none is an event of its own.
 
-    def text(self, delta: TextDelta) -> bytes:
+    def text(self, delta: TextDelta) -> list[Event]:
         self._said.append(delta["text"])
-        return b""
+        return []
 
-    def thinking(self, delta: ThinkingDelta) -> bytes:
+    def thinking(self, delta: ThinkingDelta) -> list[Event]:
         self._thought.append(delta["text"])
-        return b""
+        return []
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
-        return b""  # asked for a summary, not an action: never run
+    def tool_call(self, delta: ToolCallDelta) -> list[Event]:
+        return []  # asked for a summary, not an action: never run
 
-    def unparsed_call(self, delta: UnparsedCallDelta) -> bytes:
-        return b""
+    def unparsed_call(self, delta: UnparsedCallDelta) -> list[Event]:
+        return []
 
-    def finish(self, generation: Generation) -> bytes:
+    def finish(self, generation: Generation) -> list[Event]:
         summary = "".join(self._said).strip() or "".join(self._thought).strip()
         if not summary:
             return self.failed(APIError(500, "The model wrote no summary: the compaction has nothing to keep.",
@@ -83,7 +84,7 @@ class AfterCompaction(ResponseBuilder):
         super().__init__(*args, **kwargs)
         self.output.append(compaction)  # the model's items follow it
 
-    def start(self, generation: Generation | None = None) -> bytes:
+    def start(self, generation: Generation | None = None) -> list[Event]:
         item = self.output.pop(0)  # the response as created holds no item yet
         created = super().start(generation)
         self.output.insert(0, item)
