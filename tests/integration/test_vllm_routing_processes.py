@@ -15,6 +15,7 @@ import pytest
 
 from server import free_port
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 MODEL = "routed"
 
@@ -51,15 +52,9 @@ def routed_args(doubles) -> list[str]:
 @pytest.fixture(scope="module")
 def routed(serve, doubles):
     server = serve(*routed_args(doubles))
-    wait_for(lambda: all(u["kv_events"]["state"] == "following" for u in server.get("/health")[1]["upstreams"]))
+    wait_until(lambda: all(u["kv_events"]["state"] == "following" for u in server.get("/health")[1]["upstreams"]),
+               20, every=0.2, what="every upstream following its KV events")
     return server
-
-
-def wait_for(check, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.2)
 
 
 class Conversation:
@@ -85,7 +80,7 @@ def receipts(server, conversation: str, count: int | None = None) -> list[dict]:
     requests: the store writes in batches, a moment after each request)."""
     def listing():
         return server.get(f"/v1/traces?conversation={conversation}&limit=200")[1]["data"]
-    wait_for(lambda: len(listing()) >= (count or 1))
+    wait_until(lambda: len(listing()) >= (count or 1), 20, every=0.2, what=f"{count or 1} requests stored")
     spans = []
     for item in reversed(listing()):
         trace = server.get(f"/v1/traces/{item['trace_id']}")[1]
@@ -204,7 +199,7 @@ def test_a_silent_publisher_is_noticed_and_the_estimate_used(routed, doubles):
     home = next(d for d in doubles if d.port == receipts(routed, "silent", 1)[0]["server.port"])
     home.kv_event_faults(publish=False)  # the server serves on; its events stop
     c.turn(routed)
-    wait_for(lambda: upstream(routed, home)["routing_index"] == "estimate", timeout=15)
+    wait_until(lambda: upstream(routed, home)["routing_index"] == "estimate", 15, every=0.2)
     assert upstream(routed, home)["kv_events"]["trusted"] is False
     assert routed.metric("looptrace_upstream_kv_events_trusted", server=f"127.0.0.1:{home.port}") == 0
     c.turn(routed)
@@ -213,7 +208,7 @@ def test_a_silent_publisher_is_noticed_and_the_estimate_used(routed, doubles):
     assert span["looptrace.route.cached_tokens"] > 0  # what looptrace sent it, estimated, still found there
     home.kv_event_faults(publish=True)
     c.turn(routed)
-    wait_for(lambda: upstream(routed, home)["routing_index"] == "events")
+    wait_until(lambda: upstream(routed, home)["routing_index"] == "events", 20, every=0.2)
     # What it stored and evicted while silent is unknown to its index: a reset puts the two in step again.
     home.reset()
 
@@ -226,10 +221,11 @@ def test_a_server_that_leaves_and_returns_is_read_again(routed, doubles, qwen3_5
     gone.stop()
     for c in conversations:
         c.turn(routed)  # all on the other server now (one retried after the stop was found)
-    wait_for(lambda: upstream(routed, gone)["serving"] is False)
+    wait_until(lambda: upstream(routed, gone)["serving"] is False, 20, every=0.2)
     back = start_double(qwen3_5_dir, logs, "b", port=gone.port)  # its sockets again; a new, empty cache
     doubles[1] = back
-    wait_for(lambda: upstream(routed, back)["serving"] and upstream(routed, back)["kv_events"]["blocks"] == 0)
+    wait_until(lambda: upstream(routed, back)["serving"] and upstream(routed, back)["kv_events"]["blocks"] == 0, 20,
+               every=0.2)
     for c in conversations:
         c.turn(routed)
         c.turn(routed)
