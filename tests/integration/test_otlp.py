@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 
 import pytest
@@ -18,6 +17,7 @@ from looptrace.trace_store.tokens import expand_events
 
 from browser import Page
 from phoenix import Phoenix
+from waiting import wait_until
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
@@ -91,10 +91,8 @@ def exported(serve, qwen3_5_dir, tmp_path_factory):
         long = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Talk."}],
                                               max_tokens=5000,
                                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-        traces = server.get("/v1/traces")[1]["data"]
-        while len(traces) < 4:
-            time.sleep(0.2)
-            traces = server.get("/v1/traces")[1]["data"]
+        traces = wait_until(lambda: found if len(found := server.get("/v1/traces")[1]["data"]) >= 4 else None, 60,
+                            every=0.2, what="the four requests stored")
         trace_ids = [t["trace_id"] for t in reversed(traces)]
         for turn, trace_id in zip(turns, trace_ids):
             turn["trace_id"] = trace_id
@@ -104,14 +102,11 @@ def exported(serve, qwen3_5_dir, tmp_path_factory):
 
 
 def received(phoenix, trace_id, count, timeout=60):
-    deadline = time.monotonic() + timeout
-    spans = []
-    while time.monotonic() < deadline:
-        spans = phoenix.spans(trace_id)
-        if len(spans) >= count:
-            return spans
-        time.sleep(0.5)
-    return spans
+    """Phoenix's spans of the trace once it holds `count`, or what it holds at the deadline (for the
+    caller's checks to say what is missing)."""
+    spans = wait_until(lambda: found if len(found := phoenix.spans(trace_id)) >= count else None, timeout,
+                       every=0.5, or_last=True)
+    return spans or phoenix.spans(trace_id)
 
 
 def stored_and_received(phoenix, server, trace_id) -> tuple[dict, dict]:

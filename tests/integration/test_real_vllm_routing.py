@@ -30,8 +30,10 @@ from real_vllm import VLLMServer
 
 from looptrace.backends.vllm.routing import policies
 
+from build_cache import MissingPackage, MissingShared
 from server import free_port
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 MODEL = "smollm2"
 BLOCK = 32  # vLLM on CPU takes block sizes of multiples of 32
@@ -187,10 +189,9 @@ def test_the_doubles_events_are_vllms(vllms, checkpoint, logs):
         double.reset_prefix_cache()
         for url in (real.url, double.url):
             completion(url, prompt)  # the reset is published with the next engine step's events
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(not any(e["type"] == "AllBlocksCleared" for e in c.events())
-                                                  for c in captured.values()):
-            time.sleep(0.2)
+        # Past the deadline the comparison below says which side never announced it.
+        wait_until(lambda: all(any(e["type"] == "AllBlocksCleared" for e in c.events()) for c in captured.values()),
+                   10, every=0.2, or_last=True)
         replays = {"real": replay(real.config["replay_endpoint"], 1),
                    "double": replay(double.kv_events["replay_endpoint"], 1)}
     finally:
@@ -239,9 +240,7 @@ def test_the_doubles_events_are_vllms(vllms, checkpoint, logs):
 def receipts(server, conversation: str, count: int) -> list[dict]:
     def listing():
         return server.get(f"/v1/traces?conversation={conversation}&limit=200")[1]["data"]
-    deadline = time.monotonic() + 30
-    while len(listing()) < count and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(listing()) >= count, 30, every=0.2, or_last=True)  # else the checks below say what lacks
     spans = []
     for item in reversed(listing()):
         trace = server.get(f"/v1/traces/{item['trace_id']}")[1]
@@ -286,9 +285,7 @@ def test_the_index_predicts_what_each_server_reports_through_evictions_and_a_res
     port = restarted.port
     restarted.stop()
     vllms[1] = start_vllm(checkpoint, logs, "b", port=port)
-    deadline = time.monotonic() + 60
-    while not all(u["serving"] for u in server.get("/health")[1]["upstreams"]) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: all(u["serving"] for u in server.get("/health")[1]["upstreams"]), 60, every=0.5, or_last=True)
     turns(2)
     spans = [s for name in conversations for s in receipts(server, name, 6)]
     check_prices(server, spans)
@@ -326,10 +323,8 @@ def test_each_step_keeps_the_weight_version_the_server_says(serve, vllms, checkp
     vllm = vllms[0]
     server = serve("--backend", "vllm", "--vllm-url", vllm.url, "--tokenizer", str(checkpoint))
     vllm.post("/update_weight_version", {"new_version": "step-44"})
-    deadline = time.monotonic() + 15  # read with the next probe (every 5 s)
-    while server.get("/health")[1]["upstreams"][0].get("weight_version") != "step-44":
-        assert time.monotonic() < deadline, server.get("/health")[1]["upstreams"]
-        time.sleep(0.5)
+    wait_until(lambda: server.get("/health")[1]["upstreams"][0].get("weight_version") == "step-44", 15, every=0.5,
+               what=lambda: f"the next probe (every 5 s) reading it: {server.get('/health')[1]['upstreams']}")
     try:
         for header, expected, source in ((None, "step-44", "vllm"), ("trainer-3", "trainer-3", "header")):
             before = server.newest_trace_id()
@@ -354,7 +349,7 @@ def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
 
     try:
         checkpoint = tiny_gemma4.gemma4_checkpoint(head_dim=32)
-    except Exception as exc:  # noqa: BLE001 - ../shared (the chat template) missing: as test_real_vllm.py's fixture
+    except (MissingShared, MissingPackage) as exc:  # ../shared (the chat template) missing: as test_real_vllm.py
         pytest.skip(str(exc))
     folder = logs / "kv-gemma4"
     folder.mkdir(exist_ok=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import time
 
 import pytest
 import torch
@@ -112,7 +111,7 @@ def test_counters_and_the_dashboards_acceptance_panels(speculating, tmp_path):
             status, _ = server.post("/v1/chat/completions", {"model": MODEL, "messages": ASK, "temperature": 0,
                                                              "max_tokens": NEW_TOKENS})
             assert status == 200
-            time.sleep(1.2)
+            prometheus.wait_next_scrape()
         panels = [t for d in DASHBOARDS for t in promql_targets(json.loads(d.read_text()))
                   if "looptrace_spec_decode" in t["expr"] and "vllm:" not in t["expr"]]
         assert {t["panel"] for t in panels} >= {"Speculative acceptance rate", "Mean acceptance length"}, panels

@@ -130,10 +130,7 @@ for line in open(sys.argv[1]):
 
 def test_tinker_rows_are_datums(rollout, tmp_path):
     (row,) = rows(rollout, "tinker")
-    try:
-        python = _tinker_python()
-    except RuntimeError as exc:
-        pytest.skip(f"tinker does not install here: {exc}")
+    python = _tinker_python()  # an install that fails fails the test: it would hide a broken pin
     path = tmp_path / "tinker.jsonl"
     path.write_text(json.dumps(row) + "\n")
     done = subprocess.run([str(python), "-c", CHECK_TINKER, str(path)], capture_output=True, text=True)

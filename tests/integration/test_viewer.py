@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 import clients
 from .test_clients import call, folders, outcome
 from browser import Page
+from waiting import wait_until
 
 KEY = "sk-viewer-test"
 MODEL = "qwen3.5-tiny"
@@ -49,22 +50,12 @@ def api(server, path: str, body: object = None, key: str | None = KEY) -> tuple[
 
 
 def stored(server, path: str, timeout: float = 15) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
+    """GET `path` once it answers 200 and, for a trace, is whole (its server span written): the store
+    writes a request a moment after its answer."""
+    def whole():
         status, body = api(server, path)
-        if status == 200 and body.get("complete", True):  # a trace: whole once its server span is written
-            return body
-        assert time.monotonic() < deadline, (status, body)
-        time.sleep(0.1)
-
-
-def until(found, timeout: float = 15):
-    """`found()` once it is something: the store writes a request a moment after its answer."""
-    deadline = time.monotonic() + timeout
-    while (value := found()) is None:
-        assert time.monotonic() < deadline, "not stored in time"
-        time.sleep(0.1)
-    return value
+        return body if status == 200 and body.get("complete", True) else None
+    return wait_until(whole, timeout, what=lambda: f"GET {path} whole: {api(server, path)}")
 
 
 def enter_key(page, key: str = KEY) -> None:
@@ -96,11 +87,10 @@ def codex_session(serve, qwen3_5_dir, tmp_path_factory):
     clients.codex_home(home, server.base_url, MODEL)
     done = clients.run_codex(installed, home, work, KEY, "Run echo looptrace-ok")
     assert done.returncode == 0, outcome(done)
-    listing = stored(server, "/v1/sessions")
-    (session,) = [s for s in listing["data"] if s["client"] == "codex_exec"]
-    while session["steps"] < 2:
-        time.sleep(0.1)
-        (session,) = [s for s in stored(server, "/v1/sessions")["data"] if s["client"] == "codex_exec"]
+    def codex_sessions():
+        found = [s for s in stored(server, "/v1/sessions")["data"] if s["client"] == "codex_exec"]
+        return found if found and found[0]["steps"] >= 2 else None
+    (session,) = wait_until(codex_sessions, 15, what="codex's session with both its steps")
     return server, session
 
 
@@ -154,7 +144,8 @@ def test_nothing_in_a_trace_becomes_markup(codex_session, page):
                 {"role": "user", "content": "go on " + HOSTILE}]
     status, answer = api(server, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": tools})
     assert status == 200, answer
-    bare = until(lambda: next((s for s in stored(server, "/v1/sessions")["data"] if s["conversation"] is None), None))
+    bare = wait_until(lambda: next((s for s in stored(server, "/v1/sessions")["data"] if s["conversation"] is None),
+                                   None), 15)
     p = page.page
     response = p.goto(server.url + f"/sessions/{bare['key']}")
     csp = response.headers["content-security-policy"]
@@ -347,7 +338,7 @@ def test_a_trace_that_lost_spans_is_shown_as_incomplete(local, page):
     # both happen); here the store is told so directly, as its writer would record it.
     server, _ = local
     ask(server, "lossy", "A step that lost spans.")
-    (step,) = until(lambda: stored(server, "/v1/sessions/lossy", timeout=15)["steps"] or None)
+    (step,) = wait_until(lambda: stored(server, "/v1/sessions/lossy", timeout=15)["steps"] or None, 15)
     orphan = "ab" * 16  # a trace whose server span never arrived
     with sqlite3.connect(server.trace_db, timeout=10) as db:
         db.executemany("INSERT INTO lost_spans VALUES (?, ?, ?)",
@@ -381,7 +372,7 @@ def test_an_attached_image_is_shown_with_the_prompt_it_became(serve, qwen3_5_dir
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}},
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(mp4()).decode()}}]}]})
     assert status == 200, answer
-    session = until(lambda: next(iter(stored(server, "/v1/sessions")["data"]), None))
+    session = wait_until(lambda: next(iter(stored(server, "/v1/sessions")["data"]), None), 15)
     p = page.page
     p.goto(server.url + f"/sessions/{session['key']}")
     enter_key(p)
@@ -462,8 +453,10 @@ def long_session(serve, qwen3_5_dir, tmp_path_factory):
         assert status == 200, answer
         called = answer["choices"][0]["message"]
         messages += [called, {"role": "tool", "tool_call_id": called["tool_calls"][0]["id"], "content": f"# m{n}\n"}]
-    traces = until(lambda: (s := api(server, "/v1/sessions/long", key=None)[1]) and s.get("steps_total") == LONG_STEPS
-                   and [step["trace_id"] for step in s["steps"]] or None)
+    def all_stored():
+        session = api(server, "/v1/sessions/long", key=None)[1]
+        return session and session.get("steps_total") == LONG_STEPS and [step["trace_id"] for step in session["steps"]]
+    traces = wait_until(all_stored, 15, what=f"the session's {LONG_STEPS} steps stored")
     return server, traces
 
 

@@ -29,6 +29,7 @@ from looptrace.families import family_for_config
 from server import Server, free_port, sse_events
 from tiny_models import chat_prompt_ids
 from vllm_double import DoubleProcess
+from waiting import wait_until
 
 KEY = "double-key"
 TIMEOUT = 1.5  # --vllm-timeout of the servers under test: a stall must end in an error this fast
@@ -326,7 +327,7 @@ def test_each_step_keeps_the_weight_version_vllm_says_unless_the_client_says_it(
     fresh.update_weight_version(version)
     try:
         # The completions route learns it from /weight_info, read with each probe (every 5 s).
-        assert wait_for(lambda: server.get("/health")[1]["upstreams"][0].get("weight_version") == version, 12)
+        wait_until(lambda: server.get("/health")[1]["upstreams"][0].get("weight_version") == version, 12, every=0.05)
         for header, expected, source in ((None, version, "vllm"), ("trainer-40", "trainer-40", "header")):
             newest = server.newest_trace_id()
             status, _ = server.post("/v1/chat/completions", chat_body(model, stream=False),
@@ -433,16 +434,8 @@ def test_each_failure_is_a_clear_error(servers, fresh, qwen_tokenizer, kind, rou
     assert len(record["token_ids"]) == before
     if kind.startswith("silent"):
         # Giving up closed the upstream connection, which is how vLLM stops generating.
-        assert wait_for(lambda: fresh.requests()[-1]["outcome"] == "cancelled"), fresh.requests()[-1]
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
+        wait_until(lambda: fresh.requests()[-1]["outcome"] == "cancelled", 5, every=0.05,
+                   what=lambda: f"the upstream request cancelled: {fresh.requests()[-1]}")
 
 
 @pytest.mark.parametrize("api", ["chat/completions", "responses"])
@@ -462,7 +455,8 @@ def test_a_client_that_leaves_stops_the_servers_generation(servers, fresh, api):
         seen += response.read1(4096)
     connection.sock.close()
     connection.close()
-    assert wait_for(lambda: fresh.requests()[-1]["outcome"] == "cancelled"), fresh.requests()[-1]
+    wait_until(lambda: fresh.requests()[-1]["outcome"] == "cancelled", 5, every=0.05,
+               what=lambda: f"the upstream request cancelled: {fresh.requests()[-1]}")
     assert 1 <= len(fresh.requests()[-1]["token_ids"]) < 30
 
 
@@ -475,7 +469,8 @@ def test_a_folder_the_server_read_but_this_machine_lacks_is_refused(fresh, logs,
     fresh.configure(root="/srv/models/Qwen3.5-0.8B")
     server = vllm_server(fresh, logs, wait=False)
     try:
-        assert wait_for(lambda: server.get("/health")[1].get("status") == "failed", timeout=60), server.log()
+        wait_until(lambda: server.get("/health")[1].get("status") == "failed", 60, every=0.05,
+                   what=lambda: f"/health saying failed:\n{server.log()}")
         status, body = server.get("/health")
         assert status == 503
         assert body["reason"] == (
@@ -504,7 +499,8 @@ def test_tokenizer_names_where_the_servers_folder_is_here(fresh, logs, qwen3_5_d
 def test_a_model_the_server_does_not_serve_is_refused(fresh, logs, qwen3_5_dir):
     server = vllm_server(fresh, logs, "Qwen/Qwen3.5-27B", wait=False)
     try:
-        assert wait_for(lambda: server.get("/health")[1].get("status") == "failed", timeout=60), server.log()
+        wait_until(lambda: server.get("/health")[1].get("status") == "failed", 60, every=0.05,
+                   what=lambda: f"/health saying failed:\n{server.log()}")
         reason = server.get("/health")[1]["reason"]
         assert reason == (f"RuntimeError: the vLLM server at {fresh.url} serves {qwen3_5_dir} (from {qwen3_5_dir}), "
                           f"not Qwen/Qwen3.5-27B: name one of those, or leave MODEL out to use what it serves")
@@ -521,7 +517,8 @@ def test_an_unreachable_server_is_reported_and_retried(qwen3_5_dir, logs):
     late = None
     try:
         refused = f"cannot reach the vLLM server at {url}: connection refused; retrying every 5 s"
-        assert wait_for(lambda: server.get("/health")[1].get("reason") == refused, timeout=60), server.log()
+        wait_until(lambda: server.get("/health")[1].get("reason") == refused, 60, every=0.05,
+                   what=lambda: f"/health saying {refused}:\n{server.log()}")
         status, body = server.get("/health")
         assert (status, body["status"], body["upstreams"][0]["reachable"]) == (503, "loading", False)
         for api, make in (("chat/completions", chat_body), ("responses", responses_body)):

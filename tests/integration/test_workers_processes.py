@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -175,14 +174,19 @@ def test_a_killed_worker_is_restarted_and_its_counts_are_kept(fleet):
     # open (a request sent then was reset, about one run in five).
     server.wait_until(lambda: not os.path.exists(f"/proc/{pids[1]}"), 10)
     answered = 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (answered < 20 or ready_count(server.log(), 1) <= readies):
+
+    def answered_until_restarted() -> bool:
+        """One more request answered; enough once 20 are and the new worker is ready."""
+        nonlocal answered
         try:
             status, events = ask(server)  # the other worker answers; the new one once it has loaded
         except OSError as exc:  # a reset, say: what the supervisor and workers logged around it
             raise AssertionError(f"request {answered} after the kill failed: {exc!r}\n{server.log()[-6000:]}") from exc
         assert status == 200 and events[-1] == "[DONE]"
         answered += 1
+        return answered >= 20 and ready_count(server.log(), 1) > readies
+
+    wait_until(answered_until_restarted, 120, every=0, or_last=True)  # past it, the checks below say what is missing
     log = server.log()
     assert f"worker 1 (pid {pids[1]}) was killed by SIGKILL" in log and "restarting it" in log
     assert ready_count(log, 1) == readies + 1, log[-3000:]

@@ -8,10 +8,10 @@ import json
 import queue
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import clients
+import waiting
 
 
 class AppServer:
@@ -34,11 +34,11 @@ class AppServer:
                 self._arrived.put(json.loads(line))
         self._arrived.put(None)
 
-    def _pump(self, deadline: float) -> None:
-        """One message read (or the deadline passed): an answer kept by id, a notification appended;
+    def _pump(self) -> None:
+        """One message read, if one arrives within a moment: an answer kept by id, a notification appended;
         a request of the server's (an approval) is refused, as a client that allows nothing would."""
         try:
-            message = self._arrived.get(timeout=max(0.0, deadline - time.monotonic()))
+            message = self._arrived.get(timeout=0.5)  # blocks until a message: the wait is on its arrival
         except queue.Empty:
             return
         if message is None:
@@ -58,27 +58,30 @@ class AppServer:
         self._next += 1
         number = self._next
         self.send({"method": method, "id": number, "params": params or {}})
-        deadline = time.monotonic() + timeout
-        while number not in self._answers:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{method}: no answer in {timeout} s; stderr: {''.join(self._stderr)[-3000:]}")
-            self._pump(deadline)
-        answer = self._answers.pop(number)
+
+        def answered() -> dict | None:
+            if number not in self._answers:
+                self._pump()
+            return self._answers.pop(number, None)
+
+        answer = waiting.wait_until(answered, timeout, every=0,
+                                    what=lambda: f"{method}'s answer; stderr: {''.join(self._stderr)[-3000:]}")
         if "error" in answer:
             raise RuntimeError(f"{method}: {answer['error']}")
         return answer["result"]
 
     def wait_for(self, method: str, after: int = 0, timeout: float = 120, **params) -> dict:
         """The first notification `method` (its params including `params`) from index `after` on."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for note in self.notifications[after:]:
-                if note["method"] == method and params.items() <= note.get("params", {}).items():
-                    return note
-            if time.monotonic() > deadline:
-                seen = [n["method"] for n in self.notifications[after:]]
-                raise TimeoutError(f"no {method} in {timeout} s; seen: {seen}; stderr: {''.join(self._stderr)[-3000:]}")
-            self._pump(deadline)
+        def found() -> dict | None:
+            note = next((n for n in self.notifications[after:]
+                         if n["method"] == method and params.items() <= n.get("params", {}).items()), None)
+            if note is None:
+                self._pump()
+            return note
+
+        return waiting.wait_until(found, timeout, every=0, what=lambda: (
+            f"{method}; seen: {[n['method'] for n in self.notifications[after:]]}; "
+            f"stderr: {''.join(self._stderr)[-3000:]}"))
 
     def start(self, cwd: Path) -> str:
         """Initialized, and a thread started in `cwd` that asks for no approval: its id."""

@@ -16,11 +16,11 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 import uuid
 from urllib.parse import quote
 
 import build_cache
+import waiting
 
 ROLE, DATABASE = "looptrace_test", "looptrace_test"
 PORT = int(os.environ.get("LOOPTRACE_TEST_PG_PORT", "5432"))
@@ -65,11 +65,13 @@ def running() -> bool:
 def start() -> None:
     if not running():
         _ctl("start")
-    deadline = time.monotonic() + 60
-    while subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", str(PORT)], capture_output=True).returncode != 0:
-        if time.monotonic() > deadline:
-            raise Unavailable("PostgreSQL did not accept connections within 60 s")
-        time.sleep(0.2)
+    def accepting() -> bool:
+        return subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", str(PORT)], capture_output=True).returncode == 0
+
+    try:
+        waiting.wait_until(accepting, 60, every=0.2)
+    except AssertionError:
+        raise Unavailable("PostgreSQL did not accept connections within 60 s") from None
 
 
 def stop() -> None:

