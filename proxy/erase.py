@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
             done = erasure.erase(store, state, subject, "cli")
         finally:
             store.shutdown()
+    except ValueError as exc:  # a subject this store cannot name (--tenant before tenants)
+        print(f"looptrace erase: {exc}", file=sys.stderr)
+        return 2
     except (StoreUnavailable, OSError) as exc:
         print(f"looptrace erase: {exc}", file=sys.stderr)
         return 1

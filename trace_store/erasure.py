@@ -82,6 +82,12 @@ def pick(db, subject: Subject) -> None:
                    "AND trace_id NOT IN (SELECT trace_id FROM doomed)", (subject.before_ns,))
         return
     column = "session" if subject.kind == "session" else "tenant"
+    if column == "tenant":
+        try:
+            db.execute("SELECT tenant FROM traces WHERE 1 = 0").fetchall()
+        except Exception as exc:  # noqa: BLE001 - either driver's "no such column"
+            raise ValueError("--tenant: this store's traces have no tenant (a looptrace with keys records "
+                             "one; older traces belong to none)") from exc
     db.execute(f"INSERT INTO doomed SELECT trace_id FROM traces WHERE {column} = ?", (subject.value,))
     while db.execute("""INSERT INTO doomed SELECT DISTINCT trace_id FROM (
                             SELECT trace_id FROM traces WHERE fork_of IN (SELECT trace_id FROM doomed)

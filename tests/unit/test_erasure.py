@@ -172,3 +172,24 @@ def test_retention_prunes_the_state_of_the_conversations_whose_traces_went(serve
         assert [app.call("GET", f"/v1/responses/{r}")[0] for r in old["responses"]] == [404, 404]
     finally:
         state.close()
+
+
+def test_erasing_before_a_date_keeps_the_later_steps_whole(served, capsys):
+    """--before: the steps older than the date go; a later step stored as what it adds to one of them is
+    made whole first, so it reads as before (chains.py)."""
+    made, app, _ = served
+    ids = session(app, "dated", "ZQXDATED")
+    first, later = ids["traces"][0], ids["traces"][1]
+    expected = app.stored(f"/v1/traces/{later}/prompt")
+    store = made.make(app.settings.trace_db)
+    bases = made.sql(store, "SELECT base FROM trace_bases WHERE trace_id = ? AND kind = 'prompt'", (later,))
+    assert bases == [(first,)]  # stored as what it adds to the first step
+    made.sql(store, "UPDATE traces SET start_ns = ? WHERE trace_id = ?", (946684800 * 10**9 - 1, first))
+    with pytest.raises(SystemExit) as exit_:
+        cli(["erase", "--before", "2000-01-01", "--store", app.settings.trace_db])
+    assert exit_.value.code == 0, capsys.readouterr().err
+    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert done["kind"] == "before" and done["removed"]["traces"] == 1, done
+    assert app.call("GET", f"/v1/traces/{first}")[0] == 404
+    assert app.stored(f"/v1/traces/{later}/prompt") == expected
+    assert made.sql(store, "SELECT base FROM trace_bases WHERE trace_id = ? AND kind = 'prompt'", (later,)) == [(None,)]
