@@ -310,15 +310,18 @@ def test_l6_an_invalid_x_weight_version_is_refused(app, version):
 def test_a_trace_id_of_digits_only_names_its_own_step_not_a_place(tmp_path):
     """Found re-probing: one trace id in (10/16)^32 is all digits, and was read as a step's place
     ("0…01": step 1), for trainer logprobs, rewards and the reward read back alike."""
+    from looptrace.proxy.api.protocol import parse
     from looptrace.proxy.api.rollouts.gap import _per_step
+    from looptrace.proxy.api.rollouts.protocol import StepReward, TrainerLogprobs
     from looptrace.proxy.api.rollouts.rewards import _step
 
     digits = "0" * 31 + "1"
     steps = [{"trace_id": "a" * 32, "output_tokens": 2}, {"trace_id": digits, "output_tokens": 1}]
-    assert _per_step({"steps": [{"trace_id": digits, "logprobs": [-1.0]}]}, steps) == {digits: [-1.0]}
+    posted = parse(TrainerLogprobs, {"steps": [{"trace_id": digits, "logprobs": [-1.0]}]})
+    assert _per_step(posted, steps) == {digits: [-1.0]}
     order = [s["trace_id"] for s in steps]
-    assert _step({"trace_id": digits, "reward": 1.0}, "steps[0]", order)[0] == digits
-    assert _step({"step": 2, "reward": 1.0}, "steps[0]", order)[0] == "2"
+    assert _step(parse(StepReward, {"trace_id": digits, "reward": 1.0}), "steps[0]", order)[0] == digits
+    assert _step(parse(StepReward, {"step": 2, "reward": 1.0}), "steps[0]", order)[0] == "2"
     rollouts = stored_rollouts.Rollouts(open_state(str(tmp_path / "traces.sqlite3")))
     try:
         rollouts.set_reward("digits", None, None, [(digits, 1.0, None), ("2", 0.5, None)])

@@ -15,8 +15,10 @@ from looptrace.trace_store.gap import DEFAULT_CAP, rollout_gap
 from ..errors import APIError, invalid
 from ..query import query_number
 from ..stored import on_store, on_viewer_thread, store_of
-from ..validation import field, json_body
-from .store import rollout_key, rollout_steps, rollouts_of, step_of
+from ..protocol import parse
+from ..validation import json_body
+from .protocol import TrainerLogprobs
+from .store import rollout_key, rollout_steps, rollouts_of
 
 MAX_VERSION_CHARS = 256
 
@@ -26,8 +28,8 @@ async def post_trainer_logprobs(request: web.Request) -> web.Response:
     "trace_id"; one logprob per token it generated), or {"logprobs": [...]} for every generated token
     of the rollout in order; "weight_version": the trainer's label for its weights."""
     rollouts, key = rollouts_of(request), rollout_key(request)
-    body = await json_body(request)
-    version = field(body, "weight_version", str, "weight_version")
+    body = parse(TrainerLogprobs, await json_body(request))
+    version = body.weight_version
     if version is not None and (len(version) > MAX_VERSION_CHARS or not version.isprintable()):
         raise invalid(f"'weight_version' is at most {MAX_VERSION_CHARS} printable characters.", param="weight_version")
     found = await rollout_steps(request, key)
@@ -39,12 +41,12 @@ async def post_trainer_logprobs(request: web.Request) -> web.Response:
     return web.json_response(await _gap(request, key, DEFAULT_CAP), dumps=dumps)
 
 
-def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
-    """The logprobs by trace id, each step's as many as it generated tokens."""
+def _per_step(body: TrainerLogprobs, steps: list[dict]) -> dict[str, list[float]]:
+    """The logprobs by trace id, each step's as many as it generated tokens (`steps`: the store's)."""
     counts = {s["trace_id"]: s.get("output_tokens") or 0 for s in steps}
     order = [s["trace_id"] for s in steps]
-    if body.get("logprobs") is not None:
-        values = _logprobs(body["logprobs"], "logprobs")
+    if body.logprobs is not None:
+        values = _logprobs(body.logprobs, "logprobs")
         if len(values) != sum(counts.values()):
             raise invalid(f"'logprobs' holds {len(values)} values; the rollout's {len(order)} steps generated "
                           f"{sum(counts.values())} tokens.", param="logprobs")
@@ -53,18 +55,17 @@ def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
             if counts[trace_id]:
                 out[trace_id], at = values[at:at + counts[trace_id]], at + counts[trace_id]
         return out
-    listed = field(body, "steps", list, "steps", required=True)
+    if body.steps is None:
+        raise invalid("Missing required parameter: 'steps'.", param="steps", code="missing_required_parameter")
     out = {}
-    for n, item in enumerate(listed):
+    for n, item in enumerate(body.steps):
         param = f"steps[{n}]"
-        if not isinstance(item, dict):
-            raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
-        step = step_of(item, param)
-        by_place = item.get("step") is not None  # a trace id may be all digits
+        step = item.named(param)
+        by_place = item.step is not None  # a trace id may be all digits
         trace_id = order[int(step) - 1] if by_place and len(step) < 10 and int(step) <= len(order) else step
         if trace_id not in counts:
             raise invalid(f"'{param}' names no step of this rollout (it has {len(order)}).", param=param)
-        values = _logprobs(item.get("logprobs"), f"{param}.logprobs")
+        values = _logprobs(item.logprobs, f"{param}.logprobs")
         if len(values) != counts[trace_id]:
             raise invalid(f"'{param}.logprobs' holds {len(values)} values; the step generated {counts[trace_id]} "
                           "tokens.", param=f"{param}.logprobs")
@@ -72,13 +73,8 @@ def _per_step(body: dict, steps: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def _logprobs(value: object, param: str) -> list[float]:
-    if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
-        raise invalid(f"Invalid type for '{param}': expected an array of numbers.", param=param, code="invalid_type")
-    try:
-        values = [float(v) for v in value]
-    except OverflowError:  # an integer of hundreds of digits
-        values = [math.inf]
+def _logprobs(values: list[float], param: str) -> list[float]:
+    """Numbers already (an integer of hundreds of digits is refused by the parse, which cannot make it one)."""
     if not all(math.isfinite(v) and v <= 0 for v in values):
         raise invalid(f"'{param}' must hold log-probabilities: finite numbers, none above 0.", param=param)
     return values

@@ -19,8 +19,10 @@ from ..errors import APIError, invalid
 from ..keys import RUNTIME
 from ..query import query_int
 from ..stored import on_store
-from ..validation import field, json_body
-from .store import info_of, rollout_key, rollout_steps, rollouts_of, step_of
+from ..protocol import parse
+from ..validation import json_body
+from .protocol import RewardPost, StepReward, bounded_info
+from .store import rollout_key, rollout_steps, rollouts_of
 
 Step = tuple[str, float, dict | None]  # (the step as named, its reward, its info)
 
@@ -30,13 +32,12 @@ async def post_reward(request: web.Request) -> web.Response:
     "info": {…}}, …]} (a step named by its place from 1, or by "trace_id"). Posting again replaces.
     Answers the rollout's reward, how many steps have one, and the bytes its infos hold."""
     rollouts, key = rollouts_of(request), rollout_key(request)
-    body = await json_body(request)
-    reward = field(body, "reward", float, "reward")
-    info = info_of(body.get("info"), "info")
+    body = parse(RewardPost, await json_body(request))
+    reward, info = body.reward, bounded_info(body.info, "info")
     if info is not None and reward is None:  # `info` is the rollout's reward's: alone it would be dropped
         raise invalid("'info' goes with the rollout's 'reward'; a step's goes in its own entry of 'steps'.",
                       param="info")
-    listed = field(body, "steps", list, "steps") or []
+    listed = body.steps or []
     if len(listed) > MAX_STEPS:
         raise invalid(f"'steps' names more than {MAX_STEPS:,} steps; a rollout holds at most that many steps' "
                       "rewards.", param="steps")
@@ -67,11 +68,9 @@ async def _trace_ids(request: web.Request, key: str, *, noted: bool) -> list[str
                    param="rollout", code="rollout_not_found")
 
 
-def _step(item: object, param: str, order: list[str] | None) -> Step:
+def _step(item: StepReward, param: str, order: list[str] | None) -> Step:
     """One entry of 'steps', its step one the rollout has (any up to MAX_STEPS when `order` is None)."""
-    if not isinstance(item, dict):
-        raise invalid(f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type")
-    step, by_place = step_of(item, param), item.get("step") is not None  # a trace id may be all digits
+    step, by_place = item.named(param), item.step is not None  # a trace id may be all digits
     last = len(order) if order is not None else MAX_STEPS
     if by_place and (len(step) > 9 or int(step) > last):
         has = f"the rollout has {last} step{'' if last == 1 else 's'}" if order is not None else \
@@ -79,8 +78,7 @@ def _step(item: object, param: str, order: list[str] | None) -> Step:
         raise invalid(f"'{param}.step' is past the rollout's end: {has}.", param=f"{param}.step")
     if not by_place and order is not None and step not in order:
         raise invalid(f"'{param}.trace_id' is not one of the rollout's {len(order)} steps.", param=f"{param}.trace_id")
-    return step, field(item, "reward", float, f"{param}.reward", required=True), info_of(item.get("info"),
-                                                                                        f"{param}.info")
+    return step, item.reward, bounded_info(item.info, f"{param}.info")
 
 
 def _bounded(reward: float | None, info: dict | None, steps: list[Step], held: tuple) -> dict:
