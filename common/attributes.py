@@ -149,6 +149,7 @@ PROMPT_THINKING = "looptrace.prompt.thinking"  # whether the prompt leaves the m
 PROMPT_MERGED_SYSTEM_MESSAGES = "looptrace.prompt.merged_system_messages"  # system messages merged into one
 PROMPT_FORCED_TOKENS = "looptrace.prompt.forced_tokens"  # tokens of the answer's forced opening, at the prompt's end
 PROMPT_FORCED_PREFIX = "looptrace.prompt.forced_prefix"  # that opening's text (a forced tool call's)
+REDACTED = "looptrace.redacted"  # credentials replaced by markers in what this span records (common/redaction.py)
 PROMPT_NOT_KEPT = "looptrace.prompt.not_kept"  # why text and ids are missing: "past_context" (refused for its
 # length), "base_missing" (stored as what it adds to a step the store no longer has)
 # The prompt stored as what it adds to the conversation's previous step (trace_store/chains.py; reads return

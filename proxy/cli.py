@@ -182,6 +182,12 @@ def _media_options(serve: argparse.ArgumentParser) -> None:
                        "Qwen3.5 two a second)")
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, not {text!r}")
+    return text == "on"
+
+
 def _trace_options(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("traces")
     group.add_argument("--trace-db", metavar="PATH|URL", help="the trace store: a SQLite file, a PostgreSQL URL "
@@ -189,6 +195,10 @@ def _trace_options(serve: argparse.ArgumentParser) -> None:
                        "(default: traces.sqlite3 in the user's data directory)")
     group.add_argument("--no-trace-content", dest="trace_content", action="store_false",
                        help="record timings, counts and probabilities, but no prompt, token or argument text")
+    group.add_argument("--redact", type=_on_off, default=_default("redact"), metavar="on|off",
+                       help="replace credentials (API keys, tokens, private keys, passwords) in everything recorded, "
+                       "exported and logged by a marker naming the kind and a short hash (default: on); the "
+                       "model still gets the real text. off: keep them, for raw data (warned at start)")
     group.add_argument("--otlp-endpoint", metavar="URL", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
                        help="also export every span over OTLP/HTTP, e.g. http://localhost:4318 (Tempo, Jaeger, Phoenix)")
     group.add_argument("--trace-retention-days", type=amount, default=_default("trace_retention_days"),

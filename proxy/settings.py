@@ -76,6 +76,7 @@ class Settings:
     # Tracing: the embedded store (a path, or "off"), OTLP export, and whether content is recorded.
     trace_db: str | None = None  # None: under the user's data directory
     trace_content: bool = True
+    redact: bool = True  # credentials in what is recorded, exported and logged become markers (common/redaction.py)
     otlp_endpoint: str | None = None
     trace_retention_days: float = 7.0
     trace_max_mb: float = 1024.0

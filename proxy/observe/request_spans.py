@@ -30,6 +30,7 @@ from looptrace.backends.base import DecodeRequest
 from looptrace.backends.events import PrefillEvent, TokenEvent, UpstreamEvent
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
+from looptrace.common.redaction import Redactor
 from looptrace.common.sequences import common_prefix
 from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 from looptrace.trace_store.records import request_span
@@ -48,8 +49,12 @@ log = logging.getLogger("looptrace")
 
 class RequestSpans(Observer):
     def __init__(self, tracer: Tracer, conversations: Conversations, *, content: bool, endpoint: str,
-                 parent: Context | None, attributes: dict, exported: bool = False) -> None:
+                 parent: Context | None, attributes: dict, exported: bool = False,
+                 redactor: Redactor | None = None) -> None:
         self.tracer = tracer
+        # Credentials in what is recorded become markers (common/redaction.py); None: `--redact off`.
+        self.redactor = redactor
+        self._redacted = 0  # credentials replaced in this request's record
         self.conversations = conversations
         self.content = content
         # Spans go over OTLP too: each whole (the store keeps deltas) and with what Phoenix reads.
@@ -165,6 +170,8 @@ class RequestSpans(Observer):
                                             whole=self.exported))
         if self.exported:
             attributes.update(openinference.PROMPT)
+        if content and self.redactor is not None:
+            self._redact_prompt(attributes, tokenizer, results)
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -172,6 +179,41 @@ class RequestSpans(Observer):
         span.end(end_time=ended_ns)
         if content and generation.request.messages:
             self._record_messages(generation)
+
+    def _redact_prompt(self, attributes: dict, tokenizer, results: list[dict]) -> None:
+        """The prompt's text as the render span keeps it, credentials replaced by markers of the same
+        length (so every offset kept into it holds: its stored cut, the part new this turn), and the ids
+        of a text that held one re-encoded from the redacted text, to the same count: they decode to the
+        markers, not the secret, and the step says so (`looptrace.redacted`), for exports to mask it.
+        What is redacted is what this turn stores: the part it adds, the whole only where kept whole."""
+        redact = self.redactor.redact
+        for text_key, ids_key in ((attr.PROMPT_TEXT, attr.PROMPT_IDS), (attr.PROMPT_ADDED_TEXT, attr.PROMPT_ADDED_IDS),
+                                  (attr.PROMPT_NEW_TEXT, None), (attr.PROMPT_FORCED_PREFIX, None)):
+            text = attributes.get(text_key)
+            if not text:
+                continue
+            redacted, found = redact(text, keep_length=True)
+            if not found:
+                continue
+            attributes[text_key] = redacted
+            self._redacted += len(found)
+            if ids_key is not None and ids_key in attributes:
+                attributes[ids_key] = _same_count(tokenizer, redacted, len(attributes[ids_key]))
+        if attr.PROMPT_MEDIA in attributes:  # a URL's user:password@
+            attributes[attr.PROMPT_MEDIA] = self._text(attributes[attr.PROMPT_MEDIA])
+        for result in results:
+            if attr.TOOL_RESULT in result:
+                result[attr.TOOL_RESULT] = self._text(result[attr.TOOL_RESULT])
+        if self._redacted:
+            attributes[attr.REDACTED] = self._redacted
+
+    def _text(self, text):
+        """`text` as recorded: credentials replaced by markers (None and "" as they are)."""
+        if not text or self.redactor is None:
+            return text
+        redacted, found = self.redactor.redact(text)
+        self._redacted += len(found)
+        return redacted
 
     def _record_messages(self, generation: Generation) -> None:
         """The conversation in the GenAI conventions' shape (genai.py), and which messages are new
@@ -183,19 +225,20 @@ class RequestSpans(Observer):
         new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
         attributes = {
             attr.INPUT_NEW_FROM: new_from,
-            attr.INPUT_NEW_MESSAGES: "[" + ",".join(messages[new_from:]) + "]",
+            attr.INPUT_NEW_MESSAGES: self._text("[" + ",".join(messages[new_from:]) + "]"),
         }
         continues = base and new_from > lead
         if continues:  # the same system messages lead both: stored as what it adds (chains.py)
             attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
         if not continues or self.exported:  # exported whole; the store leaves it out (chains.compacted)
-            attributes[attr.GEN_AI_INPUT_MESSAGES] = "[" + ",".join(messages[lead:]) + "]"
+            attributes[attr.GEN_AI_INPUT_MESSAGES] = self._text("[" + ",".join(messages[lead:]) + "]")
         if self.exported:
             attributes.update(openinference.turn_input(request.messages))
+            attributes[attr.INPUT_VALUE] = self._text(attributes[attr.INPUT_VALUE])
         if instructions:
-            attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = dumps(instructions)
+            attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = self._text(dumps(instructions))
         if request.tools:
-            attributes[attr.GEN_AI_TOOL_DEFINITIONS] = dumps(genai.tool_definitions(request.tools))
+            attributes[attr.GEN_AI_TOOL_DEFINITIONS] = self._text(dumps(genai.tool_definitions(request.tools)))
         self.span.set_attributes(attributes)
 
     def submitted(self, generation: Generation, decode: DecodeRequest) -> dict[str, str]:
@@ -288,12 +331,13 @@ class RequestSpans(Observer):
             _add_event(self._decode_span, attr.EVENT_TOKENS, group, times[0])
 
     def tool_call(self, delta: ToolCallDelta) -> None:
-        span = tool_call_span(self.tracer, self._context, delta["outcome"], delta["raw"] if self.content else None,
-                              delta["name"], delta["id"], delta["index"], delta["arguments"] if self.content else None)
+        span = tool_call_span(self.tracer, self._context, delta["outcome"],
+                              self._text(delta["raw"]) if self.content else None, delta["name"], delta["id"],
+                              delta["index"], self._text(delta["arguments"]) if self.content else None)
         self.turn.expect_result(delta["id"], span.get_span_context(), delta["name"])
 
     def unparsed_call(self, delta: UnparsedCallDelta) -> None:
-        tool_call_span(self.tracer, self._context, "unparsed", delta["raw"] if self.content else None)
+        tool_call_span(self.tracer, self._context, "unparsed", self._text(delta["raw"]) if self.content else None)
 
     def finished(self, generation: Generation) -> None:
         done = generation.done_event or {}
@@ -315,9 +359,11 @@ class RequestSpans(Observer):
             text = "".join(generation.text)
             answer = genai.output_message("".join(generation.reasoning), text, generation.tool_calls,
                                           generation.finish_reason)
-            self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, dumps([answer]))
+            self.span.set_attribute(attr.GEN_AI_OUTPUT_MESSAGES, self._text(dumps([answer])))
             if self.exported:
-                self.span.set_attributes(openinference.answer(text, generation.tool_calls))
+                exported = openinference.answer(text, generation.tool_calls)
+                exported[attr.OUTPUT_VALUE] = self._text(exported[attr.OUTPUT_VALUE])
+                self.span.set_attributes(exported)
         self._end_prefill(generation.cached_tokens)
         method = {attr.SPEC_METHOD: done["draft_method"]} if done.get("draft_method") else {}
         if self._receipt is not None:  # the receipt's other half: what the server then said and took
@@ -367,8 +413,20 @@ class RequestSpans(Observer):
         elif self._decode_span is not None:
             self._end_decode({}, "incomplete")
         self.span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
+        if self._redacted:
+            self.span.set_attribute(attr.REDACTED, self._redacted)
         self.span.end()
         self.turn.end()
+
+
+def _same_count(tokenizer, text: str, count: int) -> list[int]:
+    """Ids of `text` (a redacted prompt), exactly `count` of them (the ids it replaces, so each token
+    offset kept stays right): cut, or padded with the ids of `*`."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) < count:
+        pad = tokenizer.encode("*", add_special_tokens=False) or [0]
+        ids += pad * (count - len(ids))
+    return ids[:count]
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:

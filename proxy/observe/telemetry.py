@@ -7,11 +7,15 @@ arrives and ends it when the handler returns. It holds the request's two observe
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from opentelemetry.context import Context
 
+from looptrace.common.redaction import Redactor, redacting_logs
+from looptrace.trace_store.api_keys import server_secret
 from looptrace.trace_store.location import open_state, open_store
 from looptrace.trace_store.provider import build_provider
 from looptrace.trace_store.rollouts import Rollouts
@@ -30,6 +34,7 @@ log = logging.getLogger("looptrace")
 class Telemetry:
     def __init__(self, settings: Settings) -> None:
         self.content = settings.trace_content
+        self.redactor = redactor(settings)
         self.exported = bool(settings.otlp_endpoint)  # spans go over OTLP too: whole, with what Phoenix reads
         self.metrics = Metrics()
         self.feed = LiveFeed()
@@ -53,7 +58,7 @@ class Telemetry:
     def start_request(self, endpoint: str, parent: Context | None, attributes: dict) -> RequestTelemetry:
         """`attributes`: what the API knows of the HTTP request (method, path, the client)."""
         spans = RequestSpans(self.tracer, self.conversations, content=self.content, endpoint=endpoint,
-                             parent=parent, attributes=attributes, exported=self.exported)
+                             parent=parent, attributes=attributes, exported=self.exported, redactor=self.redactor)
         return RequestTelemetry(self, spans, RequestMetrics(self.metrics, endpoint=endpoint, trace_id=spans.trace_id))
 
     def note_rollout(self, key: str, group: str | None) -> None:
@@ -80,6 +85,21 @@ class Telemetry:
         self.provider.shutdown()
         self._noting.shutdown(wait=True, cancel_futures=False)
         self.conversations.close()
+
+
+def redactor(settings: Settings) -> Redactor | None:
+    """What replaces credentials in what is recorded and logged, its markers hashed under a key derived
+    from the server's secret (outside the store: trace_store/api_keys.py), so every process sharing it
+    marks a secret alike; None with `--redact off`, said loudly."""
+    if not settings.redact:
+        log.warning("--redact off: credentials in prompts, tool calls and answers are stored, exported and "
+                    "logged as they are")
+        redacting_logs(None)
+        return None
+    key = hmac.new(server_secret(), b"looptrace redaction markers", hashlib.sha256).digest()
+    made = Redactor(key)
+    redacting_logs(made)
+    return made
 
 
 class RequestTelemetry:

@@ -1,0 +1,256 @@
+"""Secrets never stored (issue 55): the detector finds each kind of credential and leaves code, SHAs and
+UUIDs alone; its markers match for one secret and keep a prompt's length; and a server with the SQLite
+store, sent a corpus of credentials in messages, tool arguments and tool results over Chat Completions,
+Responses and Messages, answers every request, hands the model the real text, and keeps none of them in
+its trace files, its log or any `looptrace export` format.
+
+Every secret is assembled from parts here at test time, with random bodies: nothing in this file is a
+live-looking key that a push-protection scanner would flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import random
+import string
+
+import pytest
+
+from looptrace.common.redaction import Redactor
+from looptrace.backends.recorded import ReplayBackend
+from looptrace.proxy.export.arguments import export_arguments
+from looptrace.proxy.export.command import run as run_export
+from looptrace.proxy.settings import Settings
+
+from app_thread import AppThread, Reading
+
+ALNUM = string.ascii_letters + string.digits
+HEX = "0123456789abcdef"
+MODEL = "tiny"
+
+
+def corpus(seed: int = 55) -> dict[str, tuple[str, str]]:
+    """kind → (text holding the secret, the secret itself), each body random."""
+    rnd = random.Random(seed)
+
+    def r(n: int, alphabet: str = ALNUM) -> str:
+        return "".join(rnd.choice(alphabet) for _ in range(n))
+    pem_body = "\n".join(r(64, ALNUM + "+/") for _ in range(4))
+    pem = "-----BEGIN " + "RSA PRIVATE KEY-----\n" + pem_body + "\n-----END RSA " + "PRIVATE KEY-----"
+    aws_secret, pw, dbpass, apikey, url_pw = r(40, ALNUM + "/+"), r(14), r(12), r(32), r(12)
+    azure, sas, key_id = r(86, ALNUM + "+/") + "==", r(43, ALNUM + "%"), r(40, HEX)
+    gcp_pem = "-----BEGIN " + "PRIVATE KEY-----\n" + pem_body + "\n-----END " + "PRIVATE KEY-----\n"
+    shapes = {
+        "aws_access_key_id": ("AK" + "IA" + r(16, string.ascii_uppercase + string.digits),) * 2,
+        "aws_secret_access_key": ("aws_secret_access_key = " + aws_secret, aws_secret),
+        "github_token": ("gh" + "p_" + r(36),) * 2,
+        "github_pat": ("github" + "_pat_" + r(22) + "_" + r(59),) * 2,
+        "gitlab_token": ("gl" + "pat-" + r(20),) * 2,
+        "openai_api_key": ("sk-" + "proj-" + r(48),) * 2,
+        "anthropic_api_key": ("sk-" + "ant-api03-" + r(93) + "AA",) * 2,
+        "google_api_key": ("AI" + "za" + r(35),) * 2,
+        "huggingface_token": ("hf" + "_" + r(34),) * 2,
+        "groq_api_key": ("gs" + "k_" + r(52),) * 2,
+        "stripe_key": ("sk" + "_live_" + r(24),) * 2,
+        "slack_token": ("xo" + "xb-" + r(12, string.digits) + "-" + r(24),) * 2,
+        "slack_webhook": ("https://hooks.slack.com/" + "services/T" + r(8) + "/B" + r(8) + "/" + r(24),) * 2,
+        "twilio_api_key": ("S" + "K" + r(32, HEX),) * 2,
+        "sendgrid_api_key": ("S" + "G." + r(22) + "." + r(43),) * 2,
+        "npm_token": ("np" + "m_" + r(36),) * 2,
+        "pypi_token": ("py" + "pi-AgEIcHlwaS5vcmc" + r(60),) * 2,
+        "private_key": (pem, pem),
+        "gcp_service_account": (json.dumps({"type": "service_account", "private_key_id": key_id,
+                                            "private_key": gcp_pem}), key_id),
+        "gcp_service_account_key": (json.dumps({"type": "service_account", "private_key": gcp_pem}),
+                                    pem_body.splitlines()[1]),
+        "jwt": ("ey" + "JhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0." + r(43),) * 2,
+        "azure_storage_key": ("DefaultEndpointsProtocol=https;AccountName=acct;Account" + "Key=" + azure, azure),
+        "azure_sas_signature": ("https://acct.blob.core.windows.net/c/b?sv=2022-11-02&s" + "ig=" + sas, sas),
+        "azure_client_secret": (r(3) + "8Q" + "~" + r(34),) * 2,
+        "password": ("PASS" + "WORD=" + pw, pw),
+        "db_pass": ("DB_" + "PASS: " + dbpass, dbpass),
+        "secret_assignment": ("SERVICE_API_" + "KEY=" + apikey, apikey),
+        "url_password": ("postgres://admin:" + url_pw + "@db.internal:5432/app", url_pw),
+    }
+    return shapes
+
+
+NEAR_MISSES = [
+    "commit 3f9a1c0b6e2d4f8a9b7c5d3e1f0a2b4c6d8e0f1a",  # a git SHA
+    "request id 550e8400-e29b-41d4-a716-446655440000",  # a UUID
+    "def connect(password: str) -> None:\n    password = os.environ['DB_PASSWORD']\n    if password is None:\n",
+    "SORT_KEY=created_at_timestamp\nLOG_LEVEL=info\n",
+    "    token = self.next_token()\n    self.api_key = api_key\n",
+    "PASSWORD=${DB_PASSWORD}\n",
+    "const skipped = items.filter(x => x.key !== undefined); // sk-learn notes\n",
+]
+
+
+@pytest.fixture(scope="module")
+def redactor() -> Redactor:
+    return Redactor(b"test key")
+
+
+@pytest.mark.parametrize("kind", sorted(corpus()))
+def test_each_kind_is_found_and_replaced(redactor, kind):
+    text, secret = corpus()[kind]
+    message = f"here is the file:\n{text}\nthanks"
+    redacted, found = redactor.redact(message)
+    assert found, kind
+    assert secret not in redacted
+    assert "[REDACTED:" in redacted or "[R:" in redacted
+    # The same text inside JSON (a message as the trace stores it): found there too.
+    encoded, found_in_json = redactor.redact(json.dumps({"content": message}))
+    assert found_in_json and secret not in encoded and json.dumps(secret)[1:-1] not in encoded
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES)
+def test_near_misses_are_left_alone(redactor, text):
+    assert redactor.find(text) == []
+    assert redactor.redact(text)[0] == text
+
+
+def test_a_secret_gets_one_marker_everywhere_and_another_secret_another(redactor):
+    first, second = corpus(1)["github_token"][0], corpus(2)["github_token"][0]
+    text, _ = redactor.redact(f"a {first} b {first} c {second}")
+    markers = [w for w in text.split() if w.startswith("[REDACTED:")]
+    assert len(markers) == 3 and markers[0] == markers[1] != markers[2]
+    assert markers[0].startswith("[REDACTED:github_token:")
+    # Under another key, another hash: the marker cannot be computed without the server's secret.
+    assert Redactor(b"another key").redact(first)[0] != redactor.redact(first)[0]
+
+
+def test_keep_length_keeps_every_offset_and_slices_redact_alike(redactor):
+    shapes = corpus()
+    text = "\n".join(f"line {i}: {t}" for i, (t, _) in enumerate(shapes.values())) + "\nend"
+    redacted, found = redactor.redact(text, keep_length=True)
+    assert len(redacted) == len(text) and len(found) >= len(shapes)
+    for _, secret in shapes.values():
+        assert secret not in redacted
+    # A prompt's added part is redacted alone (the part before it was, last turn): the same characters.
+    cut = text.index("line 10:")
+    assert redacted[cut:] == redactor.redact(text[cut:], keep_length=True)[0]
+
+
+# -- through a server ---------------------------------------------------------------------------------
+
+EXEC = {"type": "function", "function": {"name": "exec", "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}
+
+
+def _serve(model_dir, folder, **settings) -> AppThread:
+    placeholder = folder / "none.jsonl"
+    placeholder.write_text('{"text": "unused"}\n')
+    return AppThread(Settings(model=str(model_dir), backend="replay", replay=str(placeholder),
+                              served_model_name=MODEL, trace_db=str(folder / "traces.sqlite3"), **settings)).start()
+
+
+@pytest.fixture(scope="module")
+def served(qwen3_5_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("redaction")
+    app = _serve(qwen3_5_dir, folder)
+    yield app, folder
+    app.stop()
+
+
+def _read_everything(app: AppThread, *texts: str) -> Reading:
+    """The next requests get these outputs, one each; the prompts the engine read are kept."""
+    reading = Reading(ReplayBackend([{"text": t} for t in texts], app.runtime.vocab))
+    app.runtime.backend = reading
+    return reading
+
+
+def _export(store: str, fmt: str) -> str:
+    parser = argparse.ArgumentParser()
+    export_arguments(parser)
+    args = parser.parse_args(["--store", store, "--since", "0", "--format", fmt])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert run_export(args) == 0
+    return out.getvalue()
+
+
+def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str, dict, list[str]]:
+    """The corpus sent in every place a request carries text, over each API: every request answered 200
+    and the model given the real text. Then the secrets, and what was kept: the trace files' bytes, the
+    log, each export format, and the exported token ids decoded."""
+    shapes = corpus(7)
+    secrets = [secret for _, secret in shapes.values()]
+    env = "\n".join(text for text, _ in shapes.values())
+    caplog.set_level(logging.DEBUG)
+    answers = ["\n</think>\n\nDone.<|im_end|>"] * 6
+    reading = _read_everything(app, *answers)
+    chat = {"model": MODEL, "tools": [EXEC], "messages": [
+        {"role": "user", "content": "Here is my .env:\n" + env},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": json.dumps({"cmd": env})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": env},
+    ]}
+    status, _, body = app.post(chat, path="/v1/chat/completions")
+    assert status == 200, body
+    tool = {"type": "function", "name": "exec", "parameters": EXEC["function"]["parameters"]}
+    responses = {"model": MODEL, "tools": [tool],
+                 "input": [{"type": "message", "role": "user", "content": "env:\n" + env},
+                           {"type": "function_call", "call_id": "c2", "name": "exec",
+                            "arguments": json.dumps({"cmd": env})},
+                           {"type": "function_call_output", "call_id": "c2", "output": env}]}
+    status, _, body = app.post(responses, path="/v1/responses")
+    assert status == 200, body
+    messages = {"model": MODEL, "max_tokens": 16, "messages": [
+        {"role": "user", "content": "env:\n" + env},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "exec", "input": {"cmd": env}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": env}]}]}
+    status, _, body = app.post(messages, path="/v1/messages")
+    assert status == 200, body
+    # The model read the real text: redaction is of what is kept, not of what is served.
+    read = [app.runtime.tokenizer.decode(ids) for ids in reading.read]
+    assert len(read) == 3
+    for prompt in read:
+        for secret in secrets:
+            assert secret in prompt or secret.replace("\n", "\\n") in prompt
+    app.settled()
+    stored = b"".join(p.read_bytes() for p in folder.iterdir() if p.name.startswith("traces.sqlite3")
+                      and "state" not in p.name)
+    log = caplog.text
+    exports = {fmt: _export(str(folder / "traces.sqlite3"), fmt)
+               for fmt in ("jsonl", "verl", "skyrl", "nemo-gym", "tinker", "atif")}
+    decoded = []
+    for text in (exports["jsonl"], exports["verl"]):
+        for line in text.splitlines():
+            row = json.loads(line)
+            for key in ("prompt_ids", "completion_ids", "response_ids"):
+                if row.get(key):
+                    decoded.append(app.runtime.tokenizer.decode(row[key]))
+    assert decoded
+    return secrets, stored, log, exports, decoded
+
+
+def test_no_secret_reaches_the_store_the_log_or_an_export(served, caplog):
+    app, folder = served
+    secrets, stored, log, exports, decoded = _send_corpus(app, folder, caplog)
+    assert any("[REDACTED:" in text for text in exports.values())
+    for secret in secrets:
+        assert secret.encode() not in stored, secret
+        assert secret not in log
+        for fmt, text in exports.items():
+            assert secret not in text, (fmt, secret)
+        for text in decoded:
+            assert secret not in text, secret
+
+
+def test_with_redact_off_the_same_requests_keep_every_secret_and_say_so(qwen3_5_dir, tmp_path, caplog):
+    """The check above can fail: with `--redact off` the same corpus is found in the files and exports."""
+    caplog.set_level(logging.WARNING)
+    app = _serve(qwen3_5_dir, tmp_path, redact=False)
+    try:
+        assert "--redact off" in caplog.text
+        secrets, stored, _, exports, decoded = _send_corpus(app, tmp_path, caplog)
+    finally:
+        app.stop()
+    assert all(secret.encode() in stored for secret in secrets if "\n" not in secret)
+    assert all(secret in exports["atif"] for secret in secrets if "\n" not in secret)
+    assert all(any(secret in text for text in decoded) for secret in secrets)
