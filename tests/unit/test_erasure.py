@@ -7,6 +7,8 @@ row), the session's ids answer 404, another session is whole, and the erasure is
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 import uuid
 from pathlib import Path
 
@@ -112,11 +114,24 @@ def test_an_erased_session_leaves_no_byte_and_its_ids_answer_404(served, how, ca
     if how == "api":
         status, done = app.call("DELETE", f"/v1/sessions/{key}")
         assert status == 200, done
-    else:  # against the running server's store, as an operator would
+    else:  # against the running server's store, as an operator would, while it serves another session
+        busy = threading.Thread(target=lambda: answered.extend(
+            app.call("POST", "/v1/chat/completions", {"model": "tiny-qwen", "messages": [
+                {"role": "user", "content": f"meanwhile {n}"}]}, {"session_id": "meanwhile"})[0] for n in range(8)))
+        answered: list[int] = []
+        app.replay(*(f"busy {n}" for n in range(8)))
+        busy.start()
         with pytest.raises(SystemExit) as exit_:
             cli(["erase", "--session", key, "--store", app.settings.trace_db])
+        busy.join(60)
         assert exit_.value.code == 0, capsys.readouterr().err
         done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert answered == [200] * 8
+        assert len(app.stored("/v1/sessions/meanwhile")["steps"]) == 8  # none lost while the erasure held the file
+    if made.kind == "sqlite":
+        for name in ("traces.sqlite3", "traces.state.sqlite3"):
+            with sqlite3.connect(folder / name) as db:
+                assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     removed = done["removed"]
     assert removed["traces"] == len(ids["traces"]) and removed["spans"] > 0 and removed["sessions"] == 1, done
     assert removed["state_responses"] == 2, done

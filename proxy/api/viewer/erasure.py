@@ -12,7 +12,7 @@ from looptrace.trace_store import erasure
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..query import query_int
-from ..stored import on_store, store_of
+from ..stored import on_viewer_thread, store_of
 
 
 def _state(request: web.Request):
@@ -22,6 +22,17 @@ def _state(request: web.Request):
     return state
 
 
+async def _run(function, *args):
+    """On the viewer's threads; a store that fails (locked past its wait, down) is a 503 that says why."""
+    try:
+        return await on_viewer_thread(function, *args)
+    except Exception as exc:  # noqa: BLE001 - either driver's error, or StoreUnavailable: said, not a 500
+        if isinstance(exc, APIError):
+            raise
+        raise APIError(503, f"The trace store cannot erase now: {str(exc).strip() or type(exc).__name__}",
+                       type="server_error", code="trace_store_unavailable") from exc
+
+
 async def erase_session(request: web.Request) -> web.Response:
     key = request.match_info.get("key") or request.query.get("key")
     if not key:
@@ -29,7 +40,7 @@ async def erase_session(request: web.Request) -> web.Response:
     store, state = store_of(request), _state(request)
     # The key's name once keys land (the lead's auth); until then every caller is the admin.
     who = request.get("key_name") or "api"
-    done = await on_store(erasure.erase, store, state, erasure.Subject("session", key), who)
+    done = await _run(erasure.erase, store, state, erasure.Subject("session", key), who)
     # A process's own copy of a stored response (served only while the store does not answer) stays in its
     # memory until newer ones push it out: it is in no file.
     done.pop("responses")
@@ -41,5 +52,5 @@ async def erase_session(request: web.Request) -> web.Response:
 
 async def list_erasures(request: web.Request) -> web.Response:
     limit = query_int(request.query.get("limit", "100"), "limit", 1, 10_000)
-    found = await on_store(erasure.erasures, _state(request), limit)
+    found = await _run(erasure.erasures, _state(request), limit)
     return web.json_response({"object": "list", "data": found}, dumps=dumps)
