@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import io
 import json
 import logging
 import random
 import string
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from looptrace.common.redaction import Redactor
 from looptrace.backends.recorded import ReplayBackend
+from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.export.arguments import export_arguments
 from looptrace.proxy.export.command import run as run_export
 from looptrace.proxy.settings import Settings
@@ -142,6 +146,32 @@ EXEC = {"type": "function", "function": {"name": "exec", "description": "Run a c
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}
 
 
+class Receiver:
+    """An OTLP/HTTP receiver that keeps each export's body as it came (protobuf: strings are UTF-8 in it)."""
+
+    def __init__(self) -> None:
+        bodies = self.bodies = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                bodies.append(gzip.decompress(body) if self.headers.get("Content-Encoding") == "gzip" else body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def _serve(model_dir, folder, **settings) -> AppThread:
     placeholder = folder / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')
@@ -152,9 +182,11 @@ def _serve(model_dir, folder, **settings) -> AppThread:
 @pytest.fixture(scope="module")
 def served(qwen3_5_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("redaction")
-    app = _serve(qwen3_5_dir, folder)
-    yield app, folder
+    receiver = Receiver()
+    app = _serve(qwen3_5_dir, folder, otlp_endpoint=receiver.url)
+    yield app, folder, receiver
     app.stop()
+    receiver.close()
 
 
 def _read_everything(app: AppThread, *texts: str) -> Reading:
@@ -206,9 +238,15 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": env}]}]}
     status, _, body = app.post(messages, path="/v1/messages")
     assert status == 200, body
+    from websockets.sync.client import connect
+    with connect(app.url.replace("http", "ws") + "/v1/responses", max_size=None) as socket:
+        socket.send(json.dumps({"type": "response.create", **responses}))
+        while (event := json.loads(socket.recv()))["type"] not in ("response.completed", "response.failed", "error"):
+            pass
+    assert event["type"] == "response.completed", event
     # The model read the real text: redaction is of what is kept, not of what is served.
     read = [app.runtime.tokenizer.decode(ids) for ids in reading.read]
-    assert len(read) == 3
+    assert len(read) == 4
     for prompt in read:
         for secret in secrets:
             assert secret in prompt or secret.replace("\n", "\\n") in prompt
@@ -230,10 +268,14 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
 
 
 def test_no_secret_reaches_the_store_the_log_or_an_export(served, caplog):
-    app, folder = served
+    app, folder, receiver = served
     secrets, stored, log, exports, decoded = _send_corpus(app, folder, caplog)
     assert any("[REDACTED:" in text for text in exports.values())
+    assert app.app[TELEMETRY].flush()
+    sent = b"".join(receiver.bodies)
+    assert b"[REDACTED:" in sent
     for secret in secrets:
+        assert secret.encode() not in sent, secret
         assert secret.encode() not in stored, secret
         assert secret not in log
         for fmt, text in exports.items():
