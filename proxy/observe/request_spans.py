@@ -32,6 +32,7 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.redaction import Redactor
 from looptrace.common.sequences import common_prefix
+from looptrace.common.token_event import TOP_N
 from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 from looptrace.trace_store.records import request_span
 from looptrace.trace_store.tokens import GROUP
@@ -207,6 +208,38 @@ class RequestSpans(Observer):
         if self._redacted:
             attributes[attr.REDACTED] = self._redacted
 
+    def _redact_tokens(self) -> int:
+        """A credential the model wrote, in the decode span's token events: the answer's text is searched
+        once, at its end (a secret may span groups), and each token overlapping one gets the marker's
+        characters for its text and piece, the id of `*`, and no candidates. Each group's arrays are the
+        ones its event holds (_add_event keeps them, not a copy), changed before the span ends and is
+        seen by any processor. Returns how many were found."""
+        groups, self._groups = self._groups, []
+        if not groups:
+            return 0
+        texts = [text for group in groups for text in group[attr.TOKENS_TEXT]]
+        whole = "".join(texts)
+        found = self.redactor.find(whole)
+        if not found:
+            return 0
+        redacted = self.redactor.replace(whole, found, keep_length=True)
+        star = (self._tokenizer.encode("*", add_special_tokens=False) or [0])[0]
+        at, f = 0, 0
+        for group in groups:
+            for i, text in enumerate(group[attr.TOKENS_TEXT]):
+                start, end = at, at + len(text)
+                at = end
+                while f < len(found) and found[f].end <= start:
+                    f += 1
+                if f < len(found) and found[f].start < end:
+                    group[attr.TOKENS_TEXT][i] = group[attr.TOKENS_PIECE][i] = redacted[start:end]
+                    group[attr.TOKENS_ID][i] = star
+                    top = slice(i * TOP_N, (i + 1) * TOP_N)
+                    group[attr.TOKENS_TOP_IDS][top] = [-1] * TOP_N
+                    group[attr.TOKENS_TOP_PIECES][top] = [""] * TOP_N
+        self._redacted += len(found)
+        return len(found)
+
     def _text(self, text):
         """`text` as recorded: credentials replaced by markers (None and "" as they are)."""
         if not text or self.redactor is None:
@@ -261,6 +294,8 @@ class RequestSpans(Observer):
         span = self._decode_span = self.tracer.start_span(attr.SPAN_DECODE, context=self._context,
                                                           start_time=self._submitted_ns, attributes=attributes)
         self._pieces = generation.runtime.vocab.pieces
+        self._tokenizer = generation.runtime.tokenizer
+        self._groups: list[dict] = []  # the token events' arrays, redacted in place before the span ends
         self._recording = span.is_recording()
         carrier: dict = {}
         inject(carrier, context=trace.set_span_in_context(span))
@@ -328,6 +363,8 @@ class RequestSpans(Observer):
         if self._recording and self._decode_span is not None:
             events, channels, times = zip(*pending)
             group = token_columns(events, list(channels), list(times), self._pieces if self.content else None)
+            if self.content and self.redactor is not None:
+                self._groups.append(group)
             _add_event(self._decode_span, attr.EVENT_TOKENS, group, times[0])
 
     def tool_call(self, delta: ToolCallDelta) -> None:
@@ -393,6 +430,9 @@ class RequestSpans(Observer):
             return
         self._flush_tokens()
         self._decode_span = None
+        redacted = self._redact_tokens()
+        if redacted:
+            attributes = {**attributes, attr.REDACTED: redacted}
         span.set_attributes(attributes)
         if error:
             span.set_status(Status(StatusCode.ERROR, error))

@@ -214,7 +214,9 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
     secrets = [secret for _, secret in shapes.values()]
     env = "\n".join(text for text, _ in shapes.values())
     caplog.set_level(logging.DEBUG)
-    answers = ["\n</think>\n\nDone.<|im_end|>"] * 6
+    written = corpus(8)["github_token"][1]  # one the model writes itself: its token events hold it
+    secrets.append(written)
+    answers = ["\n</think>\n\nSet GITHUB_TOKEN to " + written + " then.<|im_end|>"] + ["\n</think>\n\nDone.<|im_end|>"] * 5
     reading = _read_everything(app, *answers)
     chat = {"model": MODEL, "tools": [EXEC], "messages": [
         {"role": "user", "content": "Here is my .env:\n" + env},
@@ -224,6 +226,7 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
     ]}
     status, _, body = app.post(chat, path="/v1/chat/completions")
     assert status == 200, body
+    assert written in json.loads(body)["choices"][0]["message"]["content"]  # the client gets what was written
     tool = {"type": "function", "name": "exec", "parameters": EXEC["function"]["parameters"]}
     responses = {"model": MODEL, "tools": [tool],
                  "input": [{"type": "message", "role": "user", "content": "env:\n" + env},
@@ -248,7 +251,7 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
     read = [app.runtime.tokenizer.decode(ids) for ids in reading.read]
     assert len(read) == 4
     for prompt in read:
-        for secret in secrets:
+        for secret in secrets[:-1]:
             assert secret in prompt or secret.replace("\n", "\\n") in prompt
     app.settled()
     stored = b"".join(p.read_bytes() for p in folder.iterdir() if p.name.startswith("traces.sqlite3")
