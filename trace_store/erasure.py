@@ -29,6 +29,7 @@ from looptrace.common import attributes as attr
 
 KINDS = ("session", "tenant", "before")
 CHUNK = 500  # values per IN (…) list: under SQLite's variable limit
+TRIES = 10  # attempts at the state's deletions
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,15 @@ def erase(store, state, subject: Subject, who: str) -> dict:
     state's rows, then the erasure recorded. What was removed, by table."""
     found = store.erase(subject)
     counts = {table: n for table, n in found.counts.items() if n}
-    for table, n in forget(state, found, subject.before_ns).items():
+    for attempt in range(TRIES):  # the traces are gone: what links the state to them is only in `found` now
+        try:
+            forgotten = forget(state, found, subject.before_ns)
+            break
+        except OSError:  # a server's write holding the state's file past its wait (1 s): again, a little later
+            if attempt == TRIES - 1:
+                raise
+            time.sleep(1.0)
+    for table, n in forgotten.items():
         if n:
             counts[table] = counts.get(table, 0) + n
     record(state, who, subject, counts)
