@@ -22,6 +22,7 @@ from looptrace.trace_store.location import refusal as store_refusal
 from . import workers
 from .engine import model_runtime
 from .erase import add_command as add_erase
+from .keys import add_command as add_keys
 from .export.arguments import add_command as add_export
 from .replay.arguments import add_command as add_replay
 from .settings import DEFAULT_MODEL, Settings
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay(commands)  # proxy/replay/
     add_export(commands)  # proxy/export/
     add_erase(commands)  # proxy/erase.py
+    add_keys(commands)  # proxy/keys.py
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API", formatter_class=_ShowDefaults)
     serve.add_argument("model", nargs="?", default=None,
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "

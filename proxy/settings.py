@@ -32,7 +32,7 @@ class Settings:
     # Rewards for rollouts the trace store does not hold (judged elsewhere): refused unless allowed, since
     # each takes a slot of the kept rollouts (proxy/api/rollouts/rewards.py).
     allow_unknown_rollout_rewards: bool = False
-    # A file holding the prompt a compaction asks the model for its summary with (api/openai/compaction.py);
+    # A file holding the prompt a compaction asks the model for its summary with (api/openai/responses/compaction/plan.py);
     # None: looptrace's own.
     compaction_prompt: str | None = None
     # Sampling for a request that sets none of its own (temperature, top_p, top_k), over the checkpoint's

@@ -22,7 +22,7 @@ OUTCOME_COLUMNS = {"valid": "tools_valid", "invalid_args": "tools_invalid_args",
 
 TRACE_COLUMNS = ("trace_id", "start_ns", "end_ns", "endpoint", "model", "conversation", "status", "http_status",
                  "input_tokens", "output_tokens", "session", "client", "client_version", "error", "finish_reason",
-                 "fork_of", "step")
+                 "fork_of", "step", "tenant")
 
 
 
@@ -64,15 +64,16 @@ class Batch:
                            dumps(kept), dumps(links), tokens))
         self.bases += [tuple(map(_text, row)) for row in base_rows(trace_id, span_id, attrs)]
         call_id = attrs.get(attr.GEN_AI_TOOL_CALL_ID)
+        tenant = attrs.get(attr.TENANT)
         if call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL):
-            self.tool_calls.append((_text(call_id), trace_id, span_id))
+            self.tool_calls.append((_text(call_key(call_id, tenant)), trace_id, span_id))
         for event in events:
             if event["name"] == attr.EVENT_TOOL_RESULT:
                 result = event["attributes"]
                 extra = {attr.TOOL_RESULT_TRACE_ID: trace_id}
                 if attr.TOOL_RESULT in result:
                     extra[attr.TOOL_RESULT] = result[attr.TOOL_RESULT]
-                self.results.append((_text(result.get(attr.GEN_AI_TOOL_CALL_ID)), dumps(extra)))
+                self.results.append((_text(call_key(result.get(attr.GEN_AI_TOOL_CALL_ID), tenant)), dumps(extra)))
         if attr.ENDPOINT not in attrs:
             self._steps.add(trace_id, span.name, attrs, span.start_time, span.end_time)
             return
@@ -86,10 +87,13 @@ class Batch:
         session = step["session"] = conversation or f"trace:{trace_id}"
         client, version = _text(attrs.get(attr.CLIENT_NAME)), _text(attrs.get(attr.CLIENT_VERSION))
         model = _text(step.get("model"))
+        tenant = _text(attrs.get(attr.TENANT))
+        if tenant is not None:
+            step["tenant"] = tenant  # the live feed shows a step to its tenant alone
         self.traces.append((trace_id, step["start_ns"], step["end_ns"], _text(step.get("endpoint")), model,
                             conversation, step["status"], step.get("http_status"), step.get("input_tokens"),
                             step.get("output_tokens"), session, client, version, _text(step.get("error")),
-                            _text(step.get("finish_reason")), _text(fork_of), dumps(step)))
+                            _text(step.get("finish_reason")), _text(fork_of), dumps(step), tenant))
         text = searchable_text(step)
         if text:
             self.texts.append((trace_id, storable(text)))
@@ -99,7 +103,13 @@ class Batch:
         self.sessions.append((session, conversation, model, client, version, step["start_ns"],
                               step["start_ns"], 1, step.get("input_tokens") or 0, step.get("output_tokens") or 0,
                               *(tools.get(outcome, 0) for outcome in OUTCOME_COLUMNS),
-                              int(step["status"] == "error"), trace_id))
+                              int(step["status"] == "error"), trace_id, tenant))
+
+
+def call_key(call_id, tenant):
+    """A tool call's id as tool_calls keys it: within its tenant, so that a result another tenant sends
+    with the same id never joins (and writes into) this tenant's call."""
+    return call_id if tenant is None or call_id is None else f"{tenant}\x1f{call_id}"
 
 
 def _text(value):

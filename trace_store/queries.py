@@ -47,11 +47,13 @@ class TraceQueries:
     # -- traces --
 
     def list_traces(self, *, conversation: str | None = None, model: str | None = None,
-                    since_ns: int | None = None, before: tuple[int, str] | None = None, limit: int = 50) -> dict:
+                    since_ns: int | None = None, before: tuple[int, str] | None = None, limit: int = 50,
+                    tenant: str | None = None) -> dict:
         """Traces, newest first, `limit` at a time: `before` is the (start_ns, trace_id) of the previous
-        page's last row (keyset paging: any page costs what the first does)."""
+        page's last row (keyset paging: any page costs what the first does). `tenant`: its traces alone
+        (None: everyone's, for the operator)."""
         where, args = [], []
-        for column, value in (("conversation", conversation), ("model", model)):
+        for column, value in (("conversation", conversation), ("model", model), ("tenant", tenant)):
             if value is not None:
                 where.append(f"t.{column} = ?")
                 args.append(value)
@@ -78,11 +80,14 @@ class TraceQueries:
         last = data[-1] if more else None
         return {"data": data, "next": f"{last['start_time_unix_nano']}:{last['trace_id']}" if last else None}
 
-    def get_trace(self, trace_id: str) -> dict | None:
+    def get_trace(self, trace_id: str, tenant: str | None = None) -> dict | None:
+        """A trace, or None; with `tenant`, only one of that tenant's (another's is as unknown)."""
         with self._reader() as db:
             # The trace's row first: it is written with the server span, after every other span, so once
             # it is seen the spans read next are all there (a batch commits spans and row together).
-            step = db.execute("SELECT session, step FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            step = db.execute("SELECT session, step, tenant FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            if tenant is not None and (step is None or step["tenant"] != tenant):
+                return None
             rows = db.execute(f"SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, {self.SPAN_ORDER}",
                               (trace_id,)).fetchall()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
@@ -116,10 +121,13 @@ class TraceQueries:
             span["tokens"] = tokens
         return span
 
-    def tokens(self, trace_id: str) -> dict | None:
+    def tokens(self, trace_id: str, tenant: str | None = None) -> dict | None:
         """A trace's generated tokens, one dict each, without its other spans (which hold whole prompts)."""
         with self._reader() as db:
-            root = db.execute("SELECT model, session, fork_of FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            root = db.execute("SELECT model, session, fork_of, tenant FROM traces WHERE trace_id = ?",
+                              (trace_id,)).fetchone()
+            if tenant is not None and (root is None or root["tenant"] != tenant):
+                return None
             decode = db.execute("SELECT events, tokens FROM spans WHERE trace_id = ? AND name = ?",
                                 (trace_id, attr.SPAN_DECODE)).fetchone()
             lost = db.execute("SELECT spans FROM lost_spans WHERE trace_id = ?", (trace_id,)).fetchone()
@@ -179,11 +187,12 @@ class TraceQueries:
 
     def list_sessions(self, *, model: str | None = None, client: str | None = None, since_ns: int | None = None,
                       until_ns: int | None = None, text: str | None = None, before: tuple[int, str] | None = None,
-                      limit: int = 50, keys: list[str] | None = None) -> dict:
+                      limit: int = 50, keys: list[str] | None = None, tenant: str | None = None) -> dict:
         """Sessions, most recently active first, `limit` at a time: `before` is the (last_ns, key) of
-        the previous page's last row. `text` matches a conversation id or words a step said or read."""
+        the previous page's last row. `text` matches a conversation id or words a step said or read.
+        `tenant`: its sessions alone, and its models and clients (None: everyone's)."""
         where, args = [], []
-        for column, value in (("model", model), ("client", client)):
+        for column, value in (("model", model), ("client", client), ("tenant", tenant)):
             if value:
                 where.append(f"{column} = ?")
                 args.append(value)
@@ -206,14 +215,19 @@ class TraceQueries:
                + " ORDER BY last_ns DESC, key DESC LIMIT ?")
         with self._reader() as db:
             rows = [_session(r) for r in db.execute(sql, (*args, limit + 1)).fetchall()]
-            facets = {"models": [r["v"] for r in db.execute(DISTINCT.format(column="model")).fetchall()],
-                      "clients": [r["v"] for r in db.execute(DISTINCT.format(column="client")).fetchall()]}
+            if tenant is None:
+                facets = {"models": [r["v"] for r in db.execute(DISTINCT.format(column="model")).fetchall()],
+                          "clients": [r["v"] for r in db.execute(DISTINCT.format(column="client")).fetchall()]}
+            else:  # another tenant's models and clients are not this one's to see
+                facets = {f"{column}s": [r["v"] for r in db.execute(
+                    f"SELECT DISTINCT {column} AS v FROM sessions WHERE tenant = ? AND {column} IS NOT NULL "
+                    f"ORDER BY v LIMIT 100", (tenant,)).fetchall()] for column in ("model", "client")}
         more = len(rows) > limit
         rows = rows[:limit]
         after = rows[-1] if more else None
         return {"data": rows, "next": f"{after['last_ns']}:{after['key']}" if after else None, **facets}
 
-    def session(self, key: str, offset: int = 0, limit: int | None = None) -> dict | None:
+    def session(self, key: str, offset: int = 0, limit: int | None = None, tenant: str | None = None) -> dict | None:
         """A session and its steps in order, each the summary its request was stored with: all of them,
         or `limit` from step `offset` (a page of a session of hundreds of steps; `steps_total` says how
         many there are)."""
@@ -221,7 +235,7 @@ class TraceQueries:
             (" LIMIT -1 OFFSET ?" if self.ALL_ROWS == "-1" else " OFFSET ?", (offset,))
         with self._reader() as db:
             head = db.execute("SELECT * FROM sessions WHERE key = ?", (key,)).fetchone()
-            if head is None:
+            if head is None or (tenant is not None and head["tenant"] != tenant):
                 return None
             rows = db.execute("SELECT t.*, l.spans AS lost FROM traces t LEFT JOIN lost_spans l USING (trace_id) "
                               "WHERE t.session = ? AND t.fork_of IS NULL ORDER BY t.start_ns, t.trace_id" + page,
@@ -260,7 +274,7 @@ def _session(row: Row) -> dict:
         "client_version": row["client_version"], "first_ns": row["first_ns"], "last_ns": row["last_ns"],
         "steps": row["steps"], "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
         "tool_calls": {o: row[f"tools_{o}"] for o in OUTCOMES}, "errors": row["errors"],
-        "last_trace_id": row["last_trace_id"],
+        "last_trace_id": row["last_trace_id"], "tenant": row["tenant"],
     }
 
 

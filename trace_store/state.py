@@ -12,7 +12,7 @@
     state_secrets        keys every process serving the store shares (the one compaction references are signed with)
 
 Bounded as the in-memory versions are (proxy/engine/memory.py, proxy/observe/conversations.py,
-response_store.py): the newest conversations, calls and responses are kept, the oldest deleted as new
+proxy/api/openai/responses/store.py): the newest conversations, calls and responses are kept, the oldest deleted as new
 ones come. Per request, one round trip for each owner and direction (the engine's memory, then
 observation's state; the two reads run at once), never one per token: each is read in one query (ids
 packed: 4 bytes a token) and written in one transaction.

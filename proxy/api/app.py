@@ -1,9 +1,9 @@
-"""The aiohttp application: routes, authentication, and the model's lifetime."""
+"""The aiohttp application: its routes, its middleware (security headers, errors, Host names, keys) and
+the model's lifetime."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from aiohttp import web
 
@@ -12,10 +12,11 @@ from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from . import anthropic, monitoring, native, openai, rollouts, viewer
-from .errors import APIError, error_middleware
+from .auth import GUARD, Guard, authenticate
+from .errors import error_middleware
 from .hosts import host_check
 from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
-from .route import Scope, mount, scope_of
+from .route import mount
 from .unreadable import answer_unreadable_requests
 from .viewer import pages
 
@@ -30,7 +31,7 @@ HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[pages.security_headers, error_middleware, host_check(settings.allowed_hosts),
-                                       _auth_middleware],
+                                       authenticate],
                           client_max_size=256 * 1024**2, handler_args=HTTP_LIMITS)
     answer_unreadable_requests(app)  # a request aiohttp cannot read still gets the API's error shape
     app[SETTINGS] = settings
@@ -40,6 +41,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     # turn (the Responses API's stored responses too: openai/routes.py).
     state = app[TELEMETRY].state
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
+    app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
     mount(app, monitoring.ROUTES)
     # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own
     # if its clients expect one) and lists its routes; looptrace's own routes that run token ids;
@@ -73,21 +75,3 @@ async def _stop(app: web.Application) -> None:
     await app[RUNTIME].close()
     app[MEMORY].close()
     app[TELEMETRY].close()
-
-
-@web.middleware
-async def _auth_middleware(request: web.Request, handler):
-    key = request.app[SETTINGS].api_key
-    # A path no route matched needs the key too: what is not there is not told to a stranger.
-    if key and scope_of(request) is not Scope.PUBLIC:
-        # OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`.
-        given = request.headers.get("Authorization", "")
-        scheme, _, token = given.partition(" ")
-        token = token.strip() if scheme.lower() == "bearer" else None
-        if token is None and "x-api-key" in request.headers:
-            token = given = request.headers["x-api-key"].strip()
-        if token is None or not hmac.compare_digest(token.encode(errors="surrogateescape"), key.encode()):
-            how = "send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-            raise APIError(401, f"Incorrect API key provided: {how}." if given else f"No API key provided: {how}.",
-                           code="invalid_api_key")
-    return await handler(request)

@@ -80,10 +80,10 @@ def invalid(message: str, param: str | None = None, code: str | None = "invalid_
     return APIError(400, message, param=param, code=code)
 
 
-def model_not_found(name: str, served: str) -> APIError:
-    return APIError(
-        404, f"The model `{name}` does not exist; this server serves `{served}`.", param="model", code="model_not_found"
-    )
+def model_not_found(name: str, served: str | None) -> APIError:
+    """`served` None: a key that may use no model this server serves is told none."""
+    serves = f"this server serves `{served}`" if served is not None else "this key may use no model served here"
+    return APIError(404, f"The model `{name}` does not exist; {serves}.", param="model", code="model_not_found")
 
 
 def api_error(exc: Refused | Unavailable | BackendError) -> APIError:

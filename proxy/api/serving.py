@@ -14,6 +14,9 @@ from ..engine.continuity import MODES
 from ..engine.generation import Generation
 from ..engine.request import GenerationRequest
 from ..observe.telemetry import RequestTelemetry
+from looptrace.common import attributes as attr
+
+from .auth import caller_of, tenant_of, within
 from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
 from .keys import MEMORY, RUNTIME, TELEMETRY
@@ -26,8 +29,10 @@ async def traced(http: web.Request, endpoint: str, attributes: dict | None = Non
     """The request's trace and metrics, for as long as its handler runs; an incoming traceparent is continued.
     `attributes`: more for the server span (a WebSocket turn's transport); `continued` False: a trace of
     its own whatever the headers say (a WebSocket's turns, which share its upgrade's headers)."""
+    tenant = tenant_of(http)
     trace = http.app[TELEMETRY].start_request(endpoint, extract(http.headers) if continued else None,
                                               {**request_attributes(http.method, http.path, http.headers),
+                                               **({attr.TENANT: tenant} if tenant is not None else {}),
                                                **(attributes or {})})
     try:
         yield trace
@@ -43,18 +48,21 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     """The generation, rendered and checked against the context: ready to run. `trace` None: a prompt
     prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn.
     `conversation`: the conversation when the client names none (a WebSocket's lane)."""
+    caller = caller_of(http)
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
         weight_version(http.headers)
-        request.conversation = rollout or conversation_id(http.headers, body) or conversation
+        # Within the caller's tenant: another's conversation of the same name shares nothing with it.
+        request.conversation = within(caller.tenant, rollout or conversation_id(http.headers, body) or conversation)
+        rollout = within(caller.tenant, rollout)
         request.continuity = continuity_asked(http.headers, body)
         if request.conversation is not None:  # its last turn is read while this one is prepared
             request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
         trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()
-    if model != runtime.model_name:
-        raise model_not_found(model, runtime.model_name)
+    if model != runtime.model_name or not caller.may_use(model):
+        raise model_not_found(model, runtime.model_name if caller.may_use(runtime.model_name) else None)
     if trace is not None:
         trace.checked()
     settings = runtime.settings

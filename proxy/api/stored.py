@@ -16,6 +16,7 @@ from aiohttp import web
 
 from looptrace.trace_store.interface import StoreUnavailable, TraceStore
 
+from .auth import sees
 from .errors import APIError
 from .keys import TELEMETRY
 
@@ -61,7 +62,8 @@ async def on_store(function, *args):
 
 
 async def stored_trace(request: web.Request, trace_id: str, param: str = "trace_id") -> dict:
-    found = await read(store_of(request).get_trace, None, trace_id.lower())
+    """A trace the caller may read (another tenant's is as unknown), or a 404."""
+    found = await read(store_of(request).get_trace, None, trace_id.lower(), sees(request))
     if found is None:
         raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
                        param=param, code="trace_not_found")

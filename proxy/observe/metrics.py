@@ -97,7 +97,7 @@ class Metrics:
                                          "tokenizing it.", ["model"], buckets=RENDER_BUCKETS, registry=r)
 
     def _compaction_metrics(self) -> None:
-        """Compactions (api/openai/compaction.py): the summaries written, and the items that named them."""
+        """Compactions (api/openai/responses/compaction/plan.py): the summaries written, and the items that named them."""
         r = self.registry
         self.compactions = Counter(attr.METRIC_COMPACTIONS, "Summaries the model wrote for compactions, by how they "
                                    "were asked for (trigger, compact, threshold; client: the client's own).", ["model", "how"], registry=r)

@@ -43,7 +43,7 @@ from ..engine.observer import Observer
 from . import genai, openinference, route_receipt
 from .conversations import Conversations, Turn
 from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
-from .tool_spans import arriving_results, tool_call_span
+from .tool_spans import arriving_results, call_key, tool_call_span
 
 log = logging.getLogger("looptrace")
 
@@ -63,6 +63,7 @@ class RequestSpans(Observer):
         self.endpoint = endpoint
         self.model = ""
         self.conversation: str | None = None
+        self.tenant = attributes.get(attr.TENANT)  # whose request: its tool calls are found within it alone
         self.span = tracer.start_span(
             endpoint, context=parent, kind=SpanKind.SERVER,
             attributes={attr.ENDPOINT: endpoint, attr.GEN_AI_PROVIDER_NAME: "looptrace",
@@ -132,7 +133,7 @@ class RequestSpans(Observer):
         runtime, rendered, ids = generation.runtime, generation.rendered, generation.prompt_ids
         content = content and self.content
         tokenizer = runtime.tokenizer
-        results, links = arriving_results(self.turn, generation.request.messages, content)
+        results, links = arriving_results(self.turn, generation.request.messages, content, self.tenant)
         # Where this prompt departs from what the conversation's model saw last (its prompt and answer, as
         # the engine remembers them), compared from where its encoding departed from that prompt: the ids
         # before it are known equal.
@@ -173,6 +174,8 @@ class RequestSpans(Observer):
             attributes.update(openinference.PROMPT)
         if content and self.redactor is not None:
             self._redact_prompt(attributes, tokenizer, results)
+        if results and self.tenant is not None:  # the store joins each result to its call within the tenant
+            attributes[attr.TENANT] = self.tenant
         span = self.tracer.start_span(attr.SPAN_RENDER, context=self._context, start_time=started_ns, links=links,
                                       attributes=attributes)
         for result in results:
@@ -370,8 +373,9 @@ class RequestSpans(Observer):
     def tool_call(self, delta: ToolCallDelta) -> None:
         span = tool_call_span(self.tracer, self._context, delta["outcome"],
                               self._text(delta["raw"]) if self.content else None, delta["name"], delta["id"],
-                              delta["index"], self._text(delta["arguments"]) if self.content else None)
-        self.turn.expect_result(delta["id"], span.get_span_context(), delta["name"])
+                              delta["index"], self._text(delta["arguments"]) if self.content else None,
+                              self.tenant)
+        self.turn.expect_result(call_key(delta["id"], self.tenant), span.get_span_context(), delta["name"])
 
     def unparsed_call(self, delta: UnparsedCallDelta) -> None:
         tool_call_span(self.tracer, self._context, "unparsed", self._text(delta["raw"]) if self.content else None)

@@ -1,4 +1,4 @@
-"""Compaction summaries in the trace store's state (trace_store/state.py, api/openai/summaries.py): one
+"""Compaction summaries in the trace store's state (trace_store/state.py, api/openai/responses/compaction/summaries.py): one
 process signs and keeps a summary, another expands it; the key is one for every process and survives
 them; the newest summaries are kept; while the store does not answer, a compaction is refused plainly
 and nothing else fails. Two objects on one store stand for two processes; SQLite and PostgreSQL alike."""

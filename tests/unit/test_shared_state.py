@@ -1,5 +1,5 @@
 """State any process can serve a turn from (trace_store/state.py, proxy/engine/memory.py,
-proxy/observe/conversations.py, response_store.py): what one process leaves of a conversation, another
+proxy/observe/conversations.py, api/openai/responses/store.py): what one process leaves of a conversation, another
 reads; bounded as the in-memory versions are; and while the store does not answer, each process serves
 from its memory and nothing fails. Two objects on one store stand for two processes; on SQLite and
 PostgreSQL alike."""

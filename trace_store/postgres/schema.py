@@ -18,7 +18,7 @@ together take turns (concurrent CREATE … IF NOT EXISTS can fail).
 
 from __future__ import annotations
 
-VERSION = 4  # store_version.version
+VERSION = 5  # store_version.version
 LOCK = 0x6C6F6F70  # pg_advisory_xact_lock key: "loop"
 TEXT_PART = 65536
 
@@ -74,6 +74,9 @@ CREATE TABLE IF NOT EXISTS state_compactions (
 CREATE TABLE IF NOT EXISTS state_secrets (name text PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS erasures (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at_ns bigint NOT NULL,
                                      who text NOT NULL, kind text NOT NULL, subject text NOT NULL, counts text NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (name text PRIMARY KEY, tenant text NOT NULL, scopes text NOT NULL, models text,
+                                     tokens_per_day bigint, requests_per_minute bigint, digest text NOT NULL UNIQUE,
+                                     created_ns bigint NOT NULL, revoked_ns bigint, last_used_ns bigint);
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
                                      weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,
@@ -81,6 +84,10 @@ CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NUL
 CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id text PRIMARY KEY, key text NOT NULL, logprobs bytea NOT NULL,
                                              weight_version text, noted_ns bigint NOT NULL);
 ALTER TABLE spans ALTER COLUMN tokens SET STORAGE EXTERNAL;  -- packed and compressed already: stored as it is
+ALTER TABLE traces ADD COLUMN IF NOT EXISTS tenant text;  -- version 5: whose request it was (a key's tenant)
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS tenant text;
+CREATE INDEX IF NOT EXISTS traces_by_tenant ON traces (tenant, start_ns) WHERE tenant IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, last_ns) WHERE tenant IS NOT NULL;
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns, trace_id);
 CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session, start_ns);
@@ -114,6 +121,8 @@ UPGRADES: dict[int, str] = {
     3: """ALTER TABLE state_conversations ADD COLUMN IF NOT EXISTS seen_prompt bigint;""",
     # What each rollout holds, in bytes: the rollouts are bounded by it (trace_store/rollouts.py).
     4: """ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS size bigint;""",
+    # Whose request each trace and session was: TABLES adds the columns (before the indexes on them).
+    5: "",
 }
 
 

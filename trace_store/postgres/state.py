@@ -5,7 +5,7 @@ pipelined into one round trip, its connection is not checked first (another roun
 the server dropped is found by using it, and the statements tried once more on a fresh one), a commit
 does not wait for the disk (this is state a crash of the server may lose the last moments of, not a
 record), and a connection is waited for briefly: the caller (proxy/observe/conversations.py,
-response_store.py) runs these off the event loop with a deadline, and serves from its own memory
+proxy/api/openai/responses/store.py) runs these off the event loop with a deadline, and serves from its own memory
 while the store does not answer.
 """
 

@@ -272,5 +272,5 @@ def rebuild_sessions(db: psycopg.Connection, keys: list[str]) -> None:
                {', '.join(f"sum({outcome.format(o)})" for o in ('valid', 'invalid_args', 'unknown_tool', 'unparsed'))},
                count(*) FILTER (WHERE status = 'error'),
                (SELECT t2.trace_id FROM traces t2 WHERE t2.session = traces.session AND t2.fork_of IS NULL
-                ORDER BY t2.start_ns DESC LIMIT 1)
+                ORDER BY t2.start_ns DESC LIMIT 1), max(tenant)
         FROM traces WHERE fork_of IS NULL AND session = ANY(%s) GROUP BY session""", (keys,))

@@ -23,10 +23,10 @@ from .schema import TEXT_PART
 SPAN_TYPES = ("text", "text", "text", "text", "text", "bigint", "bigint", "text", "text", "text", "text", "bytea",
               "bigint")
 TRACE_TYPES = ("text", "bigint", "bigint", "text", "text", "text", "text", "bigint", "bigint", "bigint", "text",
-               "text", "text", "text", "text", "text", "text", "bigint")
+               "text", "text", "text", "text", "text", "text", "text", "bigint")
 SESSION_COLUMNS = ("key", "conversation", "model", "client", "client_version", "first_ns", "last_ns", "steps",
-                   "input_tokens", "output_tokens", *OUTCOME_COLUMNS.values(), "errors", "last_trace_id")
-SESSION_TYPES = ("text",) * 5 + ("bigint",) * 10 + ("text",)
+                   "input_tokens", "output_tokens", *OUTCOME_COLUMNS.values(), "errors", "last_trace_id", "tenant")
+SESSION_TYPES = ("text",) * 5 + ("bigint",) * 10 + ("text", "text")
 ROW_BYTES = 100  # a row's keys, numbers and overhead, beside its text
 
 SESSION_UPSERT = f"""
@@ -155,4 +155,4 @@ def _span_bytes(row: tuple) -> int:
 
 
 def _trace_bytes(row: tuple) -> int:
-    return ROW_BYTES + len(row[-1] or "")  # the step summary; its searchable text is about as long again
+    return ROW_BYTES + len(row[TRACE_COLUMNS.index("step")] or "")  # its searchable text is about as long again

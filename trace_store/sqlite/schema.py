@@ -21,7 +21,7 @@ import sqlite3
 
 from ..records import OUTCOMES
 
-VERSION = 5  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
+VERSION = 6  # PRAGMA user_version; 0 is the first schema (spans, traces, tool_calls)
 
 
 TABLES = """
@@ -43,6 +43,7 @@ TRACE_COLUMNS = (
     ("client", "TEXT"), ("client_version", "TEXT"), ("error", "TEXT"), ("finish_reason", "TEXT"),
     ("fork_of", "TEXT"),  # the trace a fork continued
     ("step", "TEXT"),  # JSON: the step summary (steps.py)
+    ("tenant", "TEXT"),  # whose request it was (version 6: the key's tenant; NULL on an open server)
 )
 
 VERSION_2 = """
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS lost_spans (trace_id TEXT PRIMARY KEY, spans INTEGER 
 
 # Version 4: token events packed (packing.py), and indexes that list the sessions' models and
 # clients without reading every session.
-VERSION_4_COLUMNS = (("spans", "tokens", "BLOB"),)
+VERSION_4_COLUMNS = (("spans", "tokens", "BLOB"), ("sessions", "tenant", "TEXT"))  # the latter: version 6
 
 # Version 5: where each step's prompt and input messages are stored, and the step they build on
 # (chains.py: NULL for one stored whole).
@@ -79,6 +80,8 @@ CREATE INDEX IF NOT EXISTS traces_by_fork ON traces (fork_of) WHERE fork_of IS N
 CREATE INDEX IF NOT EXISTS sessions_by_last ON sessions (last_ns, key);
 CREATE INDEX IF NOT EXISTS sessions_by_model ON sessions (model);
 CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client);
+CREATE INDEX IF NOT EXISTS traces_by_tenant ON traces (tenant, start_ns) WHERE tenant IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, last_ns) WHERE tenant IS NOT NULL;
 """
 
 
@@ -130,5 +133,5 @@ def rebuild_sessions(db: sqlite3.Connection, keys: list[str] | None) -> None:
                {', '.join(f'sum({outcome.format(o)})' for o in OUTCOMES)},
                sum(status = 'error'),
                (SELECT t2.trace_id FROM traces t2 WHERE t2.session = traces.session AND t2.fork_of IS NULL
-                ORDER BY t2.start_ns DESC LIMIT 1)
+                ORDER BY t2.start_ns DESC LIMIT 1), max(tenant)
         FROM traces WHERE fork_of IS NULL{where} GROUP BY session""", args)

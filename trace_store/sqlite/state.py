@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS state_compactions (id TEXT PRIMARY KEY, summary BLOB 
 CREATE TABLE IF NOT EXISTS state_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS erasures (id INTEGER PRIMARY KEY, at_ns INTEGER NOT NULL, who TEXT NOT NULL,
                                      kind TEXT NOT NULL, subject TEXT NOT NULL, counts TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, tenant TEXT NOT NULL, scopes TEXT NOT NULL, models TEXT,
+                                     tokens_per_day INTEGER, requests_per_minute INTEGER, digest TEXT NOT NULL UNIQUE,
+                                     created_ns INTEGER NOT NULL, revoked_ns INTEGER, last_used_ns INTEGER);
 CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
 CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);

@@ -1,4 +1,5 @@
-"""GET /v1/models: the one model this server serves, as the OpenAI API lists models."""
+"""GET /v1/models: the one model this server serves, as the OpenAI API lists models (none, to a key that
+may not use it)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import time
 
 from aiohttp import web
 
+from ..auth import caller_of
 from ..keys import RUNTIME
 
 
 async def models(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     await runtime.ready()
+    if not caller_of(request).may_use(runtime.model_name):
+        return web.json_response({"object": "list", "data": []})
     return web.json_response({"object": "list", "data": [{
         "id": runtime.model_name,
         "object": "model",

@@ -11,6 +11,7 @@ from looptrace.trace_store.rollouts import MAX_INFO_BYTES, Rollouts, info_json
 from ..clients import rollout_of
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
+from ..auth import sees, tenant_of, within
 from ..stored import on_store, read, store_of
 
 
@@ -23,15 +24,16 @@ def rollouts_of(request: web.Request) -> Rollouts:
 
 
 def rollout_key(request: web.Request) -> str:
+    """The rollout the path names, within the caller's tenant (as its requests were kept: serving.py)."""
     key, _ = rollout_of(request.match_info, {})
-    return key
+    return within(tenant_of(request), key)
 
 
 async def rollout_steps(request: web.Request, key: str) -> list[dict] | None:
     """The rollout's steps in the trace store, in order (its last ones written first: a trainer posts
     right after the last answer), or None when the store holds no such session."""
     await on_store(request.app[TELEMETRY].flush, 5)
-    session = await read(store_of(request).session, None, key)
+    session = await read(store_of(request).session, None, key, 0, None, sees(request))
     return None if session is None else session["steps"]
 
 

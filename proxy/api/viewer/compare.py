@@ -22,6 +22,7 @@ from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.records import request_span
 
+from ..auth import sees
 from ..errors import APIError, invalid
 from ..stored import read, store_of
 
@@ -34,7 +35,7 @@ async def compare_sessions(request: web.Request) -> web.Response:
     for side, key in zip("ab", keys):
         if not key or len(key) > 1024 or "\x00" in key:
             raise invalid(f"'{side}' must be a session's key.", param=side)
-    found = await read(compared, None, store_of(request), *keys)
+    found = await read(compared, None, store_of(request), *keys, tenant=sees(request))
     if found is None:
         raise APIError(404, "No such session in the store.", param="a", code="session_not_found")
     if isinstance(found, str):
@@ -43,17 +44,17 @@ async def compare_sessions(request: web.Request) -> web.Response:
     return web.json_response(found, dumps=dumps)
 
 
-def compared(store, key_a: str, key_b: str) -> dict | str:
-    """The comparison, or the key of a session that is not there."""
+def compared(store, key_a: str, key_b: str, tenant: str | None = None) -> dict | str:
+    """The comparison, or the key of a session that is not there (or is not `tenant`'s)."""
     sessions = []
     for key in (key_a, key_b):
-        session = store.session(key)
+        session = store.session(key, tenant=tenant)
         if session is None:
             return key
         sessions.append(session)
     a, b = sessions
     pairs = list(zip(a["steps"], b["steps"]))[:MAX_STEPS]
-    steps = [_step(n, store.get_trace(x["trace_id"]), store.get_trace(y["trace_id"]), x, y)
+    steps = [_step(n, store.get_trace(x["trace_id"], tenant), store.get_trace(y["trace_id"], tenant), x, y)
              for n, (x, y) in enumerate(pairs, 1)]
     return {"a": _head(a), "b": _head(b), "summary": _summary(steps, a, b), "steps": steps}
 

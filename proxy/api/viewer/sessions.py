@@ -10,6 +10,7 @@ from aiohttp import web
 
 from looptrace.common.jsonio import dumps
 
+from ..auth import sees
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..query import cursor, query_int, timestamp
@@ -28,7 +29,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     page = await read(store_of(request).list_sessions, EMPTY, keys=keys, model=query.get("model") or None,
                       client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
                       until_ns=timestamp(query.get("until"), "until"), text=search_text(query.get("q", "")),
-                      before=before, limit=query_int(query.get("limit", "50"), "limit", 1, 500))
+                      before=before, limit=query_int(query.get("limit", "50"), "limit", 1, 500), tenant=sees(request))
     return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
@@ -74,7 +75,7 @@ async def get_session(request: web.Request) -> web.Response:
     query = request.query
     offset = query_int(query.get("offset", "0"), "offset", 0, 1 << 31)
     limit = query_int(query["limit"], "limit", 1, 10_000) if "limit" in query else None
-    found = await read(store_of(request).session, None, key, offset, limit)
+    found = await read(store_of(request).session, None, key, offset, limit, sees(request))
     if found is None:
         raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",
                        param="key", code="session_not_found")
@@ -86,6 +87,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     request as it is stored; `event: gap` when this client fell behind and should reload."""
     store_of(request)  # a 404 when there is no store to watch
     feed = request.app[TELEMETRY].feed
+    tenant = sees(request)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     async with feed.subscribe() as queue:
@@ -100,6 +102,8 @@ async def live(request: web.Request) -> web.StreamResponse:
                 if batch is None:
                     await response.write(b"event: gap\ndata: {}\n\n")
                     continue
-                await response.write(b"".join(f"data: {dumps(step)}\n\n".encode() for step in batch))
+                shown = [step for step in batch if tenant is None or step.get("tenant") == tenant]
+                if shown:
+                    await response.write(b"".join(f"data: {dumps(step)}\n\n".encode() for step in shown))
         except ConnectionError:
             return response  # the page went away

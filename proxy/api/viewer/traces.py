@@ -9,6 +9,7 @@ from looptrace.common.jsonio import dumps
 from looptrace.common.vocabulary import AlternativeTexts, Vocabulary
 from looptrace.trace_store.records import request_span
 
+from ..auth import sees
 from ..errors import APIError
 from ..keys import RUNTIME
 from ..query import cursor, query_int, timestamp
@@ -23,7 +24,7 @@ async def list_traces(request: web.Request) -> web.Response:
     since = timestamp(query.get("since"), "since")
     before = cursor(query.get("before"))
     page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
-                      model=query.get("model"), since_ns=since, before=before, limit=limit)
+                      model=query.get("model"), since_ns=since, before=before, limit=limit, tenant=sees(request))
     return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
@@ -40,7 +41,7 @@ async def get_trace(request: web.Request) -> web.Response:
 async def get_tokens(request: web.Request) -> web.Response:
     """A trace's generated tokens alone, with their alternatives' text: what the viewer's heat map reads."""
     trace_id = request.match_info["trace_id"].lower()
-    found = await read(store_of(request).tokens, None, trace_id)
+    found = await read(store_of(request).tokens, None, trace_id, sees(request))
     if found is None:
         raise APIError(404, f"No trace {trace_id} in the store (it may not be written yet, or was retired).",
                        param="trace_id", code="trace_not_found")

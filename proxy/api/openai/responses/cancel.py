@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ...auth import tenant_of
 from ...errors import APIError, invalid
 from .running import RUNNING
-from .store import RESPONSE_STORE
+from .store import responses_of
 
 
 async def cancel_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    cancelled = request.app[RUNNING].cancel(response_id)
+    cancelled = request.app[RUNNING].cancel(response_id, tenant_of(request))
     if cancelled is not None:
         return web.json_response(cancelled)
     stored = await _stored(request, response_id)
@@ -25,7 +26,7 @@ async def cancel_response(request: web.Request) -> web.Response:
 
 async def _stored(request: web.Request, response_id: str) -> dict | None:
     try:
-        return await request.app[RESPONSE_STORE].response(response_id)
+        return await responses_of(request).response(response_id)
     except APIError as err:
         if err.status == 404:
             return None

@@ -13,12 +13,13 @@ from looptrace.common import attributes as attr
 from ....observe.telemetry import RequestTelemetry
 from ...serving import prepared, traced
 from ...streaming import relay
+from ...auth import tenant_of
 from ...protocol import parse
 from ...validation import json_body
 from .compaction import run as compact
 from .protocol import ResponsesRequest
 from .request import Previous
-from .store import RESPONSE_STORE
+from .store import responses_of
 from .running import RUNNING
 
 
@@ -26,7 +27,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     async with traced(request, attr.ENDPOINT_RESPONSES) as trace:
         raw = await json_body(request)
         body = parse(ResponsesRequest, raw)
-        previous = await request.app[RESPONSE_STORE].conversation(body.previous_response_id) \
+        previous = await responses_of(request).conversation(body.previous_response_id) \
             if body.previous_response_id else None
         return await respond(request, trace, raw, body, Previous.of(previous))
 
@@ -39,7 +40,7 @@ async def respond(request: web.Request, trace: RequestTelemetry, raw: dict, body
     names it when the client does not; `kept` is told of the response once it ended as answers do (a
     WebSocket keeps its lane's last one). Compaction (compaction/run.py) on either transport: its items
     expanded, a trigger answered with one compaction item, context_management's compaction made first."""
-    store = request.app[RESPONSE_STORE]
+    store = responses_of(request)
     plan, generation_request, options, names = await compact.planned(request, trace, body, previous)
     first = await compact.first(request, raw, body, previous, plan, options)  # context_management
     if first is not None:
@@ -61,7 +62,8 @@ async def respond(request: web.Request, trace: RequestTelemetry, raw: dict, body
                 kept(builder.final, options.items)
 
     running = request.app[RUNNING]
-    running.started(builder, generation)
+    tenant = tenant_of(request)
+    running.started(builder, generation, tenant)
     try:
         if stream:
             response = await relay(request, generation, builder, trace, keep, sink)
@@ -73,16 +75,16 @@ async def respond(request: web.Request, trace: RequestTelemetry, raw: dict, body
             await keep()
             response = web.json_response(builder.final)
     finally:
-        running.ended(builder.id)
+        running.ended(builder.id, tenant)
         generation.cancel()  # a client that went away stops its generation
     return response
 
 
 async def get_response(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[RESPONSE_STORE].response(request.match_info["response_id"]))
+    return web.json_response(await responses_of(request).response(request.match_info["response_id"]))
 
 
 async def delete_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    await request.app[RESPONSE_STORE].delete(response_id)
+    await responses_of(request).delete(response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ...errors import invalid
-from .store import RESPONSE_STORE
+from .store import responses_of
 
 ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_",
                "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "compaction": "cmp_"}
@@ -15,7 +15,7 @@ async def input_items(request: web.Request) -> web.Response:
     """The items the model read for a stored response (its conversation before its output: a previous
     response's turns included), each with an id, as a page of a list."""
     response_id = request.match_info["response_id"]
-    store = request.app[RESPONSE_STORE]
+    store = responses_of(request)
     response = await store.response(response_id)
     conversation = await store.conversation(response_id)
     items = [listed(item, response_id, i) for i, item in

@@ -10,7 +10,7 @@ from ...validation import json_body
 from .compaction import plan as compaction
 from .protocol import ResponsesRequest
 from .request import Previous, converted
-from .store import RESPONSE_STORE
+from .store import responses_of
 
 
 async def input_tokens(request: web.Request) -> web.Response:
@@ -18,7 +18,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     (rendered with the template, tools and thinking; images counted), nothing generated or traced."""
     raw = await json_body(request)
     body = parse(ResponsesRequest, raw)
-    previous = Previous.of(await request.app[RESPONSE_STORE].conversation(body.previous_response_id)) \
+    previous = Previous.of(await responses_of(request).conversation(body.previous_response_id)) \
         if body.previous_response_id else None
     # Compaction items counted as the summaries the model reads for them.
     generation_request, options, _ = converted(body, previous, await compaction.plan(request, body, previous))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ...auth import within
+
 if TYPE_CHECKING:
     from ....engine.generation import Generation
     from .stream import ResponseBuilder
@@ -21,16 +23,17 @@ class Running:
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[ResponseBuilder, Generation]] = {}
 
-    def started(self, builder: ResponseBuilder, generation: Generation) -> None:
-        self._by_id[builder.id] = (builder, generation)
+    # Each response is found by its tenant and id: another tenant's running response is not there to it.
+    def started(self, builder: ResponseBuilder, generation: Generation, tenant: str | None = None) -> None:
+        self._by_id[within(tenant, builder.id)] = (builder, generation)
 
-    def ended(self, response_id: str) -> None:
-        self._by_id.pop(response_id, None)
+    def ended(self, response_id: str, tenant: str | None = None) -> None:
+        self._by_id.pop(within(tenant, response_id), None)
 
-    def cancel(self, response_id: str) -> dict | None:
+    def cancel(self, response_id: str, tenant: str | None = None) -> dict | None:
         """Stops the response's generation before its next token; its answer (or stream) ends as
         `cancelled`. The response object as it stands, or None when it is not running here."""
-        found = self._by_id.get(response_id)
+        found = self._by_id.get(within(tenant, response_id))
         if found is None:
             return None
         builder, generation = found

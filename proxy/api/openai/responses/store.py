@@ -25,6 +25,7 @@ from aiohttp import web
 from looptrace.common.jsonio import dumps, loads
 from looptrace.trace_store.state import StateStore
 
+from ...auth import tenant_of
 from ...errors import APIError
 
 log = logging.getLogger("looptrace")
@@ -152,6 +153,42 @@ class SharedResponseStore(ResponseStore):
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+class TenantResponses:
+    """The stored responses one tenant may read, continue and delete: kept under ids prefixed by its
+    name, so another tenant's id is, to it, an id never stored (the same 404, nothing more)."""
+
+    def __init__(self, store: ResponseStore, tenant: str) -> None:
+        self.store, self.prefix = store, f"{tenant}/"
+
+    async def put(self, response: dict, items: list) -> None:
+        await self.store.put({**response, "id": self.prefix + response["id"]}, items)
+
+    async def conversation(self, response_id: str) -> list:
+        try:
+            return await self.store.conversation(self.prefix + response_id)
+        except APIError as err:
+            raise _previous_not_found(response_id) if err.status == 404 else err from None
+
+    async def response(self, response_id: str) -> dict:
+        try:
+            return {**await self.store.response(self.prefix + response_id), "id": response_id}
+        except APIError as err:
+            raise _not_found(response_id) if err.status == 404 else err from None
+
+    async def delete(self, response_id: str) -> None:
+        try:
+            await self.store.delete(self.prefix + response_id)
+        except APIError as err:
+            raise _not_found(response_id) if err.status == 404 else err from None
+
+
+def responses_of(request: web.Request) -> ResponseStore | TenantResponses:
+    """The stored responses the request's caller may use: its tenant's (every one, for the operator)."""
+    store = request.app[RESPONSE_STORE]
+    tenant = tenant_of(request)
+    return store if tenant is None else TenantResponses(store, tenant)
 
 
 def _previous_not_found(response_id: str) -> APIError:

@@ -46,7 +46,7 @@ from ...validation import json_object
 from .http import respond
 from .protocol import LANE_ID, Envelope, ResponseCreate
 from .request import Previous, converted
-from .store import RESPONSE_STORE
+from .store import responses_of
 from .stream import ResponseBuilder
 
 log = logging.getLogger("looptrace")
@@ -181,7 +181,7 @@ class Socket:
         if kept is not None:
             self.kept.move_to_end(previous_id)
             return kept
-        return await self.request.app[RESPONSE_STORE].conversation(previous_id)
+        return await responses_of(self.request).conversation(previous_id)
 
     def keep(self, response: dict, items: list) -> None:
         self.kept[response["id"]] = items + response["output"]

@@ -27,7 +27,7 @@ from ....serving import prepared, traced
 from ....validation import json_body
 from ..protocol import Compaction, CompactionTrigger, Message, ResponsesRequest
 from ..request import Previous, ResponsesOptions, ToolNames, converted
-from ..store import RESPONSE_STORE
+from ..store import responses_of
 from ..stream import ResponseBuilder
 from . import plan as compaction
 from .answer import AfterCompaction, CompactionBuilder
@@ -142,7 +142,7 @@ async def compact_response(http: web.Request) -> web.Response:
     async with traced(http, attr.ENDPOINT_RESPONSES_COMPACT) as trace:
         raw = await json_body(http)
         body = parse(ResponsesRequest, raw)
-        store = http.app[RESPONSE_STORE]
+        store = responses_of(http)
         previous = Previous.of(await store.conversation(body.previous_response_id)) \
             if body.previous_response_id else None
         made = await _summarized(http, trace, raw, _asking(body), previous, "compact")
