@@ -200,7 +200,9 @@ def step_extra(summary: dict, recorded: Recorded) -> dict:
              "finish_reason": summary.get("finish_reason"), "backend": summary.get("backend"), "timings": timings,
              "weight_version": recorded.request.get(attr.WEIGHT_VERSION),
              "continuity": recorded.render.get(attr.PROMPT_CONTINUITY),
-             "not_token_exact": recorded.skipped or None}
+             "not_token_exact": recorded.skipped or ("credentials in it were redacted: its stored ids are not what "
+                                                     "the model read" if recorded.request.get(attr.REDACTED) else None),
+             "redacted": recorded.request.get(attr.REDACTED)}
     if summary.get("drafted"):
         extra["speculative"] = {"drafted": summary["drafted"], "accepted": summary.get("accepted")}
     return {k: v for k, v in extra.items() if v is not None}

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
+from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps_line
 from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.recorded_sessions import Recorded, ReplayError, open_reader, session_steps
@@ -126,7 +127,9 @@ def session_records(key: str, steps: list[Recorded]) -> Iterator[dict]:
         forced_at = len(prompt) - recorded.forced
         prompt_mask = held_mask[:kept] + [0] * (len(prompt) - kept)
         prompt_mask[forced_at:] = [0] * recorded.forced  # a forced opening is the server's, not the model's
-        mask = prompt_mask + [1] * len(completion)
+        # A redacted step's stored ids are not what the model read (common/redaction.py): masked 0 throughout.
+        mask = [0] * (len(prompt) + len(completion)) if recorded.request.get(attr.REDACTED) else \
+            prompt_mask + [1] * len(completion)
         yield {"session": key, "step": recorded.step, "trace_id": recorded.trace_id, "model": recorded.model,
                "prompt_ids": prompt, "completion_ids": completion,
                "completion_logprobs": [t.get("logprob") for t in recorded.tokens], "mask": mask,

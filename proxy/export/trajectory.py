@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from looptrace.common import attributes as attr
 from looptrace.trace_store.recorded_sessions import Recorded
 
 
@@ -35,7 +36,9 @@ class Trajectory:
     def add(self, step: Recorded, environment: list[int]) -> None:
         sampled = [t["id"] for t in step.tokens]
         self.response_ids += environment + sampled
-        self.response_mask += [0] * len(environment) + [1] * len(sampled)
+        # A redacted step's stored ids are not what the model read (common/redaction.py): masked, never trained on.
+        sampled_mask = 0 if step.request.get(attr.REDACTED) else 1
+        self.response_mask += [0] * len(environment) + [sampled_mask] * len(sampled)
         self.response_logprobs += [0.0] * len(environment) + [_logprob(t) for t in step.tokens]
         self.steps.append(step)
 

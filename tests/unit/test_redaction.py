@@ -274,6 +274,10 @@ def test_no_secret_reaches_the_store_the_log_or_an_export(served, caplog):
     app, folder, receiver = served
     secrets, stored, log, exports, decoded = _send_corpus(app, folder, caplog)
     assert any("[REDACTED:" in text for text in exports.values())
+    # Every step here held a credential: exported masked 0 throughout, and ATIF says it is not token-exact.
+    rows = [json.loads(line) for fmt in ("jsonl", "verl") for line in exports[fmt].splitlines()]
+    assert rows and all(not any(row.get("mask") or row.get("response_mask")) for row in rows)
+    assert "credentials in it were redacted" in exports["atif"]
     assert app.app[TELEMETRY].flush()
     sent = b"".join(receiver.bodies)
     assert b"[REDACTED:" in sent
