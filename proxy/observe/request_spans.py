@@ -32,7 +32,6 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.redaction import Redactor
 from looptrace.common.sequences import common_prefix
-from looptrace.common.token_event import TOP_N
 from looptrace.families.deltas import ToolCallDelta, UnparsedCallDelta
 from looptrace.trace_store.records import request_span
 from looptrace.trace_store.tokens import GROUP
@@ -40,7 +39,7 @@ from looptrace.trace_store.tokens import columns as token_columns
 
 from ..engine.generation import Generation
 from ..engine.observer import Observer
-from . import genai, openinference, route_receipt
+from . import genai, openinference, route_receipt, span_records
 from .conversations import Conversations, Turn
 from .prompt_record import continuity_attributes, media_items, stored_prompt, template_hash
 from .tool_spans import arriving_results, call_key, tool_call_span
@@ -184,98 +183,13 @@ class RequestSpans(Observer):
         if content and generation.request.messages:
             self._record_messages(generation)
 
-    def _redact_prompt(self, attributes: dict, tokenizer, results: list[dict]) -> None:
-        """The prompt's text as the render span keeps it, credentials replaced by markers of the same
-        length (so every offset kept into it holds: its stored cut, the part new this turn), and the ids
-        of a text that held one re-encoded from the redacted text, to the same count: they decode to the
-        markers, not the secret, and the step says so (`looptrace.redacted`), for exports to mask it.
-        What is redacted is what this turn stores: the part it adds, the whole only where kept whole."""
-        redact = self.redactor.redact
-        for text_key, ids_key in ((attr.PROMPT_TEXT, attr.PROMPT_IDS), (attr.PROMPT_ADDED_TEXT, attr.PROMPT_ADDED_IDS),
-                                  (attr.PROMPT_NEW_TEXT, None), (attr.PROMPT_FORCED_PREFIX, None)):
-            text = attributes.get(text_key)
-            if not text:
-                continue
-            redacted, found = redact(text, keep_length=True)
-            if not found:
-                continue
-            attributes[text_key] = redacted
-            self._redacted += len(found)
-            if ids_key is not None and ids_key in attributes:
-                attributes[ids_key] = _same_count(tokenizer, redacted, len(attributes[ids_key]))
-        if attr.PROMPT_MEDIA in attributes:  # a URL's user:password@
-            attributes[attr.PROMPT_MEDIA] = self._text(attributes[attr.PROMPT_MEDIA])
-        for result in results:
-            if attr.TOOL_RESULT in result:
-                result[attr.TOOL_RESULT] = self._text(result[attr.TOOL_RESULT])
-        if self._redacted:
-            attributes[attr.REDACTED] = self._redacted
+    _redact_prompt = span_records.redact_prompt
 
-    def _redact_tokens(self) -> int:
-        """A credential the model wrote, in the decode span's token events: the answer's text is searched
-        once, at its end (a secret may span groups), and each token overlapping one gets the marker's
-        characters for its text and piece, the id of `*`, and no candidates. Each group's arrays are the
-        ones its event holds (_add_event keeps them, not a copy), changed before the span ends and is
-        seen by any processor. Returns how many were found."""
-        groups, self._groups = self._groups, []
-        if not groups:
-            return 0
-        texts = [text for group in groups for text in group[attr.TOKENS_TEXT]]
-        whole = "".join(texts)
-        found = self.redactor.find(whole)
-        if not found:
-            return 0
-        redacted = self.redactor.replace(whole, found, keep_length=True)
-        star = (self._tokenizer.encode("*", add_special_tokens=False) or [0])[0]
-        at, f = 0, 0
-        for group in groups:
-            for i, text in enumerate(group[attr.TOKENS_TEXT]):
-                start, end = at, at + len(text)
-                at = end
-                while f < len(found) and found[f].end <= start:
-                    f += 1
-                if f < len(found) and found[f].start < end:
-                    group[attr.TOKENS_TEXT][i] = group[attr.TOKENS_PIECE][i] = redacted[start:end]
-                    group[attr.TOKENS_ID][i] = star
-                    top = slice(i * TOP_N, (i + 1) * TOP_N)
-                    group[attr.TOKENS_TOP_IDS][top] = [-1] * TOP_N
-                    group[attr.TOKENS_TOP_PIECES][top] = [""] * TOP_N
-        self._redacted += len(found)
-        return len(found)
+    _redact_tokens = span_records.redact_tokens
 
-    def _text(self, text):
-        """`text` as recorded: credentials replaced by markers (None and "" as they are)."""
-        if not text or self.redactor is None:
-            return text
-        redacted, found = self.redactor.redact(text)
-        self._redacted += len(found)
-        return redacted
+    _text = span_records.text
 
-    def _record_messages(self, generation: Generation) -> None:
-        """The conversation in the GenAI conventions' shape (genai.py), and which messages are new
-        since the conversation's last request: what a person reads as this step of the loop. Each
-        message is encoded once; its JSON is also its digest for finding what is new."""
-        request = generation.request
-        messages = [dumps(genai.message(m)) for m in request.messages]
-        instructions, lead = genai.system_instructions(request.messages)
-        new_from, base = self.turn.new_messages_from(messages) if self.conversation else (0, None)
-        attributes = {
-            attr.INPUT_NEW_FROM: new_from,
-            attr.INPUT_NEW_MESSAGES: self._text("[" + ",".join(messages[new_from:]) + "]"),
-        }
-        continues = base and new_from > lead
-        if continues:  # the same system messages lead both: stored as what it adds (chains.py)
-            attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
-        if not continues or self.exported:  # exported whole; the store leaves it out (chains.compacted)
-            attributes[attr.GEN_AI_INPUT_MESSAGES] = self._text("[" + ",".join(messages[lead:]) + "]")
-        if self.exported:
-            attributes.update(openinference.turn_input(request.messages))
-            attributes[attr.INPUT_VALUE] = self._text(attributes[attr.INPUT_VALUE])
-        if instructions:
-            attributes[attr.GEN_AI_SYSTEM_INSTRUCTIONS] = self._text(dumps(instructions))
-        if request.tools:
-            attributes[attr.GEN_AI_TOOL_DEFINITIONS] = self._text(dumps(genai.tool_definitions(request.tools)))
-        self.span.set_attributes(attributes)
+    _record_messages = span_records.record_messages
 
     def submitted(self, generation: Generation, decode: DecodeRequest) -> dict[str, str]:
         """Opens the decode span; returns its traceparent, for the engine to send upstream."""
@@ -461,16 +375,6 @@ class RequestSpans(Observer):
             self.span.set_attribute(attr.REDACTED, self._redacted)
         self.span.end()
         self.turn.end()
-
-
-def _same_count(tokenizer, text: str, count: int) -> list[int]:
-    """Ids of `text` (a redacted prompt), exactly `count` of them (the ids it replaces, so each token
-    offset kept stays right): cut, or padded with the ids of `*`."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) < count:
-        pad = tokenizer.encode("*", add_special_tokens=False) or [0]
-        ids += pad * (count - len(ids))
-    return ids[:count]
 
 
 def _add_event(span, name: str, attributes: dict, timestamp: int) -> None:

@@ -205,3 +205,22 @@ def test_her_ids_are_unknown_to_him(server, alices, path):
     app, _, made = server
     assert call(app, made["bob"], "GET", _path(path, alices))[0] == 404
     assert call(app, made["alice"], "GET", _path(path, alices))[0] == 200
+
+
+def test_her_compaction_is_unknown_to_him(server):
+    # A compaction item carries a reference to the summary the server keeps: kept within its tenant.
+    app, _, made = server
+    app.replay(f"\n</think>\n\nSummary: {MARKER} was said.<|im_end|>")
+    status, body = call(app, made["alice"], "POST", "/v1/responses",
+                        {"model": MODEL, "store": False, "input": [{"role": "user", "content": "hello"},
+                                                                   {"type": "compaction_trigger"}]})
+    assert status == 200, body
+    (item,) = json.loads(body)["output"]
+    assert item["type"] == "compaction" and MARKER.encode() not in json.dumps(item).encode()
+    later = {"model": MODEL, "store": False, "input": [item, {"role": "user", "content": "go on"}]}
+    app.replay("\n</think>\n\nok.<|im_end|>")
+    status, body = call(app, made["bob"], "POST", "/v1/responses", later)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_encrypted_content", body
+    assert MARKER.encode() not in body and b"no summary of that id" in body  # as for an id never made
+    app.replay("\n</think>\n\nok.<|im_end|>")
+    assert call(app, made["alice"], "POST", "/v1/responses", later)[0] == 200

@@ -17,6 +17,7 @@ from looptrace.families.deltas import TextDelta, ThinkingDelta, ToolCallDelta, U
 from .....engine.generation import Generation
 from ....errors import APIError
 from ....streaming import Event
+from ....auth import within
 from ..stream import ResponseBuilder
 from .summaries import Summaries
 from .summaries import new_id as summary_id
@@ -29,10 +30,12 @@ def compaction_item(reference: str) -> dict:
 class CompactionBuilder(ResponseBuilder):
     """A ResponseBuilder (a StreamFormat) whose answer is one compaction item."""
 
-    def __init__(self, *args, summaries: Summaries, conversation: str | None = None, **kwargs) -> None:
+    def __init__(self, *args, summaries: Summaries, conversation: str | None = None, tenant: str | None = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.summaries = summaries
         self.conversation = conversation
+        self.tenant = tenant  # whose summary: kept where only its tenant's references find it
         self.summary_id = summary_id()
         self.summary = ""
         self.reference: str | None = None  # once finished
@@ -72,8 +75,8 @@ class CompactionBuilder(ResponseBuilder):
     async def keep(self, trace_id: str | None) -> None:
         """The summary, kept where every process finds it: before the client hears the end."""
         if self.reference is not None:
-            await self.summaries.keep(self.summary_id, self.summary, conversation=self.conversation,
-                                      trace_id=trace_id)
+            await self.summaries.keep(within(self.tenant, self.summary_id), self.summary,
+                                      conversation=self.conversation, trace_id=trace_id)
 
 
 class AfterCompaction(ResponseBuilder):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ....auth import tenant_of
 from ....errors import APIError, invalid
 from ....keys import SETTINGS, TELEMETRY
 from ....request_parts import warn_once
@@ -136,7 +137,7 @@ async def _expand(http: web.Request, summaries: Summaries, item: Compaction, whe
     if reference in found.summaries:
         return
     await _key(summaries)
-    summary = await summaries.expand(reference)
+    summary = await summaries.expand(reference, tenant_of(http))
     metrics = http.app[TELEMETRY].metrics
     if isinstance(summary, Unresolved):
         metrics.compaction_item(summary.kind)

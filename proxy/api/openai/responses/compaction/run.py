@@ -22,6 +22,7 @@ from .....engine.request import GenerationRequest
 from .....observe.telemetry import RequestTelemetry
 from ....errors import APIError
 from ....keys import RUNTIME
+from ....auth import tenant_of
 from ....protocol import parse
 from ....serving import prepared, traced
 from ....validation import json_body
@@ -63,7 +64,8 @@ def builder_for(http: web.Request, plan: Plan, first: First | None, options: Res
     args = (options.model, names, options.echo)
     kwargs = {"stream": options.stream if stream is None else stream, "token_messages": options.token_messages}
     if plan.trigger is not None:
-        return CompactionBuilder(*args, summaries=http.app[SUMMARIES], conversation=conversation, **kwargs)
+        return CompactionBuilder(*args, summaries=http.app[SUMMARIES], conversation=conversation,
+                                 tenant=tenant_of(http), **kwargs)
     if first is not None:
         return AfterCompaction(*args, compaction=first.item, **kwargs)
     return ResponseBuilder(*args, **kwargs)

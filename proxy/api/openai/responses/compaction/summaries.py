@@ -30,6 +30,7 @@ from aiohttp import web
 
 from looptrace.trace_store.state import MAX_COMPACTIONS, StateStore
 
+from ....auth import within
 from .....observe.conversations import Bounded
 
 log = logging.getLogger("looptrace")
@@ -93,13 +94,14 @@ class Summaries:
                    trace_id: str | None = None) -> None:
         await self._put(compaction_id, summary, conversation, trace_id)
 
-    async def expand(self, reference: object) -> str | Unresolved:
-        """The summary a reference names, or why there is none."""
+    async def expand(self, reference: object, tenant: str | None = None) -> str | Unresolved:
+        """The summary a reference names, or why there is none; within `tenant`'s summaries alone, so that
+        another tenant's reference is one of an unknown summary."""
         parts = _parts(reference)
         if parts is None:
             return Unresolved("malformed", "it is not a compaction this server made")
         compaction_id, mac = parts
-        summary = await self._get(compaction_id)
+        summary = await self._get(within(tenant, compaction_id))
         if summary is None:
             return Unresolved("unknown", "no summary of that id is kept here: expired, or made by another server")
         if not hmac.compare_digest(mac, _mac(await self.key(), compaction_id, summary)):
