@@ -1,7 +1,8 @@
 """What parsing one request body costs a surface: a 100-message, 40-tool agent request (a system
 prompt, a task, then rounds of an assistant's tool calls and their outputs; tools with JSON-schema
-parameters), parsed by the surface's own request function, timed on the event loop's thread as the
-server runs it. Issue 54's bound: at most 0.3 ms p50.
+parameters), timed on the event loop's thread as the server runs it, in two stages: the protocol
+model's parse alone, and the surface's whole request function (that parse and the conversion into
+the engine's request). Issue 54's bound: at most 0.3 ms p50.
 
     python bench/parse_cost.py [--surface chat|responses|anthropic] [--runs 2000]
 
@@ -101,15 +102,28 @@ def anthropic_body() -> dict:
 
 
 def surface(name: str):
-    """(the surface's request function, its module's file, a body)."""
+    """(the surface's request function, its protocol model, its module's file, a body)."""
     if name == "chat":
-        from looptrace.proxy.api.openai.chat import request
-        return request.parse_chat, request.__file__, chat_body()
+        from looptrace.proxy.api.openai.chat import protocol, request
+        return request.parse_chat, protocol.ChatRequest, request.__file__, chat_body()
     if name == "responses":
-        from looptrace.proxy.api.openai.responses import request
-        return request.parse_responses, request.__file__, responses_body()
-    from looptrace.proxy.api.anthropic import request
-    return request.parse_messages, request.__file__, anthropic_body()
+        from looptrace.proxy.api.openai.responses import protocol, request
+        return request.parse_responses, protocol.ResponsesRequest, request.__file__, responses_body()
+    from looptrace.proxy.api.anthropic import protocol, request
+    return request.parse_messages, protocol.MessagesRequest, request.__file__, anthropic_body()
+
+
+def timed(step, text: str, runs: int, warmup: int) -> list[float]:
+    """Milliseconds of `step` on a fresh copy of the body each run (the copy made outside the timing)."""
+    times = []
+    for n in range(warmup + runs):
+        fresh = json.loads(text)
+        start = time.perf_counter_ns()
+        step(fresh)
+        elapsed = time.perf_counter_ns() - start
+        if n >= warmup:
+            times.append(elapsed / 1e6)
+    return times
 
 
 def main() -> None:
@@ -118,7 +132,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=100)
     args = parser.parse_args()
-    parse, module, body = surface(args.surface)
+    parse, model, module, body = surface(args.surface)
     text = json.dumps(body)
     result: dict = {"surface": args.surface, "module": module, "messages": len(body.get("messages",
                     body.get("input", []))), "tools": len(body["tools"]), "body_kib": round(len(text) / 1024, 1)}
@@ -127,18 +141,18 @@ def main() -> None:
     except Exception as exc:  # a surface whose function was renamed or now takes something else: say so
         print(json.dumps({**result, "error": f"{type(exc).__name__}: {exc}"}))
         raise SystemExit(1) from None
-    times = []
-    for n in range(args.warmup + args.runs):
-        fresh = json.loads(text)
-        start = time.perf_counter_ns()
-        parse(fresh)
-        elapsed = time.perf_counter_ns() - start
-        if n >= args.warmup:
-            times.append(elapsed / 1e6)
-    deciles = statistics.quantiles(times, n=10)
-    print(json.dumps({**result, "runs": args.runs, "p50_ms": round(statistics.median(times), 4),
-                      "p90_ms": round(deciles[8], 4), "min_ms": round(min(times), 4)}))
-
+    # The model's parse alone (pydantic: the body into the protocol's models), then the whole request
+    # function: that parse and the conversion into the engine's request (past calls' arguments read
+    # as JSON, parts joined, tools checked).
+    from looptrace.proxy.api.protocol import parse as parse_model
+    stages = {"model": timed(lambda b: parse_model(model, b), text, args.runs, args.warmup),
+              "request": timed(parse, text, args.runs, args.warmup)}
+    result["runs"] = args.runs
+    for stage, times in stages.items():
+        deciles = statistics.quantiles(times, n=10)
+        result.update({f"{stage}_p50_ms": round(statistics.median(times), 4),
+                       f"{stage}_p90_ms": round(deciles[8], 4), f"{stage}_min_ms": round(min(times), 4)})
+    print(json.dumps(result))
 
 if __name__ == "__main__":
     main()

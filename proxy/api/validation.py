@@ -47,8 +47,18 @@ class _NotFinite:
         self.text = text
 
 
+_LONG_NUMBER = b"0" * 200
+
+
 def _json_loads(text: str, raw: bytes) -> tuple[Any, bool]:
     """The value of `text` (`raw`, decoded), and whether it holds a _NotFinite."""
+    # Only a number with a 3-digit exponent or 200 digits before its point can pass a float's range
+    # (1.8e308; under 10^200 × 10^99 without): where the body holds neither, strings included, floats
+    # are read by json's own C code, not by `number`.
+    shape = raw.translate(_DIGITS_AS_ZERO)  # a C pass: about 2 ms a megabyte, where a regex took 50
+    might_overflow = b"e000" in shape or b"e+000" in shape or _LONG_NUMBER in shape
+    if not might_overflow and b"NaN" not in raw and b"Infinity" not in raw:
+        return json.loads(text), False  # json's shared decoder: no constant or overflow can be in it
     found = []
 
     def constant(name: str) -> _NotFinite:
@@ -59,11 +69,6 @@ def _json_loads(text: str, raw: bytes) -> tuple[Any, bool]:
         value = float(digits)
         return constant(digits) if value in (math.inf, -math.inf) else value
 
-    # Only a number with a 3-digit exponent or 200 digits before its point can pass a float's range
-    # (1.8e308; under 10^200 × 10^99 without): where the body holds neither, strings included, floats
-    # are read by json's own C code, not by `number`.
-    shape = raw.translate(_DIGITS_AS_ZERO)  # a C pass: about 2 ms a megabyte, where a regex took 50
-    might_overflow = b"e000" in shape or b"e+000" in shape or b"0" * 200 in shape
     return json.loads(text, parse_constant=constant, parse_float=number if might_overflow else float), bool(found)
 
 
@@ -188,7 +193,8 @@ def embedded_json(text: str, param: str) -> Any:
         raise invalid(_too_many_digits(f"'{param}'"), param=param) from exc
     except RecursionError:
         value = _MISSING
-    if value is _MISSING or nesting(value) > MAX_DEPTH:
+    if value is _MISSING or (text.count("{") + text.count("[") > MAX_DEPTH and nesting(value) > MAX_DEPTH):
+        # (No walk where the text has too few brackets, strings' included, to nest that deep.)
         raise invalid(f"'{param}' is nested too deeply: at most {MAX_DEPTH} levels of arrays and objects.",
                       param=param)
     value = _replace_lone_surrogates(value) if _ESCAPED_SURROGATE.search(text) else value
