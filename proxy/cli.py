@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     from .api.errors import ProtocolErrorsInOneLine
 
     logging.getLogger("aiohttp.server").addFilter(ProtocolErrorsInOneLine())
+    settings.freeze_after_load = True
     app = create_app(settings)
     # handler_cancellation: a client that disconnects cancels its handler, which stops its generation.
     # reuse_port: a worker shares the port with the others (SO_REUSEPORT).

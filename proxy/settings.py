@@ -20,6 +20,10 @@ class Settings:
     # Host names answered besides IP addresses and localhost (api/hosts.py: DNS rebinding); "*": any.
     allowed_hosts: list[str] = field(default_factory=list)
     max_model_len: int | None = None  # None: the checkpoint's own
+    # Loading's objects moved out of the garbage collector's walks once loaded (engine/runtime.py): set
+    # by `looptrace serve`, a process serving one model; not by tests, whose many apps in one process
+    # would keep whatever cycles theirs made.
+    freeze_after_load: bool = False
     workers: int = 1  # server processes on the one port (a relay's backend only; proxy/workers.py)
     enforce_eager: bool = False  # no CUDA graph for the decode step
     # Each conversation's last prompt, kept so that the next turn is tokenized from where it departs

@@ -9,6 +9,7 @@ get a 503 saying why.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import logging
@@ -69,6 +70,12 @@ class Runtime:
             self.model_name = self.model_name or named or ""
             self.backend = await asyncio.to_thread(self._load_sync)
             self._loader = None  # the backend owns what the loader opened
+            # What loading made (tokenizer, vocabulary, templates: hundreds of thousands of objects) lives
+            # as long as the server: frozen out of the collector's walks, a full collection, which stalls
+            # every thread, walks what requests allocate, not all of that (bench/pdf_health.py).
+            if self.settings.freeze_after_load:
+                gc.collect()
+                gc.freeze()
             self.status = "ready"
             log.info("ready: %s (%s family, %s backend, context %d)", self.model_name, self.family.name,
                      self.backend.name, self.max_model_len)
