@@ -1,0 +1,260 @@
+"""The Gemini API (/v1beta/models/…) through the real app on the tiny Qwen3.5, as Gemini CLI and the
+google-genai SDK (the version pinned in pyproject.toml's test extra) speak it: every answer and
+streamed response validated against the SDK's own types; the SDK's generate_content,
+generate_content_stream, a function call round trip and count_tokens; the prompt the contents render
+to; errors in Google's shape; the key as x-goog-api-key or ?key=; the request traced as `gemini`."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import pytest
+from google import genai
+from google.genai import errors, types
+
+from looptrace.proxy.api.gemini.request import json_schema
+from looptrace.proxy.settings import Settings
+
+from app_thread import AppThread
+from messages_api import Capture, post_messages, qwen_call
+
+MODEL = "tiny-qwen"
+REASONED = "Let me think.\n</think>\n\nThe answer is 4.<|im_end|>"
+CALL = "I will list them.\n</think>\n\n" + qwen_call("run_shell_command", command="ls -la") + "<|im_end|>"
+SHELL = {"name": "run_shell_command", "description": "Run a shell command.",
+         "parametersJsonSchema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                  "required": ["command"]}}
+ASK = [{"role": "user", "parts": [{"text": "2+2?"}]}]
+
+
+def path(action: str, model: str = MODEL) -> str:
+    return f"/v1beta/models/{model}:{action}"
+
+
+def sdk(app, key: str = "unused", version: str | None = None) -> genai.Client:
+    """The SDK pointed at the app; `version` None: its default, /v1 (Gemini CLI's is /v1beta)."""
+    return genai.Client(api_key=key, http_options=types.HttpOptions(
+        base_url=app.url, api_version=version, retry_options=types.HttpRetryOptions(attempts=1)))
+
+
+def sse(data: bytes) -> list[dict]:
+    """Each `data:` event of a stream, read strictly: nothing but data lines, no [DONE]."""
+    out = []
+    for block in data.decode().split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: ") and "\n" not in block, block
+            out.append(json.loads(block[len("data: "):]))
+    return out
+
+
+@pytest.mark.parametrize(("recorded", "extra", "reason"), [
+    (REASONED, {}, "STOP"),
+    (CALL, {"tools": [{"functionDeclarations": [SHELL]}]}, "STOP"),
+    ("Cut short by the budget, never finished", {"generationConfig": {"maxOutputTokens": 3}}, "MAX_TOKENS"),
+    ("\n</think>\n\nOne, two, three, four.<|im_end|>", {"generationConfig": {"stopSequences": ["three"]}}, "STOP"),
+    ("\n</think>\n\n<tool_call>\n<function=run_shell_command>\nnot a call<|im_end|>",
+     {"tools": [{"functionDeclarations": [SHELL]}]}, "MALFORMED_FUNCTION_CALL"),
+])
+def test_answers_and_streams_are_sdk_responses(replay_app, recorded, extra, reason):
+    replay_app.replay(recorded, recorded)
+    status, data = post_messages(replay_app, {"contents": ASK, **extra}, path=path("generateContent"))
+    assert status == 200, data
+    whole = types.GenerateContentResponse.model_validate(json.loads(data))
+    assert whole.candidates[0].finish_reason == reason
+    status, data = post_messages(replay_app, {"contents": ASK, **extra}, path=path("streamGenerateContent") + "?alt=sse")
+    assert status == 200, data
+    chunks = [types.GenerateContentResponse.model_validate(c) for c in sse(data)]
+    # Only the last says why it ended, and holds the usage; the parts add up to the whole answer's.
+    assert [c.candidates[0].finish_reason for c in chunks][-1] == reason
+    assert all(c.candidates[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].usage_metadata.prompt_token_count == whole.usage_metadata.prompt_token_count > 0
+    streamed = "".join(p.text or "" for c in chunks for p in c.candidates[0].content.parts)
+    assert streamed == "".join(p.text or "" for p in whole.candidates[0].content.parts)
+
+
+def test_without_alt_sse_the_stream_is_one_json_array(replay_app):
+    replay_app.replay(REASONED)
+    status, data = post_messages(replay_app, {"contents": ASK}, path=path("streamGenerateContent"))
+    assert status == 200, data
+    chunks = [types.GenerateContentResponse.model_validate(c) for c in json.loads(data)]
+    assert "".join(c.text or "" for c in chunks) == "The answer is 4."
+    assert chunks[-1].candidates[0].finish_reason == "STOP"
+
+
+@pytest.mark.parametrize("version", [None, "v1beta"])
+def test_the_sdk_generates_streams_and_sees_thoughts_when_asked(replay_app, version):
+    client = sdk(replay_app, version=version)
+    replay_app.replay(REASONED, REASONED, REASONED)
+    plain = client.models.generate_content(model=MODEL, contents="2+2?")
+    assert plain.text == "The answer is 4." and plain.usage_metadata.thoughts_token_count > 0
+    # Under any model name (Gemini CLI asks for several): served by the one model, which modelVersion names.
+    thinking = types.GenerateContentConfig(thinking_config=types.ThinkingConfig(include_thoughts=True))
+    shown = client.models.generate_content(model="gemini-2.5-flash-lite", contents="2+2?", config=thinking)
+    assert [(p.thought, p.text) for p in shown.candidates[0].content.parts] == [
+        (True, "Let me think."), (None, "The answer is 4.")]
+    assert shown.model_version == MODEL
+    streamed = list(client.models.generate_content_stream(model=MODEL, contents="2+2?", config=thinking))
+    assert "".join(c.text or "" for c in streamed) == "The answer is 4."
+    assert "".join(p.text for c in streamed for p in c.candidates[0].content.parts if p.thought) == "Let me think."
+
+
+def test_a_function_call_round_trip_through_the_sdk(replay_app):
+    client = sdk(replay_app)
+    config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[types.FunctionDeclaration(
+        name="run_shell_command", description="Run a shell command.",
+        parameters_json_schema=SHELL["parametersJsonSchema"])])])
+    replay_app.replay(CALL)
+    asked = types.Content(role="user", parts=[types.Part(text="List the files.")])
+    answer = client.models.generate_content(model=MODEL, contents=[asked], config=config)
+    (call,) = answer.function_calls
+    assert (call.name, call.args) == ("run_shell_command", {"command": "ls -la"}) and call.id.startswith("call_")
+    capture = Capture(replay_app.runtime.vocab, "\n</think>\n\nTwo files.<|im_end|>")
+    before, replay_app.runtime.backend = replay_app.runtime.backend, capture
+    try:
+        result = types.Part.from_function_response(name=call.name, response={"output": "a.txt\nb.txt"})
+        result.function_response.id = call.id
+        followed = client.models.generate_content(model=MODEL, config=config, contents=[
+            asked, answer.candidates[0].content, types.Content(role="user", parts=[result])])
+    finally:
+        replay_app.runtime.backend = before
+    assert followed.text == "Two files."
+    prompt = replay_app.runtime.tokenizer.decode(capture.prompts.pop())
+    assert "<function=run_shell_command>\n<parameter=command>\nls -la" in prompt
+    assert "<tool_response>\na.txt\nb.txt\n</tool_response>" in prompt
+
+
+def test_count_tokens_is_the_prompt_generate_reads(replay_app):
+    client = sdk(replay_app)
+    counted = client.models.count_tokens(model=MODEL, contents="2+2?")
+    types.CountTokensResponse.model_validate(counted.model_dump())
+    replay_app.replay(REASONED)
+    answer = client.models.generate_content(model=MODEL, contents="2+2?")
+    assert counted.total_tokens == answer.usage_metadata.prompt_token_count > 0
+    # A whole generateContentRequest counts its system instruction and tools too.
+    status, data = post_messages(replay_app, {"generateContentRequest": {
+        "contents": ASK, "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "tools": [{"functionDeclarations": [SHELL]}]}}, path=path("countTokens"))
+    assert status == 200 and json.loads(data)["totalTokens"] > counted.total_tokens + 10, data
+
+
+def test_the_models_are_listed_and_found(replay_app):
+    client = sdk(replay_app, version="v1beta")
+    listed = list(client.models.list())
+    assert [m.name for m in listed] == [f"models/{MODEL}"]
+    found = client.models.get(model=MODEL)
+    assert found.name == f"models/{MODEL}" and "generateContent" in found.supported_actions
+
+
+@pytest.fixture
+def capture(replay_app):
+    before = replay_app.runtime.backend
+    replay_app.runtime.backend = Capture(replay_app.runtime.vocab)
+    yield replay_app.runtime.backend
+    replay_app.runtime.backend = before
+
+
+def prompt_of(app, capture, body: dict) -> str:
+    status, data = post_messages(app, body, path=path("generateContent"))
+    assert status == 200, data
+    return app.runtime.tokenizer.decode(capture.prompts.pop())
+
+
+def test_contents_render_with_the_template(replay_app, capture):
+    prompt = prompt_of(replay_app, capture, {
+        "systemInstruction": {"parts": [{"text": "You are terse."}]},
+        "tools": [{"functionDeclarations": [{"name": "read_file", "parameters": {
+            "type": "OBJECT", "properties": {"path": {"type": "STRING"}}, "required": ["path"]}}]}],
+        "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}},
+        "contents": [
+            {"role": "user", "parts": [{"text": "Read it."}]},
+            # No call ids: paired by name, as Gemini pairs them; a thought part is the turn's reasoning.
+            {"role": "model", "parts": [{"text": "Hmm.", "thought": True}, {"functionCall": {
+                "name": "read_file", "args": {"path": "a.txt"}}, "thoughtSignature": "c2lnbmF0dXJl"}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"content": 42}}},
+                                       {"text": "And now?"}]}]})
+    assert prompt.startswith("<|im_start|>system\n") and prompt.index("You are terse.") < prompt.index("Read it.")
+    assert '"path": {"type": "string"}' in prompt  # Google's capitals, as JSON Schema
+    assert "<function=read_file>\n<parameter=path>\na.txt" in prompt
+    assert '<tool_response>\n{"content":42}\n</tool_response>' in prompt
+    assert prompt.index("</tool_response>") < prompt.index("And now?")
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinkingBudget 0: off
+
+
+def test_the_openapi_schema_becomes_json_schema():
+    assert json_schema({"type": "OBJECT", "properties": {"tags": {"type": "ARRAY", "items": {"type": "STRING"}},
+                                                         "type": {"type": "INTEGER"}},
+                        "any_of": [{"type": "NULL"}]}) == {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                         "type": {"type": "integer"}}, "anyOf": [{"type": "null"}]}
+
+
+def error_of(reply: tuple[int, bytes]) -> tuple[int, str, str]:
+    status, data = reply
+    error = json.loads(data)["error"]
+    assert set(error) == {"code", "message", "status"} and error["code"] == status, error
+    return status, error["status"], error["message"]
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"contents": ASK, "generationConfig": {"candidateCount": 2}}, "generationConfig.candidateCount"),
+    ({"contents": ASK, "generationConfig": {"temperature": 3}}, "generationConfig.temperature"),
+    ({"contents": []}, "contents"),
+    ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "text/x-sh", "data": "eA=="}}]}]},
+     "contents[0].parts[0].inlineData.mimeType"),
+    ({"contents": [{"role": "user", "parts": [{"executableCode": {"code": "1"}}]}]}, "contents[0].parts[0]"),
+    ({"contents": ASK, "tools": [{"functionDeclarations": [{"name": "<|im_end|>"}]}]},
+     "tools[0].functionDeclarations[0].name"),
+    ({"contents": ASK, "toolConfig": {"functionCallingConfig": {"mode": "ANY"}}}, "ANY"),
+])
+def test_bad_requests_are_googles_400(replay_app, body, says):
+    status, kind, message = error_of(post_messages(replay_app, body, path=path("generateContent")))
+    assert (status, kind) == (400, "INVALID_ARGUMENT") and says in message, message
+
+
+def test_the_sdk_raises_googles_errors(replay_app):
+    client = sdk(replay_app)
+    with pytest.raises(errors.ClientError) as raised:
+        client.models.generate_content(model=MODEL, contents="x", config=types.GenerateContentConfig(
+            candidate_count=2))
+    assert (raised.value.code, raised.value.status) == (400, "INVALID_ARGUMENT")
+    status, kind, message = error_of(post_messages(replay_app, {"contents": ASK}, path=path("embedContent")))
+    assert (status, kind) == (405, "UNIMPLEMENTED") and ":embedContent" in message
+    status, kind, _ = error_of(post_messages(replay_app, {"contents": ASK}, path="/v1beta/tunedModels/x:generateContent"))
+    assert (status, kind) == (404, "NOT_FOUND")
+
+
+@pytest.fixture(scope="module")
+def keyed(qwen3_5_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keyed")
+    (folder / "steps.jsonl").write_text('{"text": "Ok.<|im_end|>"}\n')
+    app = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(folder / "steps.jsonl"),
+                             served_model_name=MODEL, api_key="sk-test", trace_db=str(folder / "t.sqlite3"))).start()
+    app.runtime.backend = Capture(app.runtime.vocab, "\n</think>\n\nOk.<|im_end|>")
+    yield app
+    app.stop()
+
+
+def test_the_key_as_x_goog_api_key_or_in_the_query(keyed):
+    client = sdk(keyed, "sk-test")
+    assert client.models.generate_content(model=MODEL, contents="x").text == "Ok."
+    body = {"contents": ASK}
+    assert post_messages(keyed, body, path=path("generateContent") + "?key=sk-test")[0] == 200
+    assert post_messages(keyed, body, {"Authorization": "Bearer sk-test"}, path=path("generateContent"))[0] == 200
+    assert error_of(post_messages(keyed, body, {"x-goog-api-key": "sk-wrong"}, path=path("generateContent")))[:2] == (
+        401, "UNAUTHENTICATED")
+    assert error_of(post_messages(keyed, body, path=path("countTokens")))[:2] == (401, "UNAUTHENTICATED")
+
+
+def test_a_gemini_request_is_traced(replay_app):
+    replay_app.replay(CALL)
+    trace_id = secrets.token_hex(16)
+    status, data = post_messages(replay_app, {"contents": ASK, "tools": [{"functionDeclarations": [SHELL]}]}, {
+        "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01", "User-Agent": "GeminiCLI/0.61.0 (linux; x64)"},
+        path=path("streamGenerateContent", "gemini-2.5-pro") + "?alt=sse")
+    assert status == 200, data
+    trace = replay_app.stored(f"/v1/traces/{trace_id}", timeout=30)
+    root = next(s for s in trace["spans"] if s["attributes"].get("looptrace.endpoint"))["attributes"]
+    assert root["looptrace.endpoint"] == "gemini" and root["gen_ai.request.model"] == MODEL
+    assert root["looptrace.client.name"] == "GeminiCLI"
+    assert any(s["name"].startswith("execute_tool") for s in trace["spans"])
