@@ -58,11 +58,14 @@ class MessageCollector:
     """The answer's content blocks in the order the model wrote them, consecutive text (or thinking)
     in one block."""
 
-    def __init__(self, model: str, *, token_ids: bool = False) -> None:
+    def __init__(self, model: str, *, token_ids: bool = False, thinking_shown: bool = True,
+                 applied_edits: list[dict] | None = None) -> None:
         self.id = message_id()
         self.model = model
         self.blocks: list[dict] = []
         self.ids: list[int] | None = [] if token_ids else None  # return_token_ids: every token's id
+        self.thinking_shown = thinking_shown  # False: display "omitted", a thinking block's text left out
+        self.applied_edits = applied_edits  # None: the request asked for no context_management
 
     def add(self, step: Step) -> None:
         if self.ids is not None and step.token is not None:
@@ -97,9 +100,13 @@ class MessageCollector:
         for block in self.blocks:
             if block["type"] == "thinking":
                 block["signature"] = signature(block["thinking"])
+                if not self.thinking_shown:
+                    block["thinking"] = ""
         reason, sequence = stop_reason(generation)
         body = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": self.blocks,
                 "stop_reason": reason, "stop_sequence": sequence, "usage": usage(generation)}
+        if self.applied_edits is not None:
+            body["context_management"] = {"applied_edits": self.applied_edits}
         if self.ids is not None:  # named as vLLM names them on Chat Completions; a message has no choices
             body["prompt_token_ids"], body["token_ids"] = generation.prompt_ids, self.ids
         return body

@@ -1,9 +1,10 @@
 """An Anthropic Messages request body → a `GenerationRequest`: parsed once into protocol.py's models
 (a 400 naming the place of anything wrong), then converted.
 
-Fields this server has no use for (`metadata`, `service_tier`, `context_management`, `output_config`,
-cache_control on blocks, `?beta=true`, the anthropic-beta and anthropic-version headers) are
-accepted and ignored, as the OpenAI adapters ignore unknown fields.
+Fields this server has no use for (`metadata`, `service_tier`, `output_config.effort` — no family
+here has an effort knob —, cache_control on blocks, `?beta=true`, the anthropic-beta and
+anthropic-version headers, whatever betas they list) are accepted and ignored, as the OpenAI
+adapters ignore unknown fields. `context_management.edits` are applied (context_edits.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..protocol import parse
 from ..request_parts import warn_once
 from ..validation import tool_name
 from .content import conversation
-from .protocol import CountTokensRequest, CustomTool, MessagesRequest, Thinking, Tool, ToolChoice
+from .protocol import ContextManagement, CountTokensRequest, CustomTool, MessagesRequest, Thinking, Tool, ToolChoice
 
 
 @dataclass(slots=True)
@@ -24,6 +25,8 @@ class MessagesOptions:
     model: str
     stream: bool
     token_ids: bool = False  # vLLM's return_token_ids, which Messages lacks there: the prompt's and the answer's ids
+    thinking_shown: bool = True  # False: `thinking.display` "omitted", thinking blocks answered without their text
+    context_management: ContextManagement | None = None  # the edits to apply (context_edits.py)
 
 
 def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationRequest, MessagesOptions]:
@@ -44,8 +47,10 @@ def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationReq
         top_k=request.top_k,
         stop=list(request.stop_sequences or ()),
     )
+    shown = request.thinking is None or request.thinking.display != "omitted"
     return generation, MessagesOptions(model=request.model, stream=bool(request.stream),
-                                       token_ids=bool(request.return_token_ids))
+                                       token_ids=bool(request.return_token_ids), thinking_shown=shown,
+                                       context_management=request.context_management)
 
 
 def _tools(tools: list[Tool] | None, referenced: set[str]) -> list[dict] | None:

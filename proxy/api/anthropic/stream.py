@@ -43,10 +43,13 @@ class MessageStream:
     name = "messages"
     ends_with_done = False  # its stream ends with message_stop
 
-    def __init__(self, model: str, *, token_ids: bool = False) -> None:
+    def __init__(self, model: str, *, token_ids: bool = False, thinking_shown: bool = True,
+                 applied_edits: list[dict] | None = None) -> None:
         self.id = message_id()
         self.model = model
         self._ids: list[int] | None = [] if token_ids else None  # return_token_ids: every token's id
+        self._thinking_shown = thinking_shown  # False: display "omitted", thinking blocks sent without text
+        self._applied_edits = applied_edits  # said in message_delta, as Anthropic says it
         self._index = -1  # the open block's, or the last one's
         self._open: str | None = None  # the open block's type
         self._thinking: list[str] = []  # the open thinking block's text, for its signature
@@ -102,6 +105,8 @@ class MessageStream:
             opened = [*self._close(), self._start(kind)]
         if kind == "thinking":
             self._thinking.append(text)
+            if not self._thinking_shown:
+                return opened  # the block opens and closes with its signature; its text is not sent
         opened.append(("content_block_delta", f"{self._head}{dumps(text)}}}}}".encode()))
         return opened
 
@@ -130,6 +135,8 @@ class MessageStream:
         reason, sequence = stop_reason(generation)
         delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                  "usage": {"output_tokens": generation.completion_tokens}}
+        if self._applied_edits is not None:
+            delta["context_management"] = {"applied_edits": self._applied_edits}
         if self._ids is not None:  # the answer's ids once, whole: a block's deltas are text, not tokens
             delta["token_ids"] = self._ids
         return [*self._close(), event("message_delta", delta), event("message_stop", {})]
