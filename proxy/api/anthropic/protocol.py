@@ -2,8 +2,7 @@
 `POST /v1/messages/count_tokens`, its messages' content blocks and its tools.
 
 The fields follow Anthropic's API reference (the SDK's `MessageCreateParams`); those this server reads
-are typed, the rest (`metadata`'s members, `service_tier`, `context_management`, `output_config`,
-`cache_control` on blocks, a document's `title`, …) are kept as extra and ignored. One union holds
+are typed, the rest (`metadata`'s members, `service_tier`, `cache_control` on blocks, a document's `title`, …) are kept as extra and ignored. One union holds
 every content block, as the SDK's does: which blocks a role may send is the conversion's to say
 (content.py), in words that name the role.
 """
@@ -195,6 +194,51 @@ class Thinking(Protocol):
 
     type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None  # required when enabled (request.py)
+    # "omitted": thinking blocks are answered without their text (the trace keeps it); "summarized",
+    # "updates" and the rest: answered whole, as there is no summary here to give.
+    display: str | None = None
+
+
+# -- context management (Claude Code's `context-management-2025-06-27` beta): context_edits.py --
+
+class Threshold(Protocol):
+    """{"type": "input_tokens" | "tool_uses" | "thinking_turns", "value": N}: which a field takes is
+    context_edits.py's to say."""
+
+    type: Literal["input_tokens", "tool_uses", "thinking_turns"]
+    value: Annotated[int, Field(ge=0)]
+
+
+class ClearToolUses(Protocol):
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: Threshold | None = None  # input_tokens (100,000) or tool_uses
+    keep: Threshold | None = None  # tool_uses (3): the latest kept
+    clear_at_least: Threshold | None = None  # input_tokens: cleared only if that many go
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool | list[str] | None = None  # the calls' inputs too (all, or these tools')
+
+
+class ClearThinking(Protocol):
+    type: Literal["clear_thinking_20251015"]
+    keep: Threshold | Literal["all"] | None = None  # thinking_turns (1): the latest kept
+
+
+class OtherEdit(Protocol):
+    """An edit of a type this server does not know: ignored (a newer client's), never refused."""
+
+    type: str
+
+
+Edit = one_of(by_type({"clear_tool_uses_20250919": "tool_uses", "clear_thinking_20251015": "thinking"}, "other"),
+              tool_uses=ClearToolUses, thinking=ClearThinking, other=OtherEdit)
+
+
+class ContextManagement(Protocol):
+    edits: Annotated[list[Edit], Field(max_length=16)] | None = None
+
+
+class OutputConfig(Protocol):
+    effort: str | None = None  # low | medium | high | max: recorded, no family here has the knob
 
 
 # -- the requests --
@@ -221,6 +265,8 @@ class CountTokensRequest(Protocol):
     stream: bool | None = None
     # vLLM's return_token_ids, which Messages lacks there: the prompt's and the answer's ids.
     return_token_ids: bool | None = None
+    context_management: ContextManagement | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
