@@ -229,7 +229,7 @@ class OtherEdit(Protocol):
     type: str
 
 
-Edit = one_of(by_type({"clear_tool_uses_20250919": "tool_uses", "clear_thinking_20251015": "thinking"}, "other"),
+Edit = one_of(_by_type({"clear_tool_uses_20250919": "tool_uses", "clear_thinking_20251015": "thinking"}, "other"),
               tool_uses=ClearToolUses, thinking=ClearThinking, other=OtherEdit)
 
 
