@@ -29,7 +29,8 @@ def add_command(commands) -> None:
     create.add_argument("--tenant", help="whose traces it reads and writes (default: the key's name); keys of one "
                         "tenant see each other's")
     create.add_argument("--scope", default="infer,traces:read",
-                        help="comma-separated: infer (the APIs), traces:read (the viewer's data), export, admin "
+                        help="comma-separated: infer (the APIs), traces:read (the viewer's data), erase (its tenant's "
+                        "sessions), export, admin "
                         "(everything, every tenant) (default: infer,traces:read)")
     create.add_argument("--models", help="comma-separated model names it may use (default: every one)")
     create.add_argument("--tokens-per-day", type=count, metavar="N", help="a budget of tokens (prompt and answer)")

@@ -26,7 +26,7 @@ from .state import StateStore
 
 PREFIX = "lt-"
 SECRET_ENV = "LOOPTRACE_KEY_SECRET"
-SCOPES = ("infer", "traces:read", "export", "admin")
+SCOPES = ("infer", "traces:read", "erase", "export", "admin")
 DEFAULT_SCOPES = ("infer", "traces:read")
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # a key's and a tenant's name: shown, logged, a metric label
 _CHECK = "api_key_secret_check"

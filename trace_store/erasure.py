@@ -37,6 +37,7 @@ class Subject:
     kind: str  # one of KINDS
     value: str  # the session key, the tenant, or the date as given
     before_ns: int | None = None  # for "before"
+    tenant: str | None = None  # a session erased within this tenant's traces alone: a tenant's key's (the API's)
 
     @staticmethod
     def before(value: str) -> "Subject":
@@ -89,12 +90,28 @@ def pick(db, subject: Subject) -> None:
         except Exception as exc:  # noqa: BLE001 - either driver's "no such column"
             raise ValueError("--tenant: this store's traces have no tenant (a looptrace with keys records "
                              "one; older traces belong to none)") from exc
-    db.execute(f"INSERT INTO doomed SELECT trace_id FROM traces WHERE {column} = ?", (subject.value,))
+    if subject.tenant is not None:  # another tenant's traces of that session key are not the caller's to erase
+        db.execute("INSERT INTO doomed SELECT trace_id FROM traces WHERE session = ? AND tenant = ?",
+                   (subject.value, subject.tenant))
+    else:
+        db.execute(f"INSERT INTO doomed SELECT trace_id FROM traces WHERE {column} = ?", (subject.value,))
     while db.execute("""INSERT INTO doomed SELECT DISTINCT trace_id FROM (
                             SELECT trace_id FROM traces WHERE fork_of IN (SELECT trace_id FROM doomed)
                             UNION SELECT trace_id FROM trace_bases WHERE base IN (SELECT trace_id FROM doomed)) t
                         WHERE trace_id NOT IN (SELECT trace_id FROM doomed)""").rowcount > 0:
         pass
+
+
+def by_key(db, subject: Subject) -> bool:
+    """Whether a session's erasure takes its row and its state by its key too, besides its traces' (they
+    may have gone before): the operator's does; a tenant's only where the row is the tenant's, so that
+    another tenant's session is left whole, erased exactly as one never stored. Read before the deletion."""
+    if subject.kind != "session":
+        return False
+    if subject.tenant is None:
+        return True
+    row = db.execute("SELECT tenant FROM sessions WHERE key = ?", (subject.value,)).fetchone()
+    return row is not None and row[0] == subject.tenant
 
 
 def linked(db, kind: str) -> Found:
@@ -165,14 +182,18 @@ def forget(state, found: Found, before_ns: int | None = None) -> dict[str, int]:
 
 
 def record(state, who: str, subject: Subject, counts: dict[str, int]) -> None:
-    """The erasure itself, in the state's `erasures`: who, what, when and how many rows, never content."""
-    state._write([("INSERT INTO erasures (at_ns, who, kind, subject, counts) VALUES (?, ?, ?, ?, ?)",
-                   (time.time_ns(), who, subject.kind, subject.value, json.dumps(counts, sort_keys=True)))])
+    """The erasure itself, in the state's `erasures`: who, what, when and how many rows, never content;
+    and the tenant whose list shows it (the erasing key's, or the tenant erased; else only the operator's)."""
+    tenant = subject.tenant if subject.tenant is not None else subject.value if subject.kind == "tenant" else None
+    state._write([("INSERT INTO erasures (at_ns, who, kind, subject, counts, tenant) VALUES (?, ?, ?, ?, ?, ?)",
+                   (time.time_ns(), who, subject.kind, subject.value, json.dumps(counts, sort_keys=True), tenant))])
 
 
-def erasures(state, limit: int = 100) -> list[dict]:
-    (rows,) = state._read([("SELECT at_ns, who, kind, subject, counts FROM erasures ORDER BY at_ns DESC LIMIT ?",
-                            (limit,))])
+def erasures(state, limit: int = 100, tenant: str | None = None) -> list[dict]:
+    """The erasures made, newest first: with `tenant`, those its list shows alone."""
+    where, args = ("WHERE tenant = ? ", (tenant,)) if tenant is not None else ("", ())
+    (rows,) = state._read([(f"SELECT at_ns, who, kind, subject, counts FROM erasures {where}ORDER BY at_ns DESC "
+                            "LIMIT ?", (*args, limit))])
     return [{"at_ns": r[0], "who": r[1], "kind": r[2], "subject": r[3], "counts": json.loads(r[4])} for r in rows]
 
 

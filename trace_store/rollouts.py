@@ -146,9 +146,14 @@ class Rollouts:
                                      (key,))])
         return {trace_id: (unpack_floats(data), version) for trace_id, data, version in rows}
 
-    def in_group(self, group: str | None, limit: int = 100) -> list[dict]:
-        """Rollouts, newest first: those of `group`, or all."""
-        where, args = ("WHERE grp = ? ", (group,)) if group is not None else ("", ())
-        (rows,) = self.state._read([(f"SELECT key, grp, reward, updated_ns FROM rollouts {where}"
+    def in_group(self, group: str | None, limit: int = 100, tenant: str | None = None) -> list[dict]:
+        """Rollouts, newest first: those of `group`, or all; with `tenant`, its own alone (a tenant's
+        rollout is kept as "tenant/id": proxy/api/auth.py's `within`; a tenant's name holds no "/")."""
+        where, args = (["grp = ?"], [group]) if group is not None else ([], [])
+        if tenant is not None:  # substr, not LIKE: a rollout id's own % and _ match only themselves
+            prefix = f"{tenant}/"
+            where, args = where + ["substr(key, 1, ?) = ?"], args + [len(prefix), prefix]
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        (rows,) = self.state._read([(f"SELECT key, grp, reward, updated_ns FROM rollouts {clause}"
                                      "ORDER BY updated_ns DESC LIMIT ?", (*args, limit))])
         return [{"rollout": k, "group": g, "reward": r, "updated_ns": u} for k, g, r, u in rows]

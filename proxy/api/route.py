@@ -24,6 +24,7 @@ class Scope(StrEnum):
     PUBLIC = "public"  # no key: probes, Prometheus, the viewer's page and assets (they hold no data)
     INFER = "infer"  # run the model: the APIs agents call, fork, score, generate, rewards
     TRACES_READ = "traces:read"  # read what was recorded: traces, sessions, compare, the live feed
+    ERASE = "erase"  # erase the tenant's own sessions and read its erasures (never granted by default)
     EXPORT = "export"  # take recorded data away whole (looptrace export)
     ADMIN = "admin"  # everything, every tenant's data
 

@@ -23,6 +23,9 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--session", metavar="KEY", help="one session, by the key the viewer shows")
     which.add_argument("--since", metavar="TIME",
                        help="every session active since TIME (Unix seconds or ISO 8601), oldest step first")
+    parser.add_argument("--tenant", metavar="T",
+                        help="only tenant T's sessions and steps (a key's tenant: looptrace keys list); without it, "
+                        "every tenant's: this command reads the store itself, as the operator who holds it")
     parser.add_argument("--format", choices=["jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker",
                                              "atif"],
                         default="jsonl", help="jsonl or parquet: looptrace's own record per step; verl, skyrl, "

@@ -1,8 +1,10 @@
 """`looptrace export`: recorded steps as training and evaluation data, token-exact (never re-tokenized).
 
-    looptrace export --store PATH_OR_URL (--session KEY | --since TIME) [--format jsonl|parquet] [--out FILE]
+    looptrace export --store PATH_OR_URL (--session KEY | --since TIME) [--tenant T] [--format jsonl|parquet]
+                     [--out FILE]
 
-(`--format atif`: a trajectory per session, atif.py; a trainer's format: rollouts.py.)
+(`--format atif`: a trajectory per session, atif.py; a trainer's format: rollouts.py. `--tenant T`: only
+that tenant's sessions and steps, tenant.py; without it, every tenant's: the operator holds the store.)
 
 One record per step (JSON Lines to standard output by default; Parquet through pyarrow,
 `pip install 'looptrace[export]'`):
@@ -37,6 +39,7 @@ from .atif import trajectories
 from .formats import TRAINERS
 from .output import out_refusal, writing
 from .rollouts import rollout_rows
+from .tenant import TenantView
 
 FIELDS = ("session", "step", "trace_id", "model", "prompt_ids", "completion_ids", "completion_logprobs", "mask",
           "tool_calls", "finish_reason")
@@ -57,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.format == "atif":
-            store = open_reader(args.store)
+            store = reader(args)
             count = write(list(trajectories(store, _keys(store, args), args.store)), "jsonl", args.out)
             print(f"looptrace export: {count} trajectories", file=sys.stderr)
             return 0
         if trainer:
-            store = open_reader(args.store)
+            store = reader(args)
             sessions = [(key, session_steps(store, key)) for key in _keys(store, args)]
             records = rollout_rows(sessions, args.format, args.per or "rollout", args.store)
             count = write_prime_rl(records, args.out) if args.format == "prime-rl" else write(records, "jsonl", args.out)
@@ -76,12 +79,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def reader(args: argparse.Namespace):
+    """The store's read side: tenant T's records alone with --tenant T, else everyone's."""
+    store, tenant = open_reader(args.store), getattr(args, "tenant", None)  # a caller's Namespace may lack it
+    return store if tenant is None else TenantView(store, tenant)
+
+
 def _keys(store, args: argparse.Namespace) -> list[str]:
     return [args.session] if args.session is not None else _sessions_since(store, args.since)
 
 
 def exported(args: argparse.Namespace) -> Iterator[dict]:
-    store = open_reader(args.store)
+    store = reader(args)
     for key in _keys(store, args):
         yield from session_records(key, session_steps(store, key))
 

@@ -141,7 +141,7 @@ def test_an_erased_session_leaves_no_byte_and_its_ids_answer_404(served, how, ca
     assert sum(occurrences(made, app, folder, kept_marker).values()) > 0  # the other session's text stays
     status, listed = app.call("GET", "/v1/erasures")
     assert status == 200 and any(e["subject"] == key and e["kind"] == "session" and
-                                 e["who"] == ("api" if how == "api" else "cli") for e in listed["data"]), listed
+                                 e["who"] == ("open" if how == "api" else "cli") for e in listed["data"]), listed
     assert marker not in json.dumps(listed)  # who, what, when: no content
     # The server goes on storing after the erasure: a new session is written and read back.
     later = session(app, f"after-{how}", "ordinary")

@@ -8,25 +8,20 @@ the marker in no answer."""
 from __future__ import annotations
 
 import json
-import re
-import urllib.request
 import uuid
 
 import pytest
 
-from looptrace.proxy.api import anthropic, monitoring, native, openai, rollouts, viewer
-from looptrace.proxy.api.clients import ROLLOUT_PREFIX
 from looptrace.proxy.api.keys import TELEMETRY
-from looptrace.proxy.api.route import Scope
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.api_keys import SECRET_ENV, KeyStore, server_secret
 
+import hostile_tenant as hostile
 from app_thread import AppThread
+from hostile_tenant import GUARDED, MODEL, SESSION, path_of
 from waiting import wait_until
 
-MODEL = "tiny"
 MARKER = "papaya-" + uuid.uuid4().hex[:12]
-ALL = [route for surface in (monitoring, openai, anthropic, native, rollouts, viewer) for route in surface.ROUTES]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +34,10 @@ def server(qwen3_5_dir, tmp_path_factory):
                                  served_model_name=MODEL, trace_db=str(folder / "traces.sqlite3"),
                                  api_key="operator-key")).start()
         keys = KeyStore(app.app[TELEMETRY].state, server_secret())
-        made = {"alice": keys.create("alice"), "bob": keys.create("bob"),
+        # bob holds every scope a tenant's key may: the hostile replay reaches every route past its scope.
+        made = {"alice": keys.create("alice"), "bob": keys.create("bob", scopes=("infer", "traces:read", "erase", "export")),
                 "reader": keys.create("reader", tenant="alice", scopes=("traces:read",)),
+                "eraser": keys.create("eraser", tenant="alice", scopes=("traces:read", "erase")),
                 "gone": keys.create("gone")}
         app.keys_made = made
         yield app, keys, made
@@ -48,43 +45,16 @@ def server(qwen3_5_dir, tmp_path_factory):
 
 
 def call(app, key: str | None, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, bytes]:
-    if path.startswith("/v1/live"):
-        return watched(app, key)
-    data = json.dumps(body).encode() if body is not None else None
-    sent = {"Content-Type": "application/json", **(headers or {})}
-    if key is not None:
-        sent["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(app.url + path, data=data, method=method, headers=sent)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
+    return hostile.call(app.url, key, method, path, body, headers)
 
 
 def watched(app, key: str) -> tuple[int, bytes]:
-    """GET /v1/live (a stream that never ends) while another request of hers is stored: what it sent
-    until that step was stored and the feed had its turn (one keepalive interval is not waited for)."""
-    import http.client
+    """The live feed as `key` sees it while alice writes a step (hostile_tenant.watched)."""
+    def write() -> None:
+        chat(app, alice_key(app), SESSION, MARKER)
+        app.settled()
 
-    connection = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
-    connection.request("GET", "/v1/live", headers={"Authorization": f"Bearer {key}"})
-    response = connection.getresponse()
-    first = response.fp.readline() + response.fp.readline()  # ": watching" and its blank line
-    chat(app, alice_key(app), "shared-name", MARKER)  # she writes now: the feed has a step of hers
-    app.settled()
-    response.fp.raw._sock.settimeout(1.0)  # the watcher has had the step, or has filtered it out
-    rest = b""
-    try:
-        while True:
-            line = response.fp.readline()
-            if not line:
-                break
-            rest += line
-    except TimeoutError:
-        pass
-    connection.close()
-    return response.status, first + rest
+    return hostile.watched(app.url, key, write)
 
 
 def alice_key(app) -> str:
@@ -102,20 +72,9 @@ def chat(app, key, session: str, text: str) -> dict:
 
 @pytest.fixture(scope="module")
 def alices(server):
-    """What alice left: a session, a trace, a stored response, all carrying MARKER."""
+    """What alice left: a session, a trace, a stored response, a rollout's reward, all carrying MARKER."""
     app, _, made = server
-    chat(app, made["alice"], "shared-name", MARKER)
-    app.replay(f"\n</think>\n\nStored {MARKER}.<|im_end|>")
-    status, body = call(app, made["alice"], "POST", "/v1/responses",
-                        {"model": MODEL, "input": f"keep {MARKER}", "store": True},
-                        {"session_id": "shared-name"})
-    assert status == 200, body
-    response_id = json.loads(body)["id"]
-    app.settled()
-    status, body = call(app, made["alice"], "GET", "/v1/sessions")
-    sessions = json.loads(body)["data"]
-    (session,) = [s for s in sessions if s["key"].endswith("shared-name")]
-    return {"session": session["key"], "trace_id": session["last_trace_id"], "response_id": response_id}
+    return hostile.leave_hers(app.url, made["alice"], MARKER, app.replay)
 
 
 def test_a_store_with_keys_asks_every_request_for_one(server):
@@ -168,34 +127,11 @@ def test_each_tenant_sees_its_own_sessions_alone(server, alices):
     assert len(json.loads(call(app, "operator-key", "GET", "/v1/sessions")[1])["data"]) == 2
 
 
-def _path(template: str, ids: dict) -> str:
-    values = {"trace_id": ids["trace_id"], "response_id": ids["response_id"], "key": ids["session"],
-              "rollout": ids["session"], "keys": f"{ids['session']}/{ids['session']}"}
-    return re.sub(r"\{(\w+)(:[^}]+)?\}", lambda m: urllib.request.quote(values.get(m.group(1), "x"), safe=""),
-                  template)
-
-
-def _bodies(route_path: str, ids: dict) -> list:
-    """What a hostile tenant would post: the other tenant's ids wherever a body may name one."""
-    return [{"model": MODEL, "input": "what did they say?", "previous_response_id": ids["response_id"]},
-            {"model": MODEL, "messages": [{"role": "user", "content": "and before?"}], "trace_id": ids["trace_id"]},
-            {"index": 1, "reward": 1.0}]
-
-
-@pytest.mark.parametrize("route", [r for r in ALL if r.scope is not Scope.PUBLIC], ids=lambda r: f"{r.method} {r.path}")
+@pytest.mark.parametrize("route", GUARDED, ids=lambda r: f"{r.method} {r.path}")
 def test_another_tenant_reads_nothing_of_hers_on_any_route(server, alices, route):
     app, _, made = server
-    for prefix in ("", ROLLOUT_PREFIX) if route.rollout else ("",):
-        path = _path(prefix + route.path, alices)
-        queries = ["", f"?a={alices['session']}&b={alices['session']}", f"?key={alices['session']}",
-                   f"?conversation={alices['session']}&q={MARKER}"]
-        for query in queries if route.method == "GET" else [""]:
-            for body in _bodies(path, alices) if route.method == "POST" else [None]:
-                app.replay(f"\n</think>\n\nnothing.<|im_end|>")
-                status, answer = call(app, made["bob"], route.method, path + query, body,
-                                      {"session_id": alices["session"]})
-                # Her ids may come back in a 404 that repeats what he sent; nothing she wrote may.
-                assert MARKER.encode() not in answer, (route, path + query, body, status, answer[:500])
+    assert hostile.replay_route(app.url, made["bob"], route, alices, MARKER, replay=app.replay,
+                                live=lambda: watched(app, made["bob"])) == []
 
 
 @pytest.mark.parametrize("path", ["/v1/traces/{trace_id}", "/v1/traces/{trace_id}/prompt", "/v1/traces/{trace_id}/tokens",
@@ -203,8 +139,8 @@ def test_another_tenant_reads_nothing_of_hers_on_any_route(server, alices, route
                                   "/v1/responses/{response_id}/input_items"])
 def test_her_ids_are_unknown_to_him(server, alices, path):
     app, _, made = server
-    assert call(app, made["bob"], "GET", _path(path, alices))[0] == 404
-    assert call(app, made["alice"], "GET", _path(path, alices))[0] == 200
+    assert call(app, made["bob"], "GET", path_of(path, alices))[0] == 404
+    assert call(app, made["alice"], "GET", path_of(path, alices))[0] == 200
 
 
 def test_her_compaction_is_unknown_to_him(server):
@@ -224,3 +160,89 @@ def test_her_compaction_is_unknown_to_him(server):
     assert MARKER.encode() not in body and b"no summary of that id" in body  # as for an id never made
     app.replay("\n</think>\n\nok.<|im_end|>")
     assert call(app, made["alice"], "POST", "/v1/responses", later)[0] == 200
+
+
+def test_routes_beyond_the_table_are_replayed_too(server, alices):
+    """Any guarded route the app mounted that the surfaces' tables above do not list (a surface added
+    later): replayed the same way, from the app's own router."""
+    app, _, made = server
+    beyond = [r for r in hostile.mounted(app.app) if (r.method, r.path) not in hostile.tabled()]
+    leaked = [leak for route in beyond for leak in hostile.replay_route(app.url, made["bob"], route, alices, MARKER,
+                                                                        replay=app.replay)]
+    assert leaked == []
+
+
+def test_her_records_are_whole_after_his_replay(server, alices):
+    app, _, made = server
+    session = json.loads(call(app, made["alice"], "GET", path_of("/v1/sessions/{key}", alices))[1])
+    assert len(session["steps"]) >= 2 and MARKER in json.dumps(session)
+    reward = json.loads(call(app, made["alice"], "GET", f"/v1/rollouts/{SESSION}/reward")[1])
+    assert reward["rollout"] == SESSION and reward["reward"] == 1.0 and reward["info"] == {"note": MARKER}, reward
+
+
+def test_rollouts_are_listed_within_the_tenant(server, alices):
+    app, _, made = server
+    hers = json.loads(call(app, made["alice"], "GET", "/v1/rollouts")[1])["data"]
+    assert [(r["rollout"], r["group"]) for r in hers] == [(SESSION, f"group-{MARKER}")], hers  # as she names it
+    # His own rollouts may bear her ids as names (his replay above made them): none is hers.
+    his = json.loads(call(app, made["bob"], "GET", "/v1/rollouts")[1])["data"]
+    assert MARKER not in json.dumps(his) and all(r["group"] is None for r in his), his
+    assert json.loads(call(app, made["bob"], "GET", f"/v1/rollouts?group=group-{MARKER}")[1])["data"] == []
+    everyone = json.loads(call(app, "operator-key", "GET", f"/v1/rollouts?group=group-{MARKER}")[1])["data"]
+    assert [r["rollout"] for r in everyone] == [alices["session"]]  # the operator sees keys as kept
+
+
+def test_his_erasure_of_her_session_answers_as_an_unknown_one(server, alices):
+    app, _, made = server
+    unknown = call(app, made["bob"], "DELETE", path_of("/v1/sessions/{key}", {**alices, "session": "alice/never"}))
+    hers = call(app, made["bob"], "DELETE", path_of("/v1/sessions/{key}", alices))
+    assert hers[0] == unknown[0] == 404 and json.loads(hers[1]) == json.loads(unknown[1]), (hers, unknown)
+    assert call(app, made["alice"], "GET", path_of("/v1/sessions/{key}", alices))[0] == 200  # nothing of hers went
+    assert call(app, made["alice"], "GET", path_of("/v1/responses/{response_id}", alices))[0] == 200
+    assert call(app, made["alice"], "GET", f"/v1/rollouts/{SESSION}/reward")[0] == 200
+    status, body = call(app, made["alice"], "DELETE", path_of("/v1/sessions/{key}", alices))
+    assert status == 403 and json.loads(body)["error"]["code"] == "missing_scope"  # erasing is a scope of its own
+
+
+def test_her_eraser_key_erases_her_session_and_her_list_says_so(server):
+    app, _, made = server
+    marker = "quince-" + uuid.uuid4().hex[:12]
+    chat(app, made["alice"], "to-erase", marker)
+    app.settled()
+    key = "alice/to-erase"
+    assert call(app, made["eraser"], "GET", f"/v1/sessions/{key.replace('/', '%2F')}")[0] == 200
+    status, body = call(app, made["eraser"], "DELETE", f"/v1/sessions/{key.replace('/', '%2F')}")
+    assert status == 200 and json.loads(body)["removed"]["traces"] == 1, body
+    assert call(app, made["alice"], "GET", f"/v1/sessions/{key.replace('/', '%2F')}")[0] == 404
+    hers = json.loads(call(app, made["eraser"], "GET", "/v1/erasures")[1])["data"]
+    assert [(e["who"], e["kind"], e["subject"]) for e in hers] == [("eraser", "session", key)], hers
+    assert marker not in json.dumps(hers)  # who, what, when: no content
+    his = json.loads(call(app, made["bob"], "GET", "/v1/erasures")[1])["data"]
+    assert key not in json.dumps(his) and all(e["who"] == "bob" for e in his), his  # his own attempts alone
+    assert any(e["who"] == "eraser" for e in json.loads(call(app, "operator-key", "GET", "/v1/erasures")[1])["data"])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "atif"])
+def test_export_by_tenant_takes_that_tenants_records_alone(server, alices, fmt, capsys):
+    from looptrace.proxy.cli import main as cli
+
+    app, _, made = server
+    chat(app, made["bob"], "bobs-own", "mango")
+    app.settled()
+    exported = {}
+    for tenant in ("alice", "bob", None):
+        with pytest.raises(SystemExit) as exit_:
+            cli(["export", "--store", app.settings.trace_db, "--since", "0", "--format", fmt,
+                 *(["--tenant", tenant] if tenant else [])])
+        assert exit_.value.code == 0, capsys.readouterr().err
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        exported[tenant] = ({r["session"] if fmt == "jsonl" else r["extra"]["session"] for r in rows}, json.dumps(rows))
+    for tenant in ("alice", "bob"):  # each tenant's export: of the sessions its keys list alone (a step that
+        listed = json.loads(call(app, made[tenant], "GET", "/v1/sessions?limit=500")[1])["data"]  # failed has none)
+        assert exported[tenant][0] <= {s["key"] for s in listed}, tenant
+    assert alices["session"] in exported["alice"][0] and "bob/bobs-own" in exported["bob"][0]
+    assert MARKER not in exported["bob"][1] and (fmt == "jsonl" or MARKER in exported["alice"][1])
+    assert exported[None][0] >= exported["alice"][0] | exported["bob"][0]  # the operator's: everyone's
+    with pytest.raises(SystemExit) as exit_:  # her session named, as bob's tenant: as one never stored
+        cli(["export", "--store", app.settings.trace_db, "--session", alices["session"], "--tenant", "bob"])
+    assert exit_.value.code == 2 and "no session" in capsys.readouterr().err

@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS trainer_logprobs (trace_id text PRIMARY KEY, key text
 ALTER TABLE spans ALTER COLUMN tokens SET STORAGE EXTERNAL;  -- packed and compressed already: stored as it is
 ALTER TABLE traces ADD COLUMN IF NOT EXISTS tenant text;  -- version 5: whose request it was (a key's tenant)
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS tenant text;
+ALTER TABLE erasures ADD COLUMN IF NOT EXISTS tenant text;  -- the tenant whose erasures list shows it (erasure.py)
 CREATE INDEX IF NOT EXISTS traces_by_tenant ON traces (tenant, start_ns) WHERE tenant IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, last_ns) WHERE tenant IS NOT NULL;
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns, trace_id);

@@ -225,6 +225,7 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
             db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id text PRIMARY KEY) ON COMMIT DELETE ROWS")
             reading = _Reading(db)
             erasure.pick(reading, subject)
+            keyed = erasure.by_key(reading, subject)
             if subject.kind == "before":
                 self._materialize(db)
             found = erasure.linked(reading, "postgresql")
@@ -242,7 +243,7 @@ class PostgresTraceStore(PostgresQueries, SpanExporter):
             found.counts["traces"] = len(found.traces)
             for start in range(0, len(found.sessions), 500):
                 rebuild_sessions(db, found.sessions[start:start + 500])
-            if subject.kind == "session":
+            if keyed:
                 db.execute("DELETE FROM sessions WHERE key = %s", (subject.value,))
                 found.sessions = sorted(set(found.sessions) | {subject.value})
                 if not subject.value.startswith("trace:"):

@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS state_compactions (id TEXT PRIMARY KEY, summary BLOB 
                                               trace_id TEXT, created_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS state_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS erasures (id INTEGER PRIMARY KEY, at_ns INTEGER NOT NULL, who TEXT NOT NULL,
-                                     kind TEXT NOT NULL, subject TEXT NOT NULL, counts TEXT NOT NULL);
+                                     kind TEXT NOT NULL, subject TEXT NOT NULL, counts TEXT NOT NULL, tenant TEXT);
 CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, tenant TEXT NOT NULL, scopes TEXT NOT NULL, models TEXT,
                                      tokens_per_day INTEGER, requests_per_minute INTEGER, digest TEXT NOT NULL UNIQUE,
                                      created_ns INTEGER NOT NULL, revoked_ns INTEGER, last_used_ns INTEGER);
@@ -53,7 +53,7 @@ CREATE INDEX IF NOT EXISTS trainer_logprobs_by_key ON trainer_logprobs (key);
 # Added to a table after its first version: (table, column, type), for a file made before.
 ADDED_COLUMNS = (("state_conversations", "seen_trace", "TEXT"), ("state_conversations", "encoding", "INTEGER"),
                  ("state_conversations", "digests_trace", "TEXT"), ("state_conversations", "seen_prompt", "INTEGER"),
-                 ("rollouts", "size", "INTEGER"))
+                 ("rollouts", "size", "INTEGER"), ("erasures", "tenant", "TEXT"))
 
 
 class SQLiteState(StateStore):

@@ -183,8 +183,9 @@ class SQLiteTraceStore(SQLiteQueries, SpanExporter):
                     db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (trace_id TEXT PRIMARY KEY)")
                     db.execute("DELETE FROM doomed")
                     erasure.pick(db, subject)
+                    keyed = erasure.by_key(db, subject)
                     found = self._delete_doomed(db, whole=subject.kind == "before")
-                    if subject.kind == "session":  # a session row whose traces went before
+                    if keyed:  # a session row whose traces went before
                         found.counts["sessions"] += db.execute("DELETE FROM sessions WHERE key = ?",
                                                                (subject.value,)).rowcount
                         if subject.value not in found.sessions:

@@ -15,6 +15,7 @@ from aiohttp import web
 from looptrace.common.jsonio import dumps
 from looptrace.trace_store.rollouts import MAX_ROLLOUT_INFO_BYTES, MAX_STEPS, info_json
 
+from ..auth import sees
 from ..errors import APIError, invalid
 from ..keys import RUNTIME
 from ..query import query_int
@@ -22,7 +23,7 @@ from ..stored import on_store
 from ..protocol import parse
 from ..validation import json_body
 from .protocol import RewardPost, StepReward, bounded_info
-from .store import rollout_key, rollout_steps, rollouts_of
+from .store import named, rollout_key, rollout_steps, rollouts_of
 
 Step = tuple[str, float, dict | None]  # (the step as named, its reward, its info)
 
@@ -48,7 +49,7 @@ async def post_reward(request: web.Request) -> web.Response:
         raise invalid("Give the rollout's 'reward', or 'steps' each with its own.", param="reward",
                       code="missing_required_parameter")
     held = held or (None, 0, {})
-    answer = {"rollout": key, "reward": reward if reward is not None else held[0],
+    answer = {"rollout": named(request, key), "reward": reward if reward is not None else held[0],
               **_bounded(reward, info, steps, held)}
     await on_store(rollouts.set_reward, key, reward, info, steps)
     return web.json_response(answer, dumps=dumps)
@@ -108,12 +109,14 @@ async def get_reward(request: web.Request) -> web.Response:
     if found is None:
         raise APIError(404, f"No rollout {key!r}: none of its requests or rewards reached this store.",
                        param="rollout", code="rollout_not_found")
-    return web.json_response(found, dumps=dumps)
+    return web.json_response({**found, "rollout": named(request, key)}, dumps=dumps)
 
 
 async def list_rollouts(request: web.Request) -> web.Response:
-    """?group= (X-Rollout-Group as sent) &limit= (1 to 1000, 100 by default)."""
+    """?group= (X-Rollout-Group as sent) &limit= (1 to 1000, 100 by default): the caller's tenant's
+    rollouts alone, each named as its requests named it."""
     rollouts = rollouts_of(request)
     limit = query_int(request.query.get("limit", "100"), "limit", 1, 1000)
-    found = await on_store(rollouts.in_group, request.query.get("group"), limit)
-    return web.json_response({"object": "list", "data": found}, dumps=dumps)
+    found = await on_store(rollouts.in_group, request.query.get("group"), limit, sees(request))
+    return web.json_response({"object": "list", "data": [{**r, "rollout": named(request, r["rollout"])}
+                                                         for r in found]}, dumps=dumps)

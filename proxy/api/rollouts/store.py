@@ -29,6 +29,12 @@ def rollout_key(request: web.Request) -> str:
     return within(tenant_of(request), key)
 
 
+def named(request: web.Request, key: str) -> str:
+    """A rollout as the caller names it: its tenant's prefix taken off (the operator sees keys as kept)."""
+    tenant = tenant_of(request)
+    return key[len(tenant) + 1:] if tenant is not None and key.startswith(f"{tenant}/") else key
+
+
 async def rollout_steps(request: web.Request, key: str) -> list[dict] | None:
     """The rollout's steps in the trace store, in order (its last ones written first: a trainer posts
     right after the last answer), or None when the store holds no such session."""

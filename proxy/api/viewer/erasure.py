@@ -1,6 +1,10 @@
 """DELETE /v1/sessions/{key}: a session erased, everything derived from it (trace_store/erasure.py), in
 the server's own store, its writer held meanwhile; GET /v1/erasures: the erasures made (who, what,
-when, rows removed: never content)."""
+when, rows removed: never content).
+
+A tenant's key (scope `erase`) erases its tenant's sessions alone: another tenant's session is erased
+as one never stored (nothing goes; the same 404, the erasure recorded alike), and it lists its tenant's
+erasures alone. The operator's erase any session and list every erasure. Who erased is the key's name."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from aiohttp import web
 from looptrace.common.jsonio import dumps
 from looptrace.trace_store import erasure
 
+from ..auth import caller_of, sees
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..query import query_int
@@ -37,10 +42,9 @@ async def erase_session(request: web.Request) -> web.Response:
     key = request.match_info.get("key") or request.query.get("key")
     if not key:
         raise invalid("Name the session: DELETE /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
-    store, state = store_of(request), _state(request)
-    # The key's name once keys land (the lead's auth); until then every caller is the admin.
-    who = request.get("key_name") or "api"
-    done = await _run(erasure.erase, store, state, erasure.Subject("session", key), who)
+    store, state, caller = store_of(request), _state(request), caller_of(request)
+    subject = erasure.Subject("session", key, tenant=caller.sees)
+    done = await _run(erasure.erase, store, state, subject, caller.name)
     # A process's own copy of a stored response (served only while the store does not answer) stays in its
     # memory until newer ones push it out: it is in no file.
     done.pop("responses")
@@ -52,5 +56,5 @@ async def erase_session(request: web.Request) -> web.Response:
 
 async def list_erasures(request: web.Request) -> web.Response:
     limit = query_int(request.query.get("limit", "100"), "limit", 1, 10_000)
-    found = await _run(erasure.erasures, _state(request), limit)
+    found = await _run(erasure.erasures, _state(request), limit, sees(request))
     return web.json_response({"object": "list", "data": found}, dumps=dumps)

@@ -22,10 +22,10 @@ ROUTES = (
     Route("GET", "/v1/sessions/", get_session, READ),  # ?key=: a key of "." or ".." (sessions.py)
     Route("GET", "/v1/sessions/{key:.+}", get_session, READ),
     Route("GET", "/v1/live", live, READ),
-    # Admin for now; the session's own tenant may erase it too once keys land (the route's tenant check).
-    Route("DELETE", "/v1/sessions/", erase_session, Scope.ADMIN),  # ?key=
-    Route("DELETE", "/v1/sessions/{key:.+}", erase_session, Scope.ADMIN),
-    Route("GET", "/v1/erasures", list_erasures, Scope.ADMIN),
+    # A tenant's own sessions and erasures (erasure.py); every tenant's for the operator.
+    Route("DELETE", "/v1/sessions/", erase_session, Scope.ERASE),  # ?key=
+    Route("DELETE", "/v1/sessions/{key:.+}", erase_session, Scope.ERASE),
+    Route("GET", "/v1/erasures", list_erasures, Scope.ERASE),
     *(Route("GET", path, pages.page, Scope.PUBLIC) for path in pages.PAGES),
     *(Route("GET", path, pages.compare_page, Scope.PUBLIC) for path in pages.COMPARE_PAGES),
 )

@@ -41,7 +41,7 @@ async def group_keys(request: web.Request, group: str | None) -> list[str] | Non
     rollouts = request.app[TELEMETRY].rollouts
     if not group or rollouts is None:
         return None
-    found = await on_viewer_thread(rollouts.in_group, group, MAX_GROUP_SESSIONS)
+    found = await on_viewer_thread(rollouts.in_group, group, MAX_GROUP_SESSIONS, sees(request))
     return [r["rollout"] for r in found]
 
 
