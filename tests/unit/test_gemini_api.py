@@ -62,7 +62,8 @@ def test_answers_and_streams_are_sdk_responses(replay_app, recorded, extra, reas
     assert status == 200, data
     whole = types.GenerateContentResponse.model_validate(json.loads(data))
     assert whole.candidates[0].finish_reason == reason
-    status, data = post_messages(replay_app, {"contents": ASK, **extra}, path=path("streamGenerateContent") + "?alt=sse")
+    status, data = post_messages(replay_app, {"contents": ASK, **extra},
+                                 path=path("streamGenerateContent") + "?alt=sse")
     assert status == 200, data
     chunks = [types.GenerateContentResponse.model_validate(c) for c in sse(data)]
     # Only the last says why it ended, and holds the usage; the parts add up to the whole answer's.
@@ -168,9 +169,11 @@ def test_contents_render_with_the_template(replay_app, capture):
         "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}},
         "contents": [
             {"role": "user", "parts": [{"text": "Read it."}]},
-            # No call ids: paired by name, as Gemini pairs them; a thought part is the turn's reasoning.
-            {"role": "model", "parts": [{"text": "Hmm.", "thought": True}, {"functionCall": {
-                "name": "read_file", "args": {"path": "a.txt"}}, "thoughtSignature": "c2lnbmF0dXJl"}]},
+            # No call ids: paired by name, as Gemini pairs them; a thought part is the turn's reasoning; a
+            # part of only a signature is nothing to render.
+            {"role": "model", "parts": [{"text": "Hmm.", "thought": True}, {"thoughtSignature": "c2ln"},
+                                        {"functionCall": {"name": "read_file", "args": {"path": "a.txt"}},
+                                         "thoughtSignature": "c2lnbmF0dXJl"}]},
             {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"content": 42}}},
                                        {"text": "And now?"}]}]})
     assert prompt.startswith("<|im_start|>system\n") and prompt.index("You are terse.") < prompt.index("Read it.")
@@ -179,6 +182,17 @@ def test_contents_render_with_the_template(replay_app, capture):
     assert '<tool_response>\n{"content":42}\n</tool_response>' in prompt
     assert prompt.index("</tool_response>") < prompt.index("And now?")
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinkingBudget 0: off
+    assert "Hmm." not in prompt  # reasoning, which the template drops before the last question
+
+
+def test_thought_parts_are_the_turns_reasoning(replay_app, capture):
+    prompt = prompt_of(replay_app, capture, {"contents": [
+        {"role": "user", "parts": [{"text": "Read it."}]},
+        {"role": "model", "parts": [{"text": "I should ", "thought": True}, {"text": "read it.", "thought": True},
+                                    {"functionCall": {"id": "c1", "name": "read_file", "args": {"path": "a"}}}]},
+        {"role": "function", "parts": [{"functionResponse": {"id": "c1", "name": "read_file",
+                                                             "response": {"output": "hello"}}}]}]})
+    assert "<think>\nI should read it.\n</think>" in prompt and "<tool_response>\nhello\n</tool_response>" in prompt
 
 
 def test_the_openapi_schema_becomes_json_schema():
@@ -220,7 +234,8 @@ def test_the_sdk_raises_googles_errors(replay_app):
     assert (raised.value.code, raised.value.status) == (400, "INVALID_ARGUMENT")
     status, kind, message = error_of(post_messages(replay_app, {"contents": ASK}, path=path("embedContent")))
     assert (status, kind) == (405, "UNIMPLEMENTED") and ":embedContent" in message
-    status, kind, _ = error_of(post_messages(replay_app, {"contents": ASK}, path="/v1beta/tunedModels/x:generateContent"))
+    status, kind, _ = error_of(post_messages(replay_app, {"contents": ASK},
+                                             path="/v1beta/tunedModels/x:generateContent"))
     assert (status, kind) == (404, "NOT_FOUND")
 
 

@@ -21,6 +21,7 @@ from ..request_parts import joined, media_note
 from .protocol import Content, Part
 
 MEDIA_KINDS = ("image", "audio", "video")
+SIGNATURE = frozenset(("thoughtSignature", "thought_signature"))  # taken and ignored
 
 
 def conversation(system: Content | None, contents: list[Content]) -> list[dict]:
@@ -61,7 +62,7 @@ def _user(parts: list[Part], i: int, waiting: list[tuple[str, str]], messages: l
                              "content": _result(response.response)})
         elif part.text is not None:
             held.append(part.text)
-        else:
+        elif not _empty(part):
             held.append(_media(part, f"contents[{i}].parts[{j}]", "user"))
     if held or not parts:
         messages.append({"role": "user", "content": joined(held)})
@@ -103,7 +104,7 @@ def _model(parts: list[Part], i: int, waiting: list[tuple[str, str]]) -> dict:
         elif part.function_response is not None:
             raise invalid(f"Invalid value for 'contents[{i}].parts[{j}]': a functionResponse belongs in a user "
                           "turn.", param=f"contents[{i}].parts[{j}]")
-        else:
+        elif not _empty(part):
             texts.append(_media(part, f"contents[{i}].parts[{j}]", "assistant"))
     # No text is "" rather than None, which some templates (SmolLM2's) cannot render.
     out: dict = {"role": "assistant", "content": joined(texts)}
@@ -112,6 +113,11 @@ def _model(parts: list[Part], i: int, waiting: list[tuple[str, str]]) -> dict:
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def _empty(part: Part) -> bool:
+    """A part of nothing but a thought's signature (or a bare `thought` flag): nothing to render."""
+    return part.inline_data is None and part.file_data is None and set(part.model_extra or ()) <= SIGNATURE
 
 
 def _media(part: Part, param: str, role: str) -> str | dict:
