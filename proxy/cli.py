@@ -23,6 +23,7 @@ from . import workers
 from .engine import model_runtime
 from .erase import add_command as add_erase
 from .keys import add_command as add_keys
+from .mcp.arguments import add_command as add_mcp
 from .export.arguments import add_command as add_export
 from .replay.arguments import add_command as add_replay
 from .settings import DEFAULT_MODEL, Settings
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export(commands)  # proxy/export/
     add_erase(commands)  # proxy/erase.py
     add_keys(commands)  # proxy/keys.py
+    add_mcp(commands)  # proxy/mcp/
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API", formatter_class=_ShowDefaults)
     serve.add_argument("model", nargs="?", default=None,
                        help=f"a Hugging Face id, a checkpoint folder or a .gguf file (default {DEFAULT_MODEL}; "
