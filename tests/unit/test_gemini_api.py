@@ -13,10 +13,11 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from looptrace.proxy.api import streaming
 from looptrace.proxy.api.gemini.request import json_schema
 from looptrace.proxy.settings import Settings
 
-from app_thread import AppThread
+from app_thread import AppThread, Wrapped
 from messages_api import Capture, post_messages, qwen_call
 
 MODEL = "tiny-qwen"
@@ -237,6 +238,18 @@ def test_the_sdk_raises_googles_errors(replay_app):
     status, kind, _ = error_of(post_messages(replay_app, {"contents": ASK},
                                              path="/v1beta/tunedModels/x:generateContent"))
     assert (status, kind) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("alt", ["?alt=sse", ""])
+def test_a_failure_in_the_stream_ends_it_with_googles_error(replay_app, monkeypatch, alt):
+    monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
+    replay_app.runtime.backend = Wrapped(replay_app.replay("\n</think>\n\nNever finished.<|im_end|>"), fail_after=5)
+    status, data = post_messages(replay_app, {"contents": ASK}, path=path("streamGenerateContent") + alt)
+    assert status == 200, data
+    *chunks, last = sse(data) if alt else json.loads(data)
+    for chunk in chunks:
+        types.GenerateContentResponse.model_validate(chunk)
+    assert set(last["error"]) == {"code", "message", "status"} and last["error"]["status"] == "UNAVAILABLE", last
 
 
 @pytest.fixture(scope="module")
