@@ -67,6 +67,9 @@ class DecodeRequest:
     # forward: what the engine's observers return from `submitted`.
     trace_headers: dict[str, str] = field(default_factory=dict)
     conversation: str | None = None  # the agent session it belongs to: several servers keep it on one
+    # Prefix caches find only what was kept under the same salt (one per tenant; None: no tenant): vLLM's
+    # cache_salt, the key of the local backends' kept states beside the ids.
+    cache_salt: str | None = None
     # The prompt length whose state a prefix cache should keep: what the conversation's next request
     # will start with (None: the whole prompt).
     keep_at: int | None = None
@@ -133,9 +136,11 @@ class Backend(Protocol):
     def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
         """prefill, one token event per token, done; a failure raises BackendError."""
 
-    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+    async def score(self, prompt_ids: list[int], answer_ids: list[int],
+                    cache_salt: str | None = None) -> list[TokenScore]:
         """Each answer token's score after the prompt, read in one prefill of prompt + answer (nothing
-        generated); a backend that cannot (registry's Capabilities.score) raises BackendError."""
+        generated); a backend that cannot (registry's Capabilities.score) raises BackendError.
+        `cache_salt`: as DecodeRequest's."""
 
     async def close(self) -> None: ...
 

@@ -73,7 +73,8 @@ class ReplayBackend:
         return {"replay": {"steps": len(self._steps), "served": self._next, "spent": spent},
                 **({"reason": "the replay is spent: every recorded step was served"} if spent else {})}
 
-    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+    async def score(self, prompt_ids: list[int], answer_ids: list[int],
+                    cache_salt: str | None = None) -> list[TokenScore]:
         raise BackendError("The replay backend serves recorded output and has no model to score with.", status=400,
                            code="score_unsupported")
 

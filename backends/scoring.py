@@ -76,12 +76,13 @@ def score_transformers(model, prompt_ids: list[int], answer_ids: list[int],
     return scores
 
 
-def score_llama_cpp(context, reuse, prompt_ids: list[int], answer_ids: list[int], batch: int) -> list[TokenScore]:
+def score_llama_cpp(context, reuse, prompt_ids: list[int], answer_ids: list[int], batch: int,
+                    salt: str | None = None) -> list[TokenScore]:
     """On the llama.cpp backend's decode thread: the prompt after whatever prefix its KV cache can
     reuse (llama_cpp/reuse.py), then the answer a batch at a time with logits for every row, each
-    row read in place before the next batch overwrites it."""
+    row read in place before the next batch overwrites it. `salt`: the tenant's (reuse.py)."""
     check_fits(prompt_ids, answer_ids, context.n_ctx)
-    held = reuse.prepare(prompt_ids, None)
+    held = reuse.prepare(prompt_ids, None, salt)
     context.eval(prompt_ids[held:])
     rows = [np.array(context.logits(-1))]  # the prompt's last position predicts the answer's first token
     scores: list[TokenScore] = []

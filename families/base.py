@@ -154,18 +154,19 @@ class Family:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
                enable_thinking: bool | None = None, template_ids: bool = False, media: bool | None = None,
-               conversation: str | None = None) -> Rendered:
+               conversation: str | None = None, salt: str | None = None) -> Rendered:
         """Render with the checkpoint's own template; the text is decoded back from the ids.
         `template_ids`: also the ids before the processor expands the items (Rendered.template_ids).
         `media`: whether the messages hold decoded items, as the request's media plan says (None: look).
-        `conversation`: whose previous prompt to encode from (incremental.py; a prompt of text alone)."""
+        `conversation`: whose previous prompt to encode from (incremental.py; a prompt of text alone);
+        `salt`: the tenant's (DecodeRequest.cache_salt): no prompt kept under another is encoded from."""
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         merged = 0
         if self.system_first_only:
             messages, merged = merge_system_messages(messages)
         with_media = self.processor is not None and (has_media(messages) if media is None else media)
         if not with_media and self.encoder.enabled:
-            return self._render_text(messages, tools, extra, merged, conversation)
+            return self._render_text(messages, tools, extra, merged, conversation, salt)
         if self._control is not None:  # keys too (sanitize.py); transformers marks the values
             messages, tools = mark_keys(messages, self._control), mark_keys(tools, self._control)
         if with_media:  # the processor writes each item's tokens where the template puts it
@@ -209,14 +210,14 @@ class Family:
                         template_ids=list(unexpanded) if unexpanded is not None else None)
 
     def _render_text(self, messages: list[dict], tools: list[dict] | None, extra: dict, merged: int,
-                     conversation: str | None) -> Rendered:
+                     conversation: str | None, salt: str | None = None) -> Rendered:
         """A prompt of text alone, as `apply_chat_template(..., sanitize_control_tokens=True)` renders and
         encodes it, in its two halves: the template's text, with the client's control tokens marked as
         transformers marks them, then that text encoded from where it departs from the conversation's
         previous prompt (incremental.py)."""
         try:
             marked = self.marked_chat(messages, tools, extra)
-            encoding, reuse = self.encoder.encode(marked, conversation)
+            encoding, reuse = self.encoder.encode(marked, conversation, salt)
         except TemplateError as exc:
             raise RenderError(exc.message or str(exc)) from exc
         except ValueError as exc:  # an empty conversation, say

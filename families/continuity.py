@@ -54,13 +54,13 @@ def turns_closed(family: Family, prompt_ids: list[int]) -> int:
 
 def continued(family: Family, messages: list[dict], answer_at: int, tools: list[dict] | None,
               enable_thinking: bool | None, prompt: list[int], sampled: list[int], *, conversation: str | None,
-              encoding: int) -> tuple[Rendered, bool]:
+              encoding: int, salt: str | None = None) -> tuple[Rendered, bool]:
     """The turn's prompt of text alone, and whether it is spliced: `prompt` (the last turn's, which
     `encoding` encoded) + `sampled` + the template's rendering of what follows `messages[answer_at]`
     (the model's answer), where the splice is proven (above); else rendered as always (`Family.render`).
-    Raises RenderError as `Family.render` does."""
+    `salt`: the tenant's, as `Family.render` takes it. Raises RenderError as `Family.render` does."""
     if family._control is None:  # no added tokens to cut at
-        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation, salt=salt), False
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
         marked = _marked_chat(family, messages, tools, extra)
@@ -70,8 +70,8 @@ def continued(family: Family, messages: list[dict], answer_at: int, tools: list[
         raise RenderError(str(exc) or "the chat template refused the conversation") from exc
     cut = answer_end(family, marked, messages, answer_at, tools, extra, turns_closed(family, prompt))
     if cut is None:
-        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation), False
-    return _spliced(family, conversation, prompt, sampled, encoding, marked[cut:], marked[:HEAD_CHARS]), True
+        return family.render(messages, tools, enable_thinking, media=False, conversation=conversation, salt=salt), False
+    return _spliced(family, conversation, prompt, sampled, encoding, marked[cut:], marked[:HEAD_CHARS], salt), True
 
 
 def answer_end(family: Family, marked: str, messages: list[dict], answer_at: int, tools: list[dict] | None,
@@ -181,29 +181,30 @@ def _marked_chat(family: Family, messages: list[dict], tools: list[dict] | None,
 
 
 def _spliced(family: Family, conversation: str | None, prompt: list[int], sampled: list[int], encoding: int,
-             tail_text: str, head: str) -> Rendered:
+             tail_text: str, head: str, salt: str | None) -> Rendered:
     """prompt + sampled + `tail_text` (the template's text from the marker that closes the answer)
     encoded; the marker is the model's own where it sampled it. Kept as the conversation's encoding, so
     that the next turn reads its text and ids rather than decoding them."""
     tail = family.encoder.encode_marked(tail_text)
     added = tail[1:] if sampled and tail and sampled[-1] == tail[0] else tail
     ids = prompt + sampled + added
-    kept = _previous_encoding(family, conversation, encoding, len(prompt))
+    kept = _previous_encoding(family, conversation, encoding, len(prompt), salt)
     before = kept.text if kept is not None else family.encoder.decode_pieces([prompt])[0]
     base = kept.serial if kept is not None else 0
     context = prompt[-CONTEXT_IDS:]
     lead, text = family.encoder.decode_pieces([context, context + sampled + added])
     text = before + (text[len(lead):] if text.startswith(lead) else family.encoder.decode_pieces([sampled + added])[0])
-    serial = family.encoder.keep(conversation, head, ids, text, base=kept)
+    serial = family.encoder.keep(conversation, head, ids, text, base=kept, salt=salt)
     return Rendered(text=text, ids=ids, thinking=family.prompt_leaves_thinking(text),
                     history_length=len(ids) - family.transient_tail_length(text, ids), encoding=serial,
                     reused_from=base, reused_ids=len(prompt) if base else 0, reused_chars=len(before) if base else 0)
 
 
-def _previous_encoding(family: Family, conversation: str | None, encoding: int, length: int) -> Encoding | None:
+def _previous_encoding(family: Family, conversation: str | None, encoding: int, length: int,
+                       salt: str | None) -> Encoding | None:
     """The encoding this process kept of the previous prompt (its text and ids); None where another
     process served it (then its text is decoded from its ids)."""
-    kept = family.encoder.kept.get(conversation, "") if conversation else None
+    kept = family.encoder.kept.get(conversation, "", salt) if conversation else None
     if kept is not None and encoding and kept.serial == encoding and len(kept.ids) == length:
         return kept
     return None

@@ -106,10 +106,11 @@ class IncrementalEncoder:
     def enabled(self) -> bool:
         return self.kept.max_bytes > 0 and bool(self._added)
 
-    def encode(self, marked: str, key: str | None) -> tuple[Encoding, Reuse]:
-        """The ids of `marked` (and its text), from `key`'s kept encoding where they share a cut."""
+    def encode(self, marked: str, key: str | None, salt: str | None = None) -> tuple[Encoding, Reuse]:
+        """The ids of `marked` (and its text), from `key`'s kept encoding where they share a cut. `salt`:
+        the tenant's (KeptEncodings)."""
         head = marked[:HEAD_CHARS]
-        found = self.kept.get(key, head)
+        found = self.kept.get(key, head, salt)
         cut = self._shared_cut(found, marked) if found is not None else None
         if cut is None:
             encoding = self._whole(marked)
@@ -118,7 +119,7 @@ class IncrementalEncoder:
             encoding, reuse = self._from(found, cut, marked)
             if self.check_every and self._due():
                 encoding, reuse = self._checked(encoding, reuse, key)
-        self.kept.put(key, head, encoding)
+        self.kept.put(key, head, encoding, salt)
         return encoding, reuse
 
     # -- the two ways --
@@ -173,14 +174,15 @@ class IncrementalEncoder:
         """`marked` encoded whole, as transformers encodes a sanitized chat."""
         return self._encode(marked)
 
-    def keep(self, key: str | None, head: str, ids: list[int], text: str, base: Encoding | None = None) -> int:
+    def keep(self, key: str | None, head: str, ids: list[int], text: str, base: Encoding | None = None,
+             salt: str | None = None) -> int:
         """Keeps a prompt built of ids rather than encoded from text (token continuity's): the next turn
         reads its ids and text, and a prompt encoded from text reuses nothing of it (it has no cuts).
         `base`: the kept encoding whose ids `ids` start with, copied as an array rather than converted
         again (a turn costs what it adds). Its serial."""
         kept = base.ids + array("i", ids[len(base.ids):]) if base is not None else array("i", ids)
         encoding = Encoding("", kept, text, array("q"), array("q"), None)
-        self.kept.put(key, head, encoding)
+        self.kept.put(key, head, encoding, salt)
         return encoding.serial
 
     def decode_pieces(self, pieces: list[list[int]]) -> list[str]:
@@ -257,24 +259,30 @@ class IncrementalEncoder:
 
 class KeptEncodings:
     """The newest encodings, by conversation (or, without one, by the prompt's opening), within a
-    bound on their bytes; the least recently used go first."""
+    bound on their bytes; the least recently used go first.
+
+    A prompt's opening is found only under the salt it was kept with (the tenant's: DecodeRequest.cache_salt),
+    so no tenant's prompt is encoded from, or timed against, another's. A conversation's key is its own
+    tenant's already (proxy/api/auth.py's `within`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._by_key: OrderedDict[str, Encoding] = OrderedDict()
-        self._by_head: dict[str, str] = {}  # a prompt's opening → the key last kept with it
+        self._by_head: dict[tuple[str | None, str], str] = {}  # (salt, a prompt's opening) → its last key
+        self._salt_of: dict[str, str | None] = {}  # each key's salt, for the opening it leaves when it goes
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str | None, head: str) -> Encoding | None:
+    def get(self, key: str | None, head: str, salt: str | None = None) -> Encoding | None:
         with self._lock:
             found = self._by_key.get(key) if key is not None else None
-            if found is None:  # a conversation new here may still share its opening with another
-                found = self._by_key.get(self._by_head.get(head, ""))
+            if found is None:  # a conversation new here may still share its opening with another of its tenant
+                found = self._by_key.get(self._by_head.get((salt, head), ""))
             return found
 
-    def put(self, key: str | None, head: str, encoding: Encoding) -> None:
-        key = key if key is not None else "\0head:" + head
+    def put(self, key: str | None, head: str, encoding: Encoding, salt: str | None = None) -> None:
+        # Without a conversation, one slot per opening and salt (a tenant's conversations are "tenant/…").
+        key = key if key is not None else ("\0head:" if salt is None else f"\0head:{salt}:") + head
         size = encoding.size
         if size > self.max_bytes:
             return
@@ -283,12 +291,13 @@ class KeptEncodings:
             if old is not None:
                 self._bytes -= old.size
             self._by_key[key] = encoding
-            self._by_head[head] = key
+            self._by_head[(salt, head)] = key
+            self._salt_of[key] = salt
             self._bytes += size
             while self._bytes > self.max_bytes:
                 gone_key, gone = self._by_key.popitem(last=False)
                 self._bytes -= gone.size
-                gone_head = gone.marked[:HEAD_CHARS]
+                gone_head = (self._salt_of.pop(gone_key, None), gone.marked[:HEAD_CHARS])
                 if self._by_head.get(gone_head) == gone_key:
                     del self._by_head[gone_head]
 

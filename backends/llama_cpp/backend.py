@@ -120,10 +120,11 @@ class LlamaCppBackend(OnDecodeThread):
         if await self._thread.close():  # nothing can use the context any more
             self.context.close()
 
-    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+    async def score(self, prompt_ids: list[int], answer_ids: list[int],
+                    cache_salt: str | None = None) -> list[TokenScore]:
         """Teacher-forced scoring (scoring.py), in turn with the requests on the decode thread."""
         return await self._thread.run(partial(score_llama_cpp, self.context, self.reuse, prompt_ids, answer_ids,
-                                              BATCH))
+                                              BATCH, cache_salt))
 
     def _decode(self, request: DecodeRequest, emit: Emit) -> None:
         with torch.inference_mode():
@@ -136,7 +137,7 @@ class LlamaCppBackend(OnDecodeThread):
             raise BackendError(f"{len(prompt)} prompt tokens and {request.max_tokens} more do not fit in the "
                                f"context of {context.n_ctx}", status=400, code="context_length_exceeded")
         started = time.perf_counter()
-        cached = self.reuse.prepare(prompt, request.keep_at)
+        cached = self.reuse.prepare(prompt, request.keep_at, request.cache_salt)
         for start in range(cached, len(prompt), BATCH):  # a long prompt stops between batches when cancelled
             if cancel.is_set():
                 emit(done_event("cancelled", 0, 0.0, cached_tokens=cached))

@@ -8,7 +8,9 @@ conversations interleave on one server, each would throw the other's cache away;
 of another conversation overwrites it, the part the previous conversation's next request will start
 with (its `keep_at`) is copied out of llama.cpp (llama_state_seq_get_data), kept in memory, least
 recently used out first, within --prefix-cache-tokens and --prefix-cache-mb, and copied back when
-that conversation returns. Used from the decode thread only.
+that conversation returns. What the context holds, and each saved state, is reused only by a prompt of
+the salt it was made under (DecodeRequest.cache_salt, one per tenant): another tenant's identical prompt
+is evaluated from nothing. Used from the decode thread only.
 """
 
 from __future__ import annotations
@@ -25,42 +27,45 @@ class PrefixReuse:
     def __init__(self, context: LlamaContext, max_tokens: int, max_bytes: int) -> None:
         self.context = context
         self.max_tokens, self.max_bytes = max_tokens, max_bytes
-        self._saved: OrderedDict[tuple[int, ...], ctypes.Array] = OrderedDict()
+        self._saved: OrderedDict[tuple[str | None, tuple[int, ...]], ctypes.Array] = OrderedDict()  # (salt, ids)
         self.tokens = self.bytes = 0
         self._keep = 0  # how much of what the context holds its conversation's next request starts with
+        self._salt: str | None = None  # the salt of the prompt the context holds
 
-    def prepare(self, prompt: list[int], keep_at: int | None) -> int:
-        """Leaves the KV cache holding the longest prefix of `prompt` it can have, and returns its
-        length: never the whole prompt, whose last token must be evaluated for its logits."""
+    def prepare(self, prompt: list[int], keep_at: int | None, salt: str | None = None) -> int:
+        """Leaves the KV cache holding the longest prefix of `prompt` it can have under `salt`, and returns
+        its length: never the whole prompt, whose last token must be evaluated for its logits."""
         context = self.context
         if self.max_tokens <= 0:  # --prefix-cache-tokens 0: every prompt from nothing
             context.clear()
             return 0
-        held = common_prefix(context.ids, prompt)
-        best = self._best(prompt)
+        held = common_prefix(context.ids, prompt) if salt == self._salt else 0
+        best = self._best(prompt, salt)
         if self._keep > held:  # another conversation's prompt: keep the one held now for its return
             self._stash()
         if best is not None and len(best) > held:
-            blob = self._take(best)
+            blob = self._take((salt, best))
             held = len(best) if context.restore(list(best), blob) else 0
         held = min(held, len(prompt) - 1)
         if not context.cut(held):  # a recurrent model's state: all or nothing
             context.clear()
             held = 0
         self._keep = min(keep_at or len(prompt), len(prompt))
+        self._salt = salt
         return held
 
-    def _best(self, prompt: list[int]) -> tuple[int, ...] | None:
-        """The longest saved prefix of `prompt`."""
+    def _best(self, prompt: list[int], salt: str | None) -> tuple[int, ...] | None:
+        """The longest prefix of `prompt` saved under `salt`."""
         best = None
-        for ids in self._saved:
-            if len(ids) <= len(prompt) and (best is None or len(ids) > len(best)) and ids == tuple(prompt[:len(ids)]):
+        for saved_salt, ids in self._saved:
+            if saved_salt == salt and len(ids) <= len(prompt) and (best is None or len(ids) > len(best)) \
+                    and ids == tuple(prompt[:len(ids)]):
                 best = ids
         return best
 
-    def _take(self, ids: tuple[int, ...]) -> ctypes.Array:
-        blob = self._saved.pop(ids)
-        self.tokens -= len(ids)
+    def _take(self, key: tuple[str | None, tuple[int, ...]]) -> ctypes.Array:
+        blob = self._saved.pop(key)
+        self.tokens -= len(key[1])
         self.bytes -= len(blob)
         return blob
 
@@ -69,16 +74,16 @@ class PrefixReuse:
         context, keep = self.context, self._keep
         if keep > self.max_tokens or not context.cut(keep):
             return
-        key = tuple(context.ids)
+        key = (self._salt, tuple(context.ids))
         if key in self._saved:
             self._take(key)
         blob = context.save()
         if len(blob) > self.max_bytes:
             return
-        while self._saved and (self.tokens + len(key) > self.max_tokens or self.bytes + len(blob) > self.max_bytes):
+        while self._saved and (self.tokens + len(key[1]) > self.max_tokens or self.bytes + len(blob) > self.max_bytes):
             self._take(next(iter(self._saved)))
         self._saved[key] = blob
-        self.tokens += len(key)
+        self.tokens += len(key[1])
         self.bytes += len(blob)
 
     def stats(self) -> dict:

@@ -142,8 +142,10 @@ class LocalBackend(OnDecodeThread):
     async def close(self) -> None:
         await self._thread.close()  # a thread killed inside torch at exit aborts the process
 
-    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
-        """Teacher-forced scoring (scoring.py), in turn with the requests on the decode thread."""
+    async def score(self, prompt_ids: list[int], answer_ids: list[int],
+                    cache_salt: str | None = None) -> list[TokenScore]:
+        """Teacher-forced scoring (scoring.py), in turn with the requests on the decode thread; from
+        nothing, so whatever the salt, no kept state is read or kept."""
         return await self._thread.run(partial(score_transformers, self.model, prompt_ids, answer_ids,
                                               reset_model_state))
 
@@ -170,7 +172,7 @@ class LocalBackend(OnDecodeThread):
             else:
                 media = on_device(request.media, model) if request.media is not None else None
                 cached, written, logits, cache = self._prefill(request.prompt_ids, request.keep_at, media,
-                                                               request.media_key)
+                                                               request.media_key, request.cache_salt)
                 step = partial(decode_one_token, model, cache=cache)
             if hasattr(proposer, "prefilled"):
                 proposer.prefilled(cached)
@@ -214,10 +216,11 @@ class LocalBackend(OnDecodeThread):
         run_tokens(request, self.vocab, emit, choice, choose_after, drafting=drafting, cached=cached, written=written)
 
     def _prefill(self, prompt_ids: list[int], keep_at: int | None, media: dict | None = None,
-                 media_key: tuple = ()) -> tuple[int, int, torch.Tensor, object]:
+                 media_key: tuple = (), salt: str | None = None) -> tuple[int, int, torch.Tensor, object]:
         """Prefills what the prefix cache does not hold yet, keeping the state after `keep_at` ids.
         `media`: the processor's tensors, read with the chunk that holds every item's tokens;
-        `media_key`: each item's (offset, length, sha256), part of what a kept prompt is.
+        `media_key`: each item's (offset, length, sha256), part of what a kept prompt is; `salt`: the
+        tenant's (prefix_cache.py).
 
         Returns the number of prompt tokens that came from the cache, the number whose state this
         request added to it, the logits and the cache.
@@ -228,7 +231,7 @@ class LocalBackend(OnDecodeThread):
         if kept_cache is None or point < end:  # no cache, or an item the kept state would cut in two
             logits, cache = prefill(model, torch.tensor([prompt_ids], device=self.device), None, media)
             return 0, 0, logits, cache
-        cached, kept = kept_cache.take(prompt_ids, media_key)
+        cached, kept = kept_cache.take(prompt_ids, media_key, salt)
         cache, logits = (kept.cache, kept.logits) if kept is not None else (None, None)
         if kept is not None:
             restore_model_state(model, kept.state)
@@ -239,7 +242,7 @@ class LocalBackend(OnDecodeThread):
         if cached < point:
             logits, cache = prefill(model, torch.tensor([prompt_ids[cached:point]], device=self.device), cache, media)
         written = point - cached if kept_cache.keep(prompt_ids[:point], cache, logits, media_key,
-                                                    model_state(model)) else 0
+                                                    model_state(model), salt) else 0
         if point < len(prompt_ids):
             logits, cache = prefill(model, torch.tensor([prompt_ids[point:]], device=self.device), cache)
         return cached, written, logits, cache

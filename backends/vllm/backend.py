@@ -141,7 +141,7 @@ class VLLMBackend:
         return _health(self.pool, self.spawned)
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[Event]:
-        prompt = PromptBlocks(request.prompt_ids)
+        prompt = PromptBlocks(request.prompt_ids, request.cache_salt)
         await self.pool.settled()
         route = self.pool.choose(request.conversation, prompt)
         failed = None  # the attempt before this one, when it failed before its first token
@@ -170,10 +170,11 @@ class VLLMBackend:
                 log.warning("the vLLM server at %s failed before the first token (%r); trying %s", route.moved_from,
                             exc.message, route.upstream.name)
 
-    async def score(self, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+    async def score(self, prompt_ids: list[int], answer_ids: list[int],
+                    cache_salt: str | None = None) -> list[TokenScore]:
         """Teacher-forced scoring by the server's prompt_logprobs (scoring.py), on any server."""
         route = self.pool.choose(None)
-        return await score_on(route.upstream, prompt_ids, answer_ids)
+        return await score_on(route.upstream, prompt_ids, answer_ids, cache_salt)
 
     async def _stream(self, up: Upstream, request: DecodeRequest, price: Price,
                       prompt: PromptBlocks) -> AsyncIterator[Event]:
@@ -188,7 +189,9 @@ class VLLMBackend:
         ticket = up.cost.sent(price)  # ahead of the requests routed after it, until its first token
         coming = up.holdings.sending(prompt)  # its blocks, held for the requests queued behind it
         try:
-            reader = SSEReader(await post(up, request, tokens.max_tokens))
+            response, route = await post(up, request, tokens.max_tokens)
+            tokens.sent_by(route)
+            reader = SSEReader(response)
             async for chunk in reader:
                 events = tokens.read(chunk)
                 if tokens.prefilled and not ticket.answered:
@@ -216,7 +219,8 @@ class VLLMBackend:
                 reader.close()
         done = tokens.done(reader.ended, up.weight_version)
         if done["finish_reason"] != "cancelled":  # what the server now holds: the estimate's, and events owed
-            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent, media=bool(request.media))
+            up.holdings.served(request.prompt_ids, tokens.output_ids, tokens.cached, sent, media=bool(request.media),
+                               salt=request.cache_salt)
             if tokens.prefilled:  # what its wait teaches the server's price (vLLM counts cached tokens at the end)
                 up.cost.learn(ticket, len(tokens.upstream_prompt or request.prompt_ids) - tokens.cached,
                               tokens.first_at - tokens.started)

@@ -50,8 +50,16 @@ def sampling_fields(request: DecodeRequest, max_tokens: int) -> dict:
     return fields
 
 
+def salted(body: dict, cache_salt: str | None) -> dict:
+    """`body` with the tenant's `cache_salt` (both routes take it at the top level): vLLM hashes it into
+    the prompt's first block, so no other salt's cached blocks are found. None (no tenant): as before."""
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    return body
+
+
 def completions_body(model: str, request: DecodeRequest, max_tokens: int) -> dict:
-    return {
+    return salted({
         "model": model,
         "prompt": request.prompt_ids,
         "stream": True,
@@ -59,7 +67,7 @@ def completions_body(model: str, request: DecodeRequest, max_tokens: int) -> dic
         **sampling_fields(request, max_tokens),
         "return_tokens_as_token_ids": True,  # logprob keys "token_id:N": ids, not ambiguous strings
         "return_token_ids": True,
-    }
+    }, request.cache_salt)
 
 
 def generate_body(model: str, request: DecodeRequest, max_tokens: int) -> dict:
@@ -79,7 +87,7 @@ def generate_body(model: str, request: DecodeRequest, max_tokens: int) -> dict:
         body["token_ids"] = request.template_ids
         body["content_parts"] = [{"type": f"{kind}_url", "url": url} for kind, url in request.media_urls]
         body["return_token_ids"] = True
-    return body
+    return salted(body, request.cache_salt)
 
 
 def completions_tokens(choice: dict) -> list[tuple]:

@@ -13,11 +13,12 @@ from .prompt_logprobs import read_scores, score_body
 from .upstream import Upstream, describe
 
 
-async def score_on(up: Upstream, prompt_ids: list[int], answer_ids: list[int]) -> list[TokenScore]:
+async def score_on(up: Upstream, prompt_ids: list[int], answer_ids: list[int],
+                   cache_salt: str | None = None) -> list[TokenScore]:
     if len(prompt_ids) + len(answer_ids) + 1 > up.max_model_len:  # + the one token vLLM must generate
         raise BackendError(f"{len(prompt_ids)} prompt tokens and {len(answer_ids)} answer tokens do not fit in the "
                            f"context of {up.max_model_len}", status=400, code="context_length_exceeded")
-    data = json.dumps(score_body(up.model, prompt_ids, answer_ids)).encode()
+    data = json.dumps(protocol.salted(score_body(up.model, prompt_ids, answer_ids), cache_salt)).encode()
     headers = {**up.headers, "Content-Type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=up.timeout, sock_read=up.timeout)
     up.running += 1

@@ -62,7 +62,7 @@ def render_turn(family: Family, request: GenerationRequest, messages: list[dict]
     Raises the family's RenderError."""
     def whole() -> Rendered:
         return family.render(messages, tools, request.enable_thinking, media=media, template_ids=template_ids,
-                             conversation=request.conversation)
+                             conversation=request.conversation, salt=request.cache_salt)
 
     last = previous.digests if previous is not None else None
     if mode == "off" or last is None or asked is None:
@@ -73,7 +73,7 @@ def render_turn(family: Family, request: GenerationRequest, messages: list[dict]
     if mode == "keep" and not media:
         rendered, spliced = continued(family, messages, len(last.messages), tools, request.enable_thinking,
                                       previous.prompt, previous.sampled, conversation=request.conversation,
-                                      encoding=previous.encoding)
+                                      encoding=previous.encoding, salt=request.cache_salt)
         if spliced:
             return rendered, Continuity(mode, KEPT, kept=len(previous.sampled))
     else:

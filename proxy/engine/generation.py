@@ -206,6 +206,7 @@ class Generation:
                                      # Which item fills which tokens: part of what the prompt is.
                                      media_key=self.media.cache_key(self.media_runs),
                                      template_ids=self.rendered.template_ids, conversation=request.conversation,
+                                     cache_salt=request.cache_salt,
                                      media_urls=self.media.data_urls() if self.rendered.template_ids is not None
                                      else [])
         for observer in observers:  # what a tracer adds to the request (its traceparent), set here

@@ -45,6 +45,9 @@ class GenerationRequest:
     stored: StoredPrompt | None = None  # run this prompt instead of rendering `messages`
     conversation: str | None = None  # the agent session, as the client names it (api/clients.py)
     continuity: str | None = None  # token continuity for this request (off, check, keep); None: the server's
+    # What keeps the caller's tenant's cached prefixes apart from every other's (api/cache_salts.py): vLLM's
+    # cache_salt, and a key of the render cache and the local backends' kept states. None: no tenant.
+    cache_salt: str | None = None
     # The conversation's memory (memory.py), opened by the API for a request that names its conversation:
     # its last turn, read as the prompt is rendered, and this turn, kept as its answer completes.
     memory: Recall | None = None

@@ -154,7 +154,8 @@ def test_the_models_read_from_the_wheel_are_complete(vllm_models):
 
 def sample_request() -> DecodeRequest:
     return DecodeRequest([1, 2, 3], 7, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=5, presence_penalty=1.5),
-                         frozenset({248046, 248044}), trace_headers={"traceparent": TRACEPARENT})
+                         frozenset({248046, 248044}), trace_headers={"traceparent": TRACEPARENT},
+                         cache_salt="a-tenants-salt")
 
 
 def test_completions_request_fields_are_vllms(vllm_models):
@@ -167,6 +168,7 @@ def test_completions_request_fields_are_vllms(vllm_models):
     assert (body["presence_penalty"], body["frequency_penalty"]) == (1.5, 0.0)
     assert body["return_tokens_as_token_ids"] is body["return_token_ids"] is body["stream"] is True
     assert body["skip_special_tokens"] is False
+    assert body["cache_salt"] == "a-tenants-salt"  # top level on both routes (checked as vLLM's fields above)
 
 
 def test_generate_request_fields_are_vllms(vllm_models):
@@ -178,6 +180,7 @@ def test_generate_request_fields_are_vllms(vllm_models):
     assert (sampling["logprobs"], sampling["max_tokens"], sampling["temperature"]) == (5, 7, 0.7)
     assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (1.5, 0.0)
     assert body["output_mode"] == "tokens" and sampling["detokenize"] is False
+    assert body["cache_salt"] == "a-tenants-salt"
 
 
 def test_media_goes_where_vllms_serving_code_reads_it(vllm_models):

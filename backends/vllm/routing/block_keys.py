@@ -12,18 +12,21 @@ ROOT = 0  # the chain's key before a prompt's first block
 class PromptBlocks:
     """A prompt's block keys, computed once per block size and only as far as a lookup walks."""
 
-    __slots__ = ("ids", "_keys")
+    __slots__ = ("ids", "_keys", "_root")
 
-    def __init__(self, ids: list[int]) -> None:
+    def __init__(self, ids: list[int], salt: str | None = None) -> None:
         self.ids = ids
         self._keys: dict[int, list[int]] = {}
+        # A salted prompt's blocks are other blocks (vLLM hashes its cache_salt into the first): no other salt's,
+        # nor an unsalted prompt's, are found for it.
+        self._root = ROOT if salt is None else hash((ROOT, salt))
 
     def keys(self, block_size: int, limit: int) -> Iterator[int]:
         """The keys of the first `limit` whole blocks, in order."""
         keys = self._keys.setdefault(block_size, [])
         yield from keys[:limit]
         ids, n = self.ids, len(keys)
-        key = keys[-1] if keys else ROOT
+        key = keys[-1] if keys else self._root
         while n < limit:
             key = hash((key, *ids[n * block_size:(n + 1) * block_size]))
             keys.append(key)
