@@ -191,6 +191,22 @@ def installed():
         pytest.skip(str(exc))
 
 
+@pytest.fixture(scope="session")
+def installed_harnesses():
+    """Copilot CLI, Cline and the agent SDKs' environment (tests/support/harnesses.py), installed once."""
+    import os
+
+    import clients
+    import harnesses as installer
+
+    try:
+        return installer.install()
+    except clients.MissingNpm as exc:
+        if os.environ.get("CI"):
+            raise  # CI installs npm: a missing one is a failure there, not a skip
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium driven by Playwright (browser.py), one per module that asks for it."""

@@ -37,6 +37,7 @@ wheel() { ls "$wheels"/llama_cpp_python-"${llama_cpp#*==}"-*.whl 2>/dev/null | h
 pip install -q --no-deps "$(wheel)"
 pip install -q numpy typing-extensions diskcache jinja2
 python tests/support/clients.py               # codex and pi from npm, pinned, into the test cache
+python tests/support/harnesses.py             # Copilot CLI and Cline from npm, the agent SDKs from PyPI, pinned
 python tests/support/gemini_cli.py            # Gemini CLI from npm, pinned, likewise
 # Debian's PostgreSQL (installed above where absent, stopped on this image): the cluster started, and a
 # role and database of the tests' own, reached over 127.0.0.1 with a password made afresh (kept in the
