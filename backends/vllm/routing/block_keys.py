@@ -9,6 +9,12 @@ from collections.abc import Iterator
 ROOT = 0  # the chain's key before a prompt's first block
 
 
+def salted_root(salt: str) -> int:
+    """The chain's key before the first block of a prompt sent with a cache salt (kv_groups.py reads it from
+    vLLM's events): no other salt's chain, nor an unsalted one, meets it."""
+    return hash((ROOT, "salt", salt))
+
+
 class PromptBlocks:
     """A prompt's block keys, computed once per block size and only as far as a lookup walks."""
 
@@ -17,9 +23,8 @@ class PromptBlocks:
     def __init__(self, ids: list[int], salt: str | None = None) -> None:
         self.ids = ids
         self._keys: dict[int, list[int]] = {}
-        # A salted prompt's blocks are other blocks (vLLM hashes its cache_salt into the first): no other salt's,
-        # nor an unsalted prompt's, are found for it.
-        self._root = ROOT if salt is None else hash((ROOT, salt))
+        # A salted prompt's blocks are other blocks (vLLM hashes its cache_salt into the first).
+        self._root = ROOT if salt is None else salted_root(salt)
 
     def keys(self, block_size: int, limit: int) -> Iterator[int]:
         """The keys of the first `limit` whole blocks, in order."""

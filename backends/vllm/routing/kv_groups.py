@@ -21,10 +21,18 @@ prediction is the full-attention group's leading run (an upper bound), and `exac
 
 from __future__ import annotations
 
-from .block_keys import ROOT, PromptBlocks
+from .block_keys import ROOT, PromptBlocks, salted_root
 
 RULES = {"full_attention": "full", "mla_attention": "full", "sliding_window": "window",
          "sliding_window_mla": "window", "mamba": "state"}
+
+
+def salt_of(extra: object) -> str | None:
+    """The cache salt a first block's extra keys hold, where they hold that alone: vLLM 0.32 publishes
+    `[salt]` (untagged; media adds `[identifier, offset]` pairs, which are not placed)."""
+    if isinstance(extra, (list, tuple)) and len(extra) == 1 and isinstance(extra[0], str):
+        return extra[0]
+    return None
 
 
 class Group:
@@ -55,9 +63,13 @@ class Group:
         key = ROOT if parent is None else key_of_any(parent)
         if key is None:
             return parent
+        extra = list(event.get("extra_keys") or ())
+        salt = salt_of(extra[0]) if parent is None and extra else None
+        if salt is not None:  # a prompt's first block, salted: its chain starts where PromptBlocks' of that salt does
+            key, extra[0] = salted_root(salt), None
         # A block of another size (a partial one) cannot be placed in the chain; nor can one whose hash took more
-        # than its tokens (media, a cache salt): what follows them is unknown too.
-        if size != self.block_size or not hashes or len(tokens) % size or any(e for e in event.get("extra_keys") or ()):
+        # than its tokens and a salt (media): what follows them is unknown too.
+        if size != self.block_size or not hashes or len(tokens) % size or any(e for e in extra):
             self.skipped += len(hashes)
             return None
         keys = []

@@ -226,8 +226,8 @@ class Holdings:
                media: bool = False, salt: str | None = None) -> None:
         """A request sent at `since` (time.monotonic) finished on the server, `cached` of its prompt tokens found
         there (vLLM's count). `media`: its prompt's blocks from the first item on are keyed on more than their tokens,
-        and the index cannot place them (kv_groups.py): the next request does not wait for their events; nor
-        for those of a prompt with a cache `salt` (keyed on it too)."""
+        and the index cannot place them (kv_groups.py): the next request does not wait for their events. `salt`:
+        the prompt's cache salt, which its blocks' keys start from (block_keys.py)."""
         # vLLM never computes the last token's keys and values: the blocks it filled end before it.
         blocks = PromptBlocks(prompt_ids + output_ids[:-1], salt)
         self.sent.sent(blocks)
@@ -235,8 +235,7 @@ class Holdings:
             size = self.block_size
             filled = len(blocks.ids) // size
             stored = filled > cached // size
-            placed = stored and not media and salt is None
-            self.events.owed(stored, since, blocks.key(size, filled - 1) if placed else None)
+            self.events.owed(stored, since, blocks.key(size, filled - 1) if stored and not media else None)
 
     def left(self) -> None:
         """The server stopped answering: what it held is unknown (it may be restarting, its cache emptied)."""
