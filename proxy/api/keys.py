@@ -9,7 +9,9 @@ from ..engine.memory import Memory
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
+from .cache_salts import CacheSalts
 
+CACHE_SALTS: web.AppKey[CacheSalts] = web.AppKey("cache_salts", CacheSalts)  # each tenant's prefix-cache salt
 MEMORY: web.AppKey[Memory] = web.AppKey("memory", Memory)  # what each conversation's model read and sampled
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
