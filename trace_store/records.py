@@ -12,6 +12,12 @@ def request_span(spans: list[dict]) -> dict | None:
     return next((s for s in spans if attr.ENDPOINT in s["attributes"]), None)
 
 
+def span_named(trace: dict, name: str) -> dict:
+    """A stored trace's span of that name (render, decode), or an empty one: no tokens, no attributes."""
+    found = next((s for s in trace["spans"] if s["name"] == name), None)
+    return {"tokens": [], "attributes": {}, **(found or {})}
+
+
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "status", "attributes",
                 "events", "links", "tokens")
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 from pydantic_core import PydanticCustomError
 
 from .errors import APIError, invalid
-from .validation import describe
+from .validation import TOOL_NAME, describe
 
 M = TypeVar("M", bound="Protocol")
 
@@ -57,7 +57,11 @@ def refused(code: str, message: str) -> PydanticCustomError:
 def one_of(kind_of: Callable[[Any], str | None], **models: type) -> Any:
     """A union picked by `kind_of(value)` (the name of one of `models`, or None: a 400 naming the
     value's `type`), as OpenAI's item and part unions are: by their `type`, not by trying each."""
+    by_model = {model: name for name, model in models.items()}
+
     def tag(value: Any) -> str | None:
+        if isinstance(value, BaseModel):  # a dump: the value's own model's branch
+            return f"<{by_model[type(value)]}>" if type(value) in by_model else None
         if not isinstance(value, dict):
             return f"<{next(iter(models))}>"  # any branch refuses a non-object with "expected an object"
         kind = kind_of(value)
@@ -66,6 +70,29 @@ def one_of(kind_of: Callable[[Any], str | None], **models: type) -> Any:
     branches = tuple(Annotated[model, Tag(f"<{name}>")] for name, model in models.items())
     return Annotated[Union[branches], Discriminator(tag, custom_error_type="unknown_type",
                                                    custom_error_message="unknown type")]
+
+
+def by_type(branches: dict[str | None, str], other: str | None,
+            absent: str | None = None) -> Callable[[dict], str | None]:
+    """How one_of picks a union's branch by the object's `type`: `branches`' name for it (a `type` sent
+    as null is None there), `absent`'s where there is none (None: as null), `other` for the rest."""
+    def kind_of(value: dict) -> str | None:
+        kind = value.get("type", absent)
+        return branches.get(kind, other) if kind is None or isinstance(kind, str) else other
+    return kind_of
+
+
+def _tool_name(name: str) -> str:
+    """A tool's name as the model will write it in a call (validation.TOOL_NAME): never a control token."""
+    if not name:
+        raise refused("invalid_value", "'{param}' must not be empty.")
+    if not TOOL_NAME.fullmatch(name):
+        raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
+                      f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).")
+    return name
+
+
+ToolName = Annotated[str, AfterValidator(_tool_name)]  # an offered tool's name, on every surface
 
 
 # pydantic's error types → what a value should have been, in OpenAI's words ("expected a string").
@@ -86,7 +113,7 @@ def refusal(exc: ValidationError, where: str = "") -> APIError:
     at = next(i for i, p in enumerate(places) if p.count(".") + p.count("[") == depth)
     error, param = errors[at], places[at]
     kind = error["type"]
-    if kind == "missing" or (kind in _EXPECTED and error.get("input", 0) is None and isinstance(error["loc"][-1], str)):
+    if kind == "missing" or (kind in _EXPECTED and error["input"] is None and isinstance(error["loc"][-1], str)):
         # A field that takes no null, sent as null: absent, as every optional one is when null.
         return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if kind in _EXPECTED:

@@ -1,16 +1,19 @@
-"""Request parsing every API surface shares: sampling ranges, past tool calls' arguments, tool_choice, media
-parts, and warnings said once."""
+"""Request parsing every API surface shares: the seed's range, past tool calls' arguments, tool_choice, media
+parts (read through Attachment), and warnings said once."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from looptrace.families.media.parts import NOTE, MediaError, MediaPart
 from looptrace.families.media.pdf import pdf_part
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from .errors import invalid
-from .validation import embedded_json, field, in_range, tool_name
+from .validation import embedded_json, tool_name
 
 log = logging.getLogger("looptrace")
 _warned: set[str] = set()
@@ -42,40 +45,68 @@ def media_note() -> str:
     return MEDIA_NOTE
 
 
-def media_part(part: dict, param: str) -> dict:
+class MediaFields(BaseModel):
+    """What an attachment of Chat Completions or Responses may hold, at its top or in its nested object
+    (`image_url: {"url"}`, `input_audio: {"data", "format"}`, `file: {"file_data", "filename"}`). Typed
+    loosely: media_part checks each in the words it has always used. (A protocol model's config, spelled
+    out: protocol.py is a sibling of this module, not below it.)"""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    type: Any = None  # first, as the part's own type is when dumped
+    url: Any = None
+    image_url: Any = None
+    video_url: Any = None
+    input_audio: Any = None
+    data: Any = None
+    format: Any = None
+    file: Any = None
+    file_id: Any = None
+    file_data: Any = None
+    filename: Any = None
+
+
+class Attachment(MediaFields):
+    """A media part of either OpenAI API, by its `type` (image_url, input_image, input_audio, file, …)."""
+
+    type: str
+
+
+def media_part(part: Attachment, param: str) -> dict:
     """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
     rendering thread (families/media/decode.py). A PDF file is `{"type": "pdf", "media": MediaPart}`,
     read there as its pages' text (families/media/pdf.py): only its size is checked here."""
-    kind = part.get("type")
+    kind = part.type
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
-        audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else part
-        where = f"{param}.input_audio" if audio is not part else param
-        data, fmt = audio.get("data"), audio.get("format")
-        if not isinstance(data, str):
+        nested = isinstance(part.input_audio, dict)
+        audio, where = (_nested(part.input_audio), f"{param}.input_audio") if nested else (part, param)
+        if not isinstance(audio.data, str):
             raise invalid(f"Invalid type for '{where}.data': expected a base64 string.", param=f"{where}.data",
                           code="invalid_type")
-        if not isinstance(fmt, str) or not fmt:
+        if not isinstance(audio.format, str) or not audio.format:
             raise invalid(f"Missing required parameter: '{where}.format' (wav, mp3, flac, ogg, ...).",
                           param=f"{where}.format", code="missing_required_parameter")
-        return {"type": "audio", "media": MediaPart("audio", data, f"{where}.data", f"audio/{fmt.lower()[:16]}")}
+        return {"type": "audio", "media": MediaPart("audio", audio.data, f"{where}.data",
+                                                    f"audio/{audio.format.lower()[:16]}")}
     if kind in ("image_url", "video_url"):  # Chat Completions (video as vLLM takes it): {"url": ...} or the URL
-        holder = part.get(kind)
-        url, where = (holder.get("url"), f"{param}.{kind}.url") if isinstance(holder, dict) else (holder, f"{param}.{kind}")
+        holder = part.image_url if kind == "image_url" else part.video_url
+        url, where = ((_nested(holder).url, f"{param}.{kind}.url") if isinstance(holder, dict)
+                      else (holder, f"{param}.{kind}"))
     elif kind == "input_image":  # Responses
-        if part.get("file_id") is not None:
+        if part.file_id is not None:
             raise invalid(f"'{param}.file_id': this server has no files API; send the image as a data URL in "
                           "'image_url'.", param=f"{param}.file_id", code="media_unsupported")
-        url, where = part.get("image_url"), f"{param}.image_url"
+        url, where = part.image_url, f"{param}.image_url"
     else:  # a file part: Chat's {"file": {"file_data"}} or Responses' {"file_data"}
-        holder = part.get("file") if kind == "file" and isinstance(part.get("file"), dict) else part
-        if holder.get("file_data") is None:
+        holder = _nested(part.file) if kind == "file" and isinstance(part.file, dict) else part
+        if holder.file_data is None:
             raise invalid(f"'{param}': only a file sent inline as 'file_data' can be read here (there is no files "
                           "API, and URLs are not fetched).", param=param, code="media_unsupported")
-        url, where = holder.get("file_data"), f"{param}.file_data"
-        if isinstance(url, str) and (url.startswith("data:application/pdf;") or _pdf_named(holder, url)):
-            return _pdf(url.partition(",")[2] if url.startswith("data:") else url, where,
-                        holder.get("filename") if isinstance(holder.get("filename"), str) else None)
+        url, where = holder.file_data, f"{param}.file_data"
+        filename = holder.filename if isinstance(holder.filename, str) else None
+        if isinstance(url, str) and (url.startswith("data:application/pdf;") or _pdf_named(filename, url)):
+            return _pdf(url.partition(",")[2] if url.startswith("data:") else url, where, filename)
     if not isinstance(url, str):
         raise invalid(f"Invalid type for '{where}': expected a string.", param=where, code="invalid_type")
     if kind in ("image_url", "input_image", "video_url") and url.startswith(("http://", "https://")):
@@ -93,6 +124,11 @@ def media_part(part: dict, param: str) -> dict:
     return {"type": media, "media": MediaPart(media, encoded, where, mime)}
 
 
+def _nested(value: dict) -> MediaFields:
+    # An attachment's nested object: every field is Any, so this parse never refuses.
+    return MediaFields.model_validate(value)
+
+
 def _pdf(encoded: str, where: str, filename: str | None) -> dict:
     try:
         return {"type": "pdf", "media": pdf_part(encoded, where, filename)}
@@ -100,10 +136,9 @@ def _pdf(encoded: str, where: str, filename: str | None) -> dict:
         raise invalid(str(exc), param=exc.param, code=exc.code) from None
 
 
-def _pdf_named(holder: dict, data: str) -> bool:
+def _pdf_named(filename: str | None, data: str) -> bool:
     """Raw base64 (no data URL) of a file named *.pdf: how some clients send a PDF's `file_data`."""
-    name = holder.get("filename")
-    return not data.startswith("data:") and isinstance(name, str) and name.lower().endswith(".pdf")
+    return not data.startswith("data:") and filename is not None and filename.lower().endswith(".pdf")
 
 
 def joined(parts: list) -> str | list[dict]:
@@ -129,22 +164,7 @@ def _data_url(url: str, where: str) -> tuple[str, str]:
     return header[: -len(";base64")].split(";", 1)[0].strip().lower()[:64], encoded
 
 
-def temperature_and_top_p(body: dict) -> tuple[float | None, float | None]:
-    temperature = field(body, "temperature", float, "temperature")
-    in_range(temperature, "temperature", 0, 2)
-    top_p = field(body, "top_p", float, "top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise invalid(f"Invalid value for 'top_p': {top_p} must be greater than 0 and at most 1.", param="top_p")
-    return temperature, top_p
-
-
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch generator (and vLLM) can be seeded with
-
-
-def seed(body: dict) -> int | None:
-    value = field(body, "seed", int, "seed")
-    in_range(value, "seed", *SEED_RANGE)
-    return value
 
 
 def call_arguments(arguments: object, param: str) -> dict:
@@ -154,6 +174,15 @@ def call_arguments(arguments: object, param: str) -> dict:
     if not isinstance(arguments, dict):
         raise invalid(f"'{param}' must be a JSON object.", param=param)
     return arguments
+
+
+class _Choice(BaseModel):
+    """A named tool_choice, `{"name"}` or Chat's `{"function": {"name"}}`: typed loosely, refused below
+    in the words it has always had."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: Any = None
+    function: Any = None
 
 
 def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
@@ -168,40 +197,15 @@ def parse_tool_choice(choice: object, tools: list[dict] | None) -> str | dict:
             raise invalid("'tool_choice' is 'required' but no tools were given.", param="tool_choice")
         return choice
     if isinstance(choice, dict):
-        function = choice.get("function") if isinstance(choice.get("function"), dict) else choice
-        name = function.get("name")
+        named = _Choice.model_validate(choice)
+        nested = isinstance(named.function, dict)
+        name = _Choice.model_validate(named.function).name if nested else named.name
         if not isinstance(name, str):
             raise invalid("'tool_choice' names no function.", param="tool_choice")
-        tool_name(name, "tool_choice.name" if function is choice else "tool_choice.function.name")
+        tool_name(name, "tool_choice.function.name" if nested else "tool_choice.name")
         if name not in {t["function"]["name"] for t in tools or []}:
             raise invalid(f"'tool_choice' names the function {name!r}, which is not among the tools.",
                           param="tool_choice")
         return {"name": name}
     raise invalid("Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice",
                   code="invalid_type")
-
-
-def parse_tools(tools: list | None) -> list[dict] | None:
-    """Function tools in Chat Completions' shape (which looptrace's /v1/generate takes too), checked."""
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid(f"Invalid type for '{where}': expected an object.", param=where, code="invalid_type")
-        if tool.get("type", "function") != "function":
-            raise invalid(f"Invalid value for '{where}.type': {tool.get('type')!r}; only 'function' tools are "
-                          "supported here.", param=f"{where}.type")
-        function = field(tool, "function", dict, f"{where}.function", required=True)
-        name = field(function, "name", str, f"{where}.function.name", required=True)
-        if not name:
-            raise invalid(f"'{where}.function.name' must not be empty.", param=f"{where}.function.name")
-        spec = {"name": tool_name(name, f"{where}.function.name")}
-        description = field(function, "description", str, f"{where}.function.description")
-        if description is not None:
-            spec["description"] = description
-        parameters = field(function, "parameters", dict, f"{where}.function.parameters")
-        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": spec})
-    return out

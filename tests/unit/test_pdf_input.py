@@ -14,7 +14,7 @@ import pytest
 from pypdf import PdfWriter
 
 from looptrace.families.media import pdf as pdf_module
-from looptrace.proxy.api.request_parts import joined, media_part
+from looptrace.proxy.api.request_parts import Attachment, joined, media_part
 
 MODEL = "tiny-qwen"
 ANSWER = "\n</think>\n\nRead.<|im_end|>"
@@ -155,9 +155,9 @@ def test_a_pdf_read_later_is_the_text_it_was_read_as_at_the_door(beside):
     """The conversation after the PDF is read is the one the request's parse made when it read the PDF
     itself: a message of texts one string, joined as before; beside an image, a text part."""
     pdf = text_pdf("First page: the plan.", "Second page: the result.")
-    file_part = {"type": "input_file", "filename": "report.pdf", "file_data": data_url(pdf)}
+    file_part = Attachment(type="input_file", filename="report.pdf", file_data=data_url(pdf))
     other = ("Read it." if beside == "text" else
-             media_part({"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}, "input[0].content[0]"))
+             media_part(Attachment(type="input_image", image_url="data:image/png;base64,iVBORw0KGgo="), "input[0].content[0]"))
     parsed = [{"role": "user", "content": joined([other, media_part(file_part, "input[0].content[1]")])}]
     text = pdf_module.pdf_text(base64.b64encode(pdf).decode(), "input[0].content[1].file_data", "report.pdf")
     assert pdf_module.with_pdf_text(parsed) == [{"role": "user", "content": joined([other, text])}]

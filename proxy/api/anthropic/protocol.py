@@ -9,29 +9,14 @@ every content block, as the SDK's does: which blocks a role may send is the conv
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import BeforeValidator, Field
 
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
-from ..protocol import Protocol, one_of, refused
+from ..protocol import Protocol, ToolName, by_type, one_of, refused
 from ..request_parts import MAX_STOP_LENGTH, MAX_STOPS
-from ..validation import TOOL_NAME
-
-
-def _plain_name(name: str) -> str:
-    """A tool's name, as the model will write it in a call: never a control token (validation.py)."""
-    if not name:
-        raise refused("invalid_value", "'{param}' must not be empty.")
-    if not TOOL_NAME.fullmatch(name):
-        raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
-                      f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).")
-    return name
-
-
-ToolName = Annotated[str, AfterValidator(_plain_name)]
 
 
 def _at_most(kind: str) -> BeforeValidator:
@@ -45,14 +30,6 @@ def _at_most(kind: str) -> BeforeValidator:
             raise refused("too_many_items", message)
         return items
     return BeforeValidator(bounded)
-
-
-def _by_type(branches: dict[str | None, str], other: str) -> Callable[[dict], str]:
-    """How one_of picks a union's branch: by the object's `type` (None: absent), `other` for the rest."""
-    def kind_of(value: dict) -> str:
-        kind = value.get("type")
-        return branches.get(kind, other) if kind is None or isinstance(kind, str) else other
-    return kind_of
 
 
 # -- sources of images and documents --
@@ -81,7 +58,7 @@ class OtherSource(Protocol):
     type: str
 
 
-Source = one_of(_by_type({"base64": "base64", "url": "url", "text": "text"}, "other"),
+Source = one_of(by_type({"base64": "base64", "url": "url", "text": "text"}, "other"),
                 base64=Base64Source, url=UrlSource, text=TextSource, other=OtherSource)
 
 
@@ -147,7 +124,7 @@ class ToolResultBlock(Protocol):
 
 
 _BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking")
-Block = one_of(_by_type({kind: kind for kind in _BLOCKS}, "other"),
+Block = one_of(by_type({kind: kind for kind in _BLOCKS}, "other"),
                text=TextBlock, image=ImageBlock, document=DocumentBlock, tool_use=ToolUseBlock,
                tool_result=ToolResultBlock, tool_reference=ToolReferenceBlock, thinking=ThinkingBlock,
                redacted_thinking=RedactedThinkingBlock, other=OtherBlock)
@@ -180,7 +157,7 @@ class ServerTool(Protocol):
     type: str
 
 
-Tool = one_of(_by_type({None: "custom", "custom": "custom"}, "server"), custom=CustomTool, server=ServerTool)
+Tool = one_of(by_type({None: "custom", "custom": "custom"}, "server"), custom=CustomTool, server=ServerTool)
 
 
 class ToolChoice(Protocol):
@@ -229,7 +206,7 @@ class OtherEdit(Protocol):
     type: str
 
 
-Edit = one_of(_by_type({"clear_tool_uses_20250919": "tool_uses", "clear_thinking_20251015": "thinking"}, "other"),
+Edit = one_of(by_type({"clear_tool_uses_20250919": "tool_uses", "clear_thinking_20251015": "thinking"}, "other"),
               tool_uses=ClearToolUses, thinking=ClearThinking, other=OtherEdit)
 
 

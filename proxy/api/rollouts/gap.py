@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 
 from aiohttp import web
+from pydantic import field_validator
 
 from looptrace.common.jsonio import dumps
 from looptrace.trace_store.gap import DEFAULT_CAP, rollout_gap
 
 from ..errors import APIError, invalid
-from ..query import query_number
+from ..query import Query, query_number
 from ..stored import on_store, on_viewer_thread, store_of
 from ..protocol import parse
 from ..validation import json_body
@@ -80,12 +81,21 @@ def _logprobs(values: list[float], param: str) -> list[float]:
     return values
 
 
+class GapQuery(Query):
+    cap: float = DEFAULT_CAP
+
+    @field_validator("cap", mode="before")
+    @classmethod
+    def _cap(cls, value: str) -> float:
+        cap = query_number(value, "cap")
+        if cap is None or not 1 < cap <= 1000:
+            raise invalid("'cap' must be a number above 1 (an importance ratio's cap), at most 1000.", param="cap")
+        return cap
+
+
 async def get_gap(request: web.Request) -> web.Response:
     key = rollout_key(request)
-    cap = query_number(request.query.get("cap", str(DEFAULT_CAP)), "cap")
-    if cap is None or not 1 < cap <= 1000:
-        raise invalid("'cap' must be a number above 1 (an importance ratio's cap), at most 1000.", param="cap")
-    return web.json_response(await _gap(request, key, cap), dumps=dumps)
+    return web.json_response(await _gap(request, key, GapQuery.of(request).cap), dumps=dumps)
 
 
 async def _gap(request: web.Request, key: str, cap: float) -> dict:

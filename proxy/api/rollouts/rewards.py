@@ -18,7 +18,7 @@ from looptrace.trace_store.rollouts import MAX_ROLLOUT_INFO_BYTES, MAX_STEPS, in
 from ..auth import sees
 from ..errors import APIError, invalid
 from ..keys import RUNTIME
-from ..query import query_int
+from ..query import Query, between
 from ..stored import on_store
 from ..protocol import parse
 from ..validation import json_body
@@ -112,11 +112,16 @@ async def get_reward(request: web.Request) -> web.Response:
     return web.json_response({**found, "rollout": named(request, key)}, dumps=dumps)
 
 
+class RolloutsQuery(Query):
+    group: str | None = None
+    limit: between(1, 1000) = 100
+
+
 async def list_rollouts(request: web.Request) -> web.Response:
     """?group= (X-Rollout-Group as sent) &limit= (1 to 1000, 100 by default): the caller's tenant's
     rollouts alone, each named as its requests named it."""
     rollouts = rollouts_of(request)
-    limit = query_int(request.query.get("limit", "100"), "limit", 1, 1000)
-    found = await on_store(rollouts.in_group, request.query.get("group"), limit, sees(request))
+    query = RolloutsQuery.of(request)
+    found = await on_store(rollouts.in_group, query.group, query.limit, sees(request))
     return web.json_response({"object": "list", "data": [{**r, "rollout": named(request, r["rollout"])}
                                                          for r in found]}, dumps=dumps)

@@ -14,13 +14,15 @@ each side's mean surprise (the mean of -logprob over its tokens).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict
 
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 from looptrace.common.sequences import common_prefix
-from looptrace.trace_store.records import request_span
+from looptrace.trace_store.records import request_span, span_named
 
 from ..auth import sees
 from ..errors import APIError, invalid
@@ -68,18 +70,18 @@ def _step(n: int, trace_a: dict | None, trace_b: dict | None, step_a: dict, step
     tokens_a, render_a = _parts(trace_a)
     tokens_b, render_b = _parts(trace_b)
     divergent, parted = _divergent(tokens_a, tokens_b)
-    calls_a, calls_b = step_a.get("tool_calls", []), step_b.get("tool_calls", [])
+    calls_a, calls_b = (_StepCalls.model_validate(step).tool_calls for step in (step_a, step_b))
     return {"step": n, "a": step_a, "b": step_b, "tokens_a": tokens_a, "tokens_b": tokens_b,
             "divergent": divergent, "first_divergence": divergent[0] if divergent else None, "parted_at": parted,
-            "tool_calls_equal": [_call(c) for c in calls_a] == [_call(c) for c in calls_b],
+            "tool_calls_equal": [c.compared() for c in calls_a] == [c.compared() for c in calls_b],
             "replay": _replay(trace_b), "prompt": _prompt_diff(render_a, render_b)}
 
 
 def _parts(trace: dict | None) -> tuple[list[dict], dict]:
+    """The decode span's tokens and the render span's attributes (none of either where not stored)."""
     if trace is None:
         return [], {}
-    spans = {s["name"]: s for s in trace["spans"]}
-    return spans.get(attr.SPAN_DECODE, {}).get("tokens", []), spans.get(attr.SPAN_RENDER, {}).get("attributes", {})
+    return span_named(trace, attr.SPAN_DECODE)["tokens"], span_named(trace, attr.SPAN_RENDER)["attributes"]
 
 
 def _divergent(a: list[dict], b: list[dict]) -> tuple[list[int], int | None]:
@@ -95,12 +97,27 @@ def _divergent(a: list[dict], b: list[dict]) -> tuple[list[int], int | None]:
     return out, (min(len(a), len(b)) if len(a) != len(b) else None)
 
 
-def _call(call: dict) -> tuple:
-    try:
-        arguments = json.dumps(json.loads(call.get("arguments") or "null"), sort_keys=True)
-    except (json.JSONDecodeError, TypeError):
-        arguments = call.get("arguments")
-    return call.get("name"), arguments, call.get("outcome"), call.get("raw") if call.get("outcome") == "unparsed" else None
+class _Call(BaseModel):
+    """A stored step's tool call, as two are compared: the same name, arguments (as JSON, keys sorted)
+    and outcome, and for a call that did not parse, the same text."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: Any = None
+    arguments: Any = None
+    outcome: Any = None
+    raw: Any = None
+
+    def compared(self) -> tuple:
+        try:
+            arguments = json.dumps(json.loads(self.arguments or "null"), sort_keys=True)
+        except (json.JSONDecodeError, TypeError):
+            arguments = self.arguments
+        return self.name, arguments, self.outcome, self.raw if self.outcome == "unparsed" else None
+
+
+class _StepCalls(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    tool_calls: list[_Call] = []
 
 
 def _replay(trace: dict | None) -> dict | None:

@@ -14,10 +14,11 @@ from looptrace.common.jsonio import dumps
 from looptrace.trace_store import erasure
 
 from ..auth import caller_of, sees
-from ..errors import APIError, invalid
+from ..errors import APIError
 from ..keys import TELEMETRY
-from ..query import query_int
+from ..query import Query, between
 from ..stored import on_viewer_thread, store_of
+from .sessions import SessionKey, session_key
 
 
 def _state(request: web.Request):
@@ -39,9 +40,7 @@ async def _run(function, *args):
 
 
 async def erase_session(request: web.Request) -> web.Response:
-    key = request.match_info.get("key") or request.query.get("key")
-    if not key:
-        raise invalid("Name the session: DELETE /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
+    key = session_key(request, SessionKey.of(request).key, "DELETE /v1/sessions/{key}")
     store, state, caller = store_of(request), _state(request), caller_of(request)
     subject = erasure.Subject("session", key, tenant=caller.sees)
     done = await _run(erasure.erase, store, state, subject, caller.name)
@@ -54,7 +53,11 @@ async def erase_session(request: web.Request) -> web.Response:
     return web.json_response({"object": "session.erased", **done}, dumps=dumps)
 
 
+class ErasuresQuery(Query):
+    limit: between(1, 10_000) = 100
+
+
 async def list_erasures(request: web.Request) -> web.Response:
-    limit = query_int(request.query.get("limit", "100"), "limit", 1, 10_000)
+    limit = ErasuresQuery.of(request).limit
     found = await _run(erasure.erasures, _state(request), limit, sees(request))
     return web.json_response({"object": "list", "data": found}, dumps=dumps)

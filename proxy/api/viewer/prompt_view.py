@@ -14,6 +14,7 @@ from difflib import SequenceMatcher
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.common.vocabulary import AlternativeTexts, Vocabulary
+from looptrace.trace_store.records import span_named
 
 DIFF_LIMIT = 4000  # tokens on either side of the changed middle compared token by token; past that, whole
 
@@ -33,8 +34,7 @@ def _media(render: dict) -> list[dict]:
 
 
 def generated_ids(trace: dict) -> list[int]:
-    decode = next((s for s in trace["spans"] if s["name"] == attr.SPAN_DECODE), None)
-    return [t["id"] for t in (decode or {}).get("tokens", ()) if "id" in t]
+    return [t["id"] for t in span_named(trace, attr.SPAN_DECODE)["tokens"] if "id" in t]
 
 
 def with_alternative_texts(trace: dict, vocab: Vocabulary) -> dict:

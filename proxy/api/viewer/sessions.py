@@ -13,23 +13,32 @@ from looptrace.common.jsonio import dumps
 from ..auth import sees
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
-from ..query import cursor, query_int, timestamp
+from ..query import Cursor, Query, Time, between
 from ..stored import on_viewer_thread, read, store_of
 from ..streaming import KEEPALIVE_SECONDS, SSE_HEADERS
 
 EMPTY = {"data": [], "next": None, "models": [], "clients": []}
 
 
+class SessionsQuery(Query):
+    before: Cursor = None
+    model: str = ""
+    client: str = ""
+    since: Time = None
+    until: Time = None
+    q: str = ""
+    group: str | None = None
+    limit: between(1, 500) = 50
+
+
 async def list_sessions(request: web.Request) -> web.Response:
     """Sessions, most recently active first. ?model= &client= &since= &until= &q= (a conversation id or
     words a step read or wrote) &group= (a rollout group's) &limit= &before= (the `next` of the page before)."""
-    query = request.query
-    before = cursor(query.get("before"))
-    keys = await group_keys(request, query.get("group"))
-    page = await read(store_of(request).list_sessions, EMPTY, keys=keys, model=query.get("model") or None,
-                      client=query.get("client") or None, since_ns=timestamp(query.get("since"), "since"),
-                      until_ns=timestamp(query.get("until"), "until"), text=search_text(query.get("q", "")),
-                      before=before, limit=query_int(query.get("limit", "50"), "limit", 1, 500), tenant=sees(request))
+    query = SessionsQuery.of(request)
+    keys = await group_keys(request, query.group)
+    page = await read(store_of(request).list_sessions, EMPTY, keys=keys, model=query.model or None,
+                      client=query.client or None, since_ns=query.since, until_ns=query.until,
+                      text=search_text(query.q), before=query.before, limit=query.limit, tenant=sees(request))
     return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
@@ -65,17 +74,30 @@ def search_text(value: str) -> str | None:
     return text or None
 
 
+class SessionKey(Query):
+    key: str = ""  # for a key that is "." or "..", which no path can hold
+
+
+class SessionQuery(SessionKey):
+    offset: between(0, 1 << 31) = 0
+    limit: between(1, 10_000) | None = None  # all of them
+
+
+def session_key(request: web.Request, given: str, route: str = "/v1/sessions/{key}") -> str:
+    """The session a route names: in its path (`route`), or as ?key= (`given`) where a path cannot say it."""
+    key = request.match_info.get("key") or given
+    if not key:
+        raise invalid(f"Name the session: {route}, or /v1/sessions/?key=KEY.", param="key")
+    return key
+
+
 async def get_session(request: web.Request) -> web.Response:
     """GET /v1/sessions/{key}, or /v1/sessions/?key=KEY for a key that is "." or "..", which clients
     resolve as a step up the path however it is escaped. ?offset= &limit=: a page of its steps (all of
     them by default; `steps_total` says how many there are)."""
-    key = request.match_info.get("key") or request.query.get("key")
-    if not key:
-        raise invalid("Name the session: /v1/sessions/{key}, or /v1/sessions/?key=KEY.", param="key")
-    query = request.query
-    offset = query_int(query.get("offset", "0"), "offset", 0, 1 << 31)
-    limit = query_int(query["limit"], "limit", 1, 10_000) if "limit" in query else None
-    found = await read(store_of(request).session, None, key, offset, limit, sees(request))
+    query = SessionQuery.of(request)
+    key = session_key(request, query.key)
+    found = await read(store_of(request).session, None, key, query.offset, query.limit, sees(request))
     if found is None:
         raise APIError(404, "No such session in the store (it may not be written yet, or was retired).",
                        param="key", code="session_not_found")

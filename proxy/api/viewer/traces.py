@@ -12,19 +12,25 @@ from looptrace.trace_store.records import request_span
 from ..auth import sees
 from ..errors import APIError
 from ..keys import RUNTIME
-from ..query import cursor, query_int, timestamp
+from ..query import Cursor, Query, Time, between
 from ..stored import on_viewer_thread, read, store_of, stored_trace
 from .prompt_view import prompt_view, with_alternative_texts
 
 
+class TracesQuery(Query):
+    limit: between(1, 1000) = 50
+    since: Time = None
+    before: Cursor = None
+    conversation: str | None = None
+    model: str | None = None
+
+
 async def list_traces(request: web.Request) -> web.Response:
     store = store_of(request)
-    query = request.query
-    limit = query_int(query.get("limit", "50"), "limit", 1, 1000)
-    since = timestamp(query.get("since"), "since")
-    before = cursor(query.get("before"))
-    page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.get("conversation"),
-                      model=query.get("model"), since_ns=since, before=before, limit=limit, tenant=sees(request))
+    query = TracesQuery.of(request)
+    page = await read(store.list_traces, {"data": [], "next": None}, conversation=query.conversation,
+                      model=query.model, since_ns=query.since, before=query.before, limit=query.limit,
+                      tenant=sees(request))
     return web.json_response({"object": "list", **page}, dumps=dumps)
 
 
@@ -51,10 +57,14 @@ async def get_tokens(request: web.Request) -> web.Response:
     return web.json_response(found, dumps=dumps)
 
 
+class PromptQuery(Query):
+    against: str = ""  # the trace of the step before
+
+
 async def get_prompt(request: web.Request) -> web.Response:
     """The prompt token by token, and with `?against=TRACE_ID` (the step before) what changed since."""
     trace = await stored_trace(request, request.match_info["trace_id"])
-    against = request.query.get("against")
+    against = PromptQuery.of(request).against
     previous = await stored_trace(request, against, param="against") if against else None
     view = await on_viewer_thread(prompt_view, trace, previous, vocabulary_for(request, trace))
     return web.json_response(view, dumps=dumps)

@@ -12,29 +12,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from ...protocol import Protocol, one_of, refused
-from ...validation import TOOL_NAME
+from ...protocol import Protocol, ToolName, by_type, one_of, refused
+from ...request_parts import Attachment
 
 SERVICE_TIERS = Literal["auto", "default", "flex", "priority"]
 MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file", "video_url")
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 
 
-class ToolName(Protocol):
-    """A model with a tool's name: what the model will write in a call, so never a control token."""
+class Named(Protocol):
+    """A call or a tool with a name: what the model will write in a call, so never a control token."""
 
-    name: str
-
-    @field_validator("name")
-    @classmethod
-    def _plain(cls, name: str) -> str:
-        if not name:
-            raise refused("invalid_value", "'{param}' must not be empty.")
-        if not TOOL_NAME.fullmatch(name):
-            raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
-                          f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most "
-                          "128).")
-        return name
+    name: ToolName
 
 
 # -- content parts --
@@ -49,21 +38,17 @@ class RefusalPart(Protocol):
     refusal: str
 
 
-class MediaPart(Protocol):
+class MediaPart(Attachment):
     """An image, audio, file or video: read as the engine reads attachments (request_parts.media_part)."""
 
-    type: str
+
+_PART_KINDS = by_type({"refusal": "refusal", **dict.fromkeys(MEDIA_PARTS, "media"),
+                       **dict.fromkeys(TEXT_PARTS, "text")}, None)
 
 
 def _part_kind(part: dict) -> str | None:
-    if isinstance(part.get("text"), str):
-        return "text"
-    kind = part.get("type")
-    if kind == "refusal":
-        return "refusal"
-    if kind in MEDIA_PARTS:
-        return "media"
-    return "text" if kind in TEXT_PARTS else None
+    # A part with a string `text` is text, whatever its type says.
+    return "text" if isinstance(part.get("text"), str) else _PART_KINDS(part)
 
 
 Part = one_of(_part_kind, text=TextPart, refusal=RefusalPart, media=MediaPart)
@@ -76,16 +61,17 @@ class Message(Protocol):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: Content | None = None
+    id: Any = None  # the client's, kept where the message is given back (a compaction's output)
 
 
-class FunctionCall(ToolName):
+class FunctionCall(Named):
     type: Literal["function_call"]
     call_id: str
     namespace: str | None = None
     arguments: Any = "{}"  # a JSON string (or an object): request_parts.call_arguments reads it
 
 
-class CustomToolCall(ToolName):
+class CustomToolCall(Named):
     type: Literal["custom_tool_call"]
     call_id: str
     namespace: str | None = None
@@ -149,9 +135,12 @@ _ITEMS = {"message": "message", "function_call": "function_call", "custom_tool_c
           "compaction": "compaction", "compaction_summary": "compaction", "compaction_trigger": "trigger"}
 
 
+_ITEM_KINDS = {True: by_type(_ITEMS, "other", absent="message"), False: by_type(_ITEMS, "other")}
+
+
 def _item_kind(item: dict) -> str:
-    kind = item.get("type", "message" if "role" in item else None)
-    return _ITEMS.get(kind, "other") if isinstance(kind, str) or kind is None else "other"
+    # An item without a type is a message when it has a role (EasyInputMessage).
+    return _ITEM_KINDS["role" in item](item)
 
 
 Item = one_of(_item_kind, message=Message, function_call=FunctionCall, custom_tool_call=CustomToolCall,
@@ -161,7 +150,7 @@ Item = one_of(_item_kind, message=Message, function_call=FunctionCall, custom_to
 
 # -- tools --
 
-class FunctionTool(ToolName):
+class FunctionTool(Named):
     type: Literal["function"] = "function"
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -176,7 +165,7 @@ class CustomFormat(Protocol):
     definition: Any = None
 
 
-class CustomTool(ToolName):
+class CustomTool(Named):
     type: Literal["custom"]
     description: str | None = None
     format: CustomFormat | None = None
@@ -189,27 +178,20 @@ class OtherTool(Protocol):
     type: str
 
 
-def _member_kind(tool: dict) -> str:
-    kind = tool.get("type", "function")
-    return kind if kind in ("function", "custom") else "other"
+Member = one_of(by_type({"function": "function", "custom": "custom"}, "other", absent="function"),
+                function=FunctionTool, custom=CustomTool, other=OtherTool)
 
 
-Member = one_of(_member_kind, function=FunctionTool, custom=CustomTool, other=OtherTool)
-
-
-class NamespaceTool(ToolName):
+class NamespaceTool(Named):
     """Functions offered to the model as `namespace.tool` (codex's MCP servers)."""
 
     type: Literal["namespace"]
     tools: list[Member] = []
 
 
-def _tool_kind(tool: dict) -> str:
-    kind = tool.get("type", "function")
-    return kind if kind in ("function", "custom", "namespace") else "other"
-
-
-Tool = one_of(_tool_kind, function=FunctionTool, custom=CustomTool, namespace=NamespaceTool, other=OtherTool)
+Tool = one_of(by_type({"function": "function", "custom": "custom", "namespace": "namespace"}, "other",
+                      absent="function"),
+              function=FunctionTool, custom=CustomTool, namespace=NamespaceTool, other=OtherTool)
 
 
 class ToolChoice(Protocol):
@@ -245,6 +227,12 @@ class ContextEntry(Protocol):
         return value
 
 
+class ClientMetadata(Protocol):
+    """Members a client's metadata holds: codex's turn metadata, a JSON string (compaction/plan.py)."""
+
+    codex_turn: Any = Field(None, alias="x-codex-turn-metadata")
+
+
 class ResponsesRequest(Protocol):
     model: str
     instructions: str | None = None
@@ -270,7 +258,7 @@ class ResponsesRequest(Protocol):
     prompt_cache_key: str | None = None
     include: list[Any] | None = None
     metadata: dict[str, Any] | None = None
-    client_metadata: dict[str, Any] | None = None
+    client_metadata: ClientMetadata | None = None
     context_management: list[ContextEntry] | None = None
     enable_response_messages: bool | None = None  # vLLM's: the prompt's and the answer's token ids
 
@@ -293,6 +281,14 @@ class Envelope(Protocol):
     model_config = {"extra": "ignore"}
     type: str
     stream_id: str | None = None
+
+
+class Steer(Protocol):
+    """`response.steer`, which this server refuses: what it asked is said back in the refusal."""
+
+    model_config = {"extra": "ignore"}
+    input: Any = None
+    previous_response_id: Any = None
 
 
 class ResponseCreate(ResponsesRequest):

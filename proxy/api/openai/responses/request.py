@@ -356,7 +356,7 @@ def content_text(content: str | list | None, param: str, media: bool = False) ->
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
         elif isinstance(part, MediaPart):
-            texts.append(media_part(part.model_dump(), f"{param}[{j}]") if media else media_note())
+            texts.append(media_part(part, f"{param}[{j}]") if media else media_note())
     return joined(texts)
 
 

@@ -59,6 +59,7 @@ class ResponseBuilder:
         self.status = "in_progress"
         self.sequence = 0
         self.final: dict | None = None  # the response object, once it ended
+        self.error: APIError | None = None  # what ended it, where it failed
         self.cancelled = False  # set by a cancel (running.py): the generation stops, the response ends "cancelled"
         self._item: dict | None = None  # the reasoning or message item being written
         self._index = 0  # its place in the output
@@ -234,7 +235,7 @@ class ResponseBuilder:
 
         Its code is one of the few the Responses API defines (typed clients refuse others): what the
         HTTP status would have said. The specific one (upstream_error, …) is on the trace's span."""
-        self.status = "failed"
+        self.status, self.error = "failed", error
         status = error.status
         code = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status < 500 else "server_error"
         body = self.response(error={"code": code, "message": error.message},

@@ -44,7 +44,7 @@ from ...serving import traced
 from ...streaming import Event
 from ...validation import json_object
 from .http import respond
-from .protocol import LANE_ID, Envelope, ResponseCreate
+from .protocol import LANE_ID, Envelope, ResponseCreate, Steer
 from .request import Previous, converted
 from .store import responses_of
 from .stream import ResponseBuilder
@@ -199,7 +199,8 @@ class Socket:
         await frames.write(frames.frames(events))
 
     async def steer_refused(self, event: dict) -> None:
-        steer = {"input": event.get("input"), "previous_response_id": event.get("previous_response_id")}
+        asked = Steer.model_validate(event)
+        steer = {"input": asked.input, "previous_response_id": asked.previous_response_id}
         await self.send({"type": "response.steer.failed", "steer": steer, "error": {
             "type": "invalid_request_error", "code": "steering_not_supported",
             "message": "Steering is not supported by this server: send the input with the next response.create."}})

@@ -169,7 +169,7 @@ def _context_management(body: ResponsesRequest, found: Plan) -> None:
 def _client_compaction(body: ResponsesRequest) -> bool:
     """Whether the client says this request is a compaction of its own: codex's turn metadata does
     (`request_kind` "compaction": a custom provider's local compaction). Read only to mark the step."""
-    turn = (body.client_metadata or {}).get("x-codex-turn-metadata")
+    turn = body.client_metadata.codex_turn if body.client_metadata else None
     if not isinstance(turn, str) or '"compaction"' not in turn or len(turn) > METADATA_CHARS:
         return False  # the common case: nothing parsed
     try:

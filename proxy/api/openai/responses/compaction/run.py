@@ -120,8 +120,8 @@ async def _summarized(http: web.Request, trace: RequestTelemetry, raw: dict, bod
     trace.responded(builder.id)
     await _run(generation, builder)
     if builder.reference is None:  # failed: no summary to keep (one cut by its token budget is kept)
-        error = (builder.final or {}).get("error") or {}
-        raise APIError(500, error.get("message") or "The compaction did not complete.", type="server_error",
+        said = builder.error.message if builder.error is not None else None
+        raise APIError(500, said or "The compaction did not complete.", type="server_error",
                        code="compaction_failed")
     await kept(builder, trace, plan, how)
     return builder
@@ -161,5 +161,5 @@ def _user_message(item: Message) -> dict:
     content = item.content
     parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else \
         [part.model_dump(exclude_unset=True) for part in content or ()]
-    return {"type": "message", "id": (item.model_extra or {}).get("id") or new_id("msg_"), "status": "completed",
+    return {"type": "message", "id": item.id or new_id("msg_"), "status": "completed",
             "role": "user", "content": parts}
