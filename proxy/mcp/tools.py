@@ -26,7 +26,9 @@ PROMPT_CHARS = 24_000
 RESULT_CHARS = 60_000
 LEAST_LIKELY = 10
 SEARCH_CHARS, SEARCH_WORDS = 256, 16  # as the HTTP API's ?q= (viewer/sessions.py): past them, only cost
-SEARCH_STEPS = 200  # steps of each session found read for the snippets
+# The store says which sessions match, not which steps: the snippets are looked for in the first
+# SNIPPET_STEPS steps of the first SNIPPET_SESSIONS sessions found, so a search reads that much at most.
+SNIPPET_SESSIONS, SNIPPET_STEPS = 5, 100
 _WORD = re.compile(r"\w+")
 
 
@@ -107,9 +109,10 @@ def _agents_text(agents) -> list[str]:
 
 
 def step_heading(number: int, step: dict) -> str:
+    """A step's line: its number (0: not known, a step named by its trace id), trace id, agent, time, status."""
     agent = step.get("agent")
     shown = f"  agent={one_line(agent if not isinstance(agent, dict) else agent.get('id'), 100)}" if agent else ""
-    return (f"## step {number}  trace_id={one_line(step.get('trace_id'), 40)}{shown}  "
+    return (f"## {f'step {number}  ' if number else ''}trace_id={one_line(step.get('trace_id'), 40)}{shown}  "
             f"{when(step.get('start_ns'))}  status={one_line(step.get('status') or '?', 20)}  "
             f"tokens={step.get('input_tokens') or 0:,} in / {step.get('output_tokens') or 0:,} out"
             + (f"  error={one_line(step['error'], 80)}" if step.get("error") else ""))
@@ -186,7 +189,7 @@ def get_step(store, tenant: str | None, *, key: str = "", step: int = 0, trace_i
     trace = trace_of(store, tenant, key, step, trace_id)
     root, _, decode = _spans(trace)
     summary = trace.get("step") or {}
-    lines = [step_heading(step or 0, {**summary, "trace_id": trace["trace_id"]}).replace("## step 0  ", "## "),
+    lines = [step_heading(step if not trace_id else 0, {**summary, "trace_id": trace["trace_id"]}),
              f"session={one_line(trace.get('session') or '?', 200)}  model="
              f"{one_line(root['attributes'].get(attr.GEN_AI_REQUEST_MODEL) or '?', 80)}"]
     prompt = prompt_of(trace)
@@ -216,16 +219,23 @@ def search(store, tenant: str | None, *, q: str, limit: int = 10) -> str:
         return f"Nothing in the store matches {one_line(text, 80)!r}."
     lines = [f"{len(rows)} sessions match {one_line(text, 80)!r}" + (" (more: raise limit)" if page.get("next") else "")
              + ":"]
-    needle = text.lower()
-    for row in rows:
+    for place, row in enumerate(rows):
         lines += ["", session_line(row)]
-        found = _read(store.session, row["key"], 0, SEARCH_STEPS, tenant) or {"steps": []}
-        shown = 0
-        for n, step in enumerate(found["steps"], 1):
-            said = clean(searchable_text(step))
-            at = said.lower().find(needle)
-            if at >= 0 and shown < 3:
-                shown += 1
-                lines.append(f"  step {n} (trace_id={one_line(step.get('trace_id'), 40)}): "
-                             f"…{one_line(said[max(0, at - 80):at + len(text) + 80], 240)}…")
+        if place < SNIPPET_SESSIONS:
+            lines += snippets(store, tenant, row["key"], text)
     return bounded("\n".join(lines))
+
+
+def snippets(store, tenant: str | None, key: str, text: str, most: int = 3) -> list[str]:
+    """Up to `most` of the session's first SNIPPET_STEPS steps that hold `text`, each with the words around it."""
+    found = _read(store.session, key, 0, SNIPPET_STEPS, tenant) or {"steps": []}
+    needle, lines = text.lower(), []
+    for n, step in enumerate(found["steps"], 1):
+        said = clean(searchable_text(step))
+        at = said.lower().find(needle)
+        if at >= 0:
+            lines.append(f"  step {n} (trace_id={one_line(step.get('trace_id'), 40)}): "
+                         f"…{one_line(said[max(0, at - 80):at + len(text) + 80], 240)}…")
+            if len(lines) == most:
+                break
+    return lines

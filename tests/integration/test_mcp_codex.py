@@ -41,9 +41,11 @@ def test_codex_calls_get_session_and_the_result_reaches_the_next_prompt(installe
         codex = clients.codex_home(home, proxy.base_url, MODEL)
         command = looptrace_command()
         with open(codex / "config.toml", "a") as config:
+            # required: codex waits for the server before its first turn (else the tools may not be offered yet).
             config.write("\n[mcp_servers.looptrace]\n"
                          f"command = {json.dumps(command[0])}\n"
-                         f"args = {json.dumps([*command[1:], 'mcp', '--store', str(server.trace_db)])}\n")
+                         f"args = {json.dumps([*command[1:], 'mcp', '--store', str(server.trace_db)])}\n"
+                         "required = true\n")
         done = clients.run_codex(installed, home, work, API_KEY, "What was the earlier run about?", timeout=120)
     bodies = proxy.bodies("/v1/responses")
     assert done.returncode == 0, clients_outcome(done)
