@@ -286,3 +286,39 @@ def test_a_gemini_request_is_traced(replay_app):
     assert root["looptrace.endpoint"] == "gemini" and root["gen_ai.request.model"] == MODEL
     assert root["looptrace.client.name"] == "GeminiCLI"
     assert any(s["name"].startswith("execute_tool") for s in trace["spans"])
+
+
+@pytest.fixture(scope="module")
+def seeing(qwen3_5_dir, tmp_path_factory):
+    """The tiny Qwen3.5 with its image processor, answering "Ok." (the replay backend reads no images:
+    what is checked is what the prompt holds)."""
+    from tiny_media import with_images
+
+    folder = tmp_path_factory.mktemp("seeing")
+    (folder / "steps.jsonl").write_text('{"text": "Ok.<|im_end|>"}\n')
+    app = AppThread(Settings(model=str(with_images(qwen3_5_dir, "qwen3_5")), backend="replay",
+                             replay=str(folder / "steps.jsonl"), served_model_name=MODEL,
+                             trace_db=str(folder / "t.sqlite3"))).start()
+    app.runtime.backend = Capture(app.runtime.vocab)
+    yield app
+    app.stop()
+
+
+def test_an_inline_image_reaches_the_prompt(seeing):
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (220, 30, 30)).save(out, "PNG")
+    image = {"inlineData": {"mimeType": "image/png", "data": base64.b64encode(out.getvalue()).decode()}}
+    trace_id = secrets.token_hex(16)
+    body = {"contents": [{"role": "user", "parts": [{"text": "What is this?"}, image]}]}
+    status, data = post_messages(seeing, body, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+                                 path=path("generateContent"))
+    assert status == 200, data
+    render = next(s for s in seeing.stored(f"/v1/traces/{trace_id}")["spans"] if s["name"] == "render")["attributes"]
+    (item,) = json.loads(render["looptrace.prompt.media"])
+    assert (item["kind"], item["param"], item["width"]) == ("image", "contents[0].parts[1].inlineData.data", 64)
+    assert item["tokens"] > 0
