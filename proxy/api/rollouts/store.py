@@ -1,6 +1,6 @@
-"""What the rollout routes share: the rollouts' store, a rollout named in the path, its steps as the
-trace store holds them, and a step named by its place or its trace (a query of the store runs through
-../stored.py, as every API's does)."""
+"""What the rollout routes share: the rollouts' store, a rollout named in the path, and its steps as the
+trace store holds them (a query of the store runs through ../stored.py, as every API's does; a step a
+request names is read by protocol.py)."""
 
 from __future__ import annotations
 
@@ -52,18 +52,3 @@ def info_of(value: object, param: str) -> dict | None:
     if len(info_json(value)) > MAX_INFO_BYTES:  # as stored
         raise invalid(f"'{param}' is larger than {MAX_INFO_BYTES} bytes as JSON.", param=param)
     return value
-
-
-def step_of(item: dict, param: str) -> str:
-    """A step as a request names it: its place in the rollout ("step": 3, from 1), or its trace
-    ("trace_id"). Kept as given, "3" or the trace id."""
-    step, trace_id = item.get("step"), item.get("trace_id")
-    if (step is None) == (trace_id is None):
-        raise invalid(f"'{param}' names its step by 'step' (from 1) or 'trace_id', one of them.", param=param)
-    if step is not None:
-        if type(step) is not int or step < 1:
-            raise invalid(f"'{param}.step' must be an integer from 1.", param=f"{param}.step")
-        return str(step)
-    if not isinstance(trace_id, str) or len(trace_id) != 32 or any(c not in "0123456789abcdef" for c in trace_id):
-        raise invalid(f"'{param}.trace_id' must be a trace id: 32 lowercase hex digits.", param=f"{param}.trace_id")
-    return trace_id
