@@ -196,6 +196,16 @@ def test_thought_parts_are_the_turns_reasoning(replay_app, capture):
     assert "<think>\nI should read it.\n</think>" in prompt and "<tool_response>\nhello\n</tool_response>" in prompt
 
 
+def test_gemini_clis_json_mode_utility_call_is_answered(replay_app, capture):
+    """As its model router sends one: no role, JSON asked for by schema (not enforced), a thinking level."""
+    prompt = prompt_of(replay_app, capture, {
+        "contents": [{"parts": [{"text": "Score the task."}]}], "systemInstruction": {"parts": [{"text": "Judge."}]},
+        "generationConfig": {"temperature": 1, "topP": 0.95, "topK": 64, "responseMimeType": "application/json",
+                             "responseJsonSchema": {"type": "OBJECT", "properties": {"score": {"type": "INTEGER"}}},
+                             "thinkingConfig": {"includeThoughts": True, "thinkingLevel": "HIGH"}}})
+    assert "<|im_start|>user\nScore the task.<|im_end|>" in prompt and prompt.endswith("assistant\n<think>\n")
+
+
 def test_the_openapi_schema_becomes_json_schema():
     assert json_schema({"type": "OBJECT", "properties": {"tags": {"type": "ARRAY", "items": {"type": "STRING"}},
                                                          "type": {"type": "INTEGER"}},
