@@ -8,6 +8,7 @@ MIDDLE_LINES lines a side: past that its matching is quadratic, and the diff say
 from __future__ import annotations
 
 import difflib
+import re
 
 from .text import clean, one_line
 from .tools import Refused, bounded, prompt_of, trace_of
@@ -40,16 +41,25 @@ def diff_text(before: str, after: str, names: tuple[str, str]) -> str:
     if cut:
         head.append(f"[the changed middle is over {MIDDLE_LINES:,} lines: only its first {MIDDLE_LINES:,} on each "
                     "side are compared]")
-    # The line numbers difflib prints are the middle's; CONTEXT lines of the shared start are put back.
-    keep = min(start, CONTEXT)
-    lines = list(difflib.unified_diff(a[start - keep:start] + middle_a[:MIDDLE_LINES],
-                                      b[start - keep:start] + middle_b[:MIDDLE_LINES],
+    keep = min(start, CONTEXT)  # the shared start's last lines and the shared end's first, as context
+    after_end = a[len(a) - end:len(a) - end + CONTEXT] if end else []
+    lines = list(difflib.unified_diff(a[start - keep:start] + middle_a[:MIDDLE_LINES] + after_end,
+                                      b[start - keep:start] + middle_b[:MIDDLE_LINES] + after_end,
                                       names[0], names[1], n=CONTEXT, lineterm=""))
+    lines = [_numbered(line, start - keep) if line.startswith("@@") else line for line in lines]
     shown = [line if len(line) <= LINE_CHARS else f"{line[:LINE_CHARS]}[… {len(line) - LINE_CHARS:,} more]"
              for line in lines[:DIFF_LINES]]
     if len(lines) > DIFF_LINES:
         shown.append(f"[… {len(lines) - DIFF_LINES:,} more diff lines elided …]")
     return "\n".join(head + shown)
+
+
+_HUNK = re.compile(r"^@@ -(\d+)((?:,\d+)?) \+(\d+)((?:,\d+)?) @@")
+
+
+def _numbered(hunk: str, offset: int) -> str:
+    """A hunk's header with the prompts' own line numbers (difflib counts from the part it was given)."""
+    return _HUNK.sub(lambda m: f"@@ -{int(m[1]) + offset}{m[2]} +{int(m[3]) + offset}{m[4]} @@", hunk)
 
 
 def diff_steps(store, tenant: str | None, *, key: str, a: int, b: int, other_key: str = "") -> str:

@@ -236,3 +236,14 @@ def test_text_from_the_store_is_bounded_and_encodable():
     assert clean("a\ud800b") == "a\ufffdb"
     assert elided("x" * 100, 10) == "xxxx\n[… 90 characters elided …]\nxxxxxx"
     assert elided("short", 10) == "short"
+
+
+def test_a_diff_numbers_the_prompts_own_lines_and_keeps_context_on_both_sides():
+    from looptrace.proxy.mcp.diffs import diff_text
+
+    before = "".join(f"line {n}\n" for n in range(1, 101))
+    after = before.replace("line 50\n", "line fifty\n")
+    shown = diff_text(before, after, ("a", "b")).splitlines()
+    assert "the first 49 lines and the last 50 are the same" in shown[0]
+    assert shown[1:] == ["--- a", "+++ b", "@@ -47,7 +47,7 @@", " line 47", " line 48", " line 49", "-line 50",
+                         "+line fifty", " line 51", " line 52", " line 53"]
