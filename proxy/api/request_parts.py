@@ -72,11 +72,13 @@ class Attachment(MediaFields):
     type: str
 
 
-def media_part(part: Attachment, param: str) -> dict:
+def media_part(part: Attachment | dict, param: str) -> dict:
     """An attached item of either API as `{"type": "image", "media": MediaPart}`, in the engine's
     (Hugging Face's) message format. Only its data URL is read here: its bytes are decoded on the
     rendering thread (families/media/decode.py). A PDF file is `{"type": "pdf", "media": MediaPart}`,
     read there as its pages' text (families/media/pdf.py): only its size is checked here."""
+    if isinstance(part, dict):  # a caller still holding the part as a dict (chat/request.py, until it passes its model)
+        part = Attachment.model_validate(part)
     kind = part.type
     if kind == "input_audio":  # {"input_audio": {"data": base64, "format": "wav"}} (or the two at the top)
         nested = isinstance(part.input_audio, dict)
