@@ -1,5 +1,5 @@
-"""The aiohttp application: its routes, its middleware (security headers, errors, Host names, keys) and
-the model's lifetime."""
+"""The aiohttp application: its routes, its middleware (security headers, errors, Host names, requests
+from other sites, keys) and the model's lifetime."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from . import anthropic, monitoring, native, openai, rollouts, viewer
 from .auth import GUARD, Guard, authenticate
+from .cross_site import refuse_cross_site
 from .errors import error_middleware
 from .hosts import host_check
 from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
@@ -31,7 +32,7 @@ HTTP_LIMITS = {"max_line_size": 64 * 1024, "max_field_size": 64 * 1024}
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     app = web.Application(middlewares=[pages.security_headers, error_middleware, host_check(settings.allowed_hosts),
-                                       authenticate],
+                                       refuse_cross_site, authenticate],
                           client_max_size=256 * 1024**2, handler_args=HTTP_LIMITS)
     answer_unreadable_requests(app)  # a request aiohttp cannot read still gets the API's error shape
     app[SETTINGS] = settings

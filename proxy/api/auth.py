@@ -25,7 +25,7 @@ from aiohttp import web
 from looptrace.trace_store.api_keys import SCOPES, KeySecretMismatch, KeyStore, server_secret
 
 from .errors import APIError
-from .route import Scope, scope_of
+from .route import Scope, scope_of, takes_cookie
 
 log = logging.getLogger("looptrace")
 
@@ -95,6 +95,11 @@ class Guard:
         self._found: dict[str, tuple[float, Caller | None, str | None]] = {}  # key → (when, caller, why refused)
         self._any: tuple[float, bool] = (0.0, False)
         self._used: dict[str, float] = {}
+        self.cookie = None  # the viewer's login sets it: its session cookie → (caller, why refused) | None
+
+    async def resolve(self, token: str) -> tuple[Caller | None, str | None]:
+        """The caller a key makes, or (None, why it is refused): the viewer's login checks a key so too."""
+        return await self._resolve(token)
 
     async def caller(self, request: web.Request) -> Caller:
         scope = scope_of(request)
@@ -108,10 +113,12 @@ class Guard:
         if token is None and "x-api-key" in request.headers:
             token = given = request.headers["x-api-key"].strip()
         how = "send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-        if token is None:
+        # Where no key was sent, the viewer's session cookie stands for one (viewer/session_cookie.py).
+        session = await self.cookie(request) if token is None and self.cookie and takes_cookie(request) else None
+        if token is None and session is None:
             raise APIError(401, f"Incorrect API key provided: {how}." if given else f"No API key provided: {how}.",
                            code="invalid_api_key")
-        caller, refused = await self._resolve(token)
+        caller, refused = session or await self._resolve(token)
         if caller is None:
             raise APIError(401, refused or f"Incorrect API key provided: {how}.", code="invalid_api_key")
         if scope is not None and not caller.may(scope):

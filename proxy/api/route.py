@@ -39,6 +39,7 @@ class Route:
 
 
 SCOPES: web.AppKey[dict] = web.AppKey("route_scopes", dict)  # aiohttp route -> Scope
+AGENT_APIS: web.AppKey[set] = web.AppKey("agent_apis", set)  # aiohttp routes of the APIs agents call (rollout)
 
 
 def mount(app: web.Application, routes: Iterable[Route]) -> None:
@@ -47,10 +48,12 @@ def mount(app: web.Application, routes: Iterable[Route]) -> None:
         if not isinstance(route.scope, Scope):
             raise TypeError(f"{route.method} {route.path} is mounted without a scope")
         for prefix in ("", ROLLOUT_PREFIX) if route.rollout else ("",):
-            added = app.router.add_route(route.method, prefix + route.path, route.handler)
-            scopes[added] = route.scope
+            added = [app.router.add_route(route.method, prefix + route.path, route.handler)]
             if route.method == "GET":  # aiohttp answers HEAD where GET is, with the same scope
-                scopes[app.router.add_route("HEAD", prefix + route.path, route.handler)] = route.scope
+                added.append(app.router.add_route("HEAD", prefix + route.path, route.handler))
+            scopes.update(dict.fromkeys(added, route.scope))
+            if route.rollout:
+                app.setdefault(AGENT_APIS, set()).update(added)
 
 
 def mount_static(app: web.Application, prefix: str, path, scope: Scope) -> None:
@@ -63,3 +66,10 @@ def mount_static(app: web.Application, prefix: str, path, scope: Scope) -> None:
 def scope_of(request: web.Request) -> Scope | None:
     """The scope the matched route needs; None where no route matched (a 404 or 405 to come)."""
     return request.app[SCOPES].get(request.match_info.route)
+
+
+def takes_cookie(request: web.Request) -> bool:
+    """Whether the viewer's session cookie may stand for the key here (viewer/session_cookie.py): on
+    looptrace's own routes, never on the APIs agents call (a WebSocket there is not bound by a browser's
+    same-origin rule, so a page on another port of the same host could use the cookie through it)."""
+    return request.match_info.route not in request.app.get(AGENT_APIS, ())

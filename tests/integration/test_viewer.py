@@ -183,7 +183,9 @@ def test_the_key_is_needed_and_never_put_in_a_url(codex_session, page):
     p.fill("#key-input", KEY)
     p.click("#key-form button[type=submit]")
     p.locator("li.step").first.wait_for()
-    assert p.evaluate("sessionStorage.getItem('looptrace-api-key')") == KEY
+    # The key went to the login alone: the page holds an HttpOnly session cookie, no storage holds the key.
+    assert p.evaluate("JSON.stringify([{...sessionStorage}, {...localStorage}, document.cookie])") == '[{},{},""]'
+    assert [c["httpOnly"] for c in page.context.cookies()] == [True]
     assert not any(KEY in url or "wrong" in url for url in page.requests)
 
 

@@ -8,6 +8,7 @@ from ..route import Route, Scope, mount_static
 from . import pages
 from .compare import compare_sessions
 from .erasure import erase_session, list_erasures
+from .login import login, logout, setup as setup_login
 from .sessions import get_session, list_sessions, live
 from .traces import get_prompt, get_tokens, get_trace, list_traces
 
@@ -26,6 +27,8 @@ ROUTES = (
     Route("DELETE", "/v1/sessions/", erase_session, Scope.ERASE),  # ?key=
     Route("DELETE", "/v1/sessions/{key:.+}", erase_session, Scope.ERASE),
     Route("GET", "/v1/erasures", list_erasures, Scope.ERASE),
+    Route("POST", "/v1/login", login, Scope.PUBLIC),  # the page's key, checked; a session cookie (login.py)
+    Route("POST", "/v1/logout", logout, Scope.PUBLIC),
     *(Route("GET", path, pages.page, Scope.PUBLIC) for path in pages.PAGES),
     *(Route("GET", path, pages.compare_page, Scope.PUBLIC) for path in pages.COMPARE_PAGES),
 )
@@ -33,3 +36,4 @@ ROUTES = (
 
 def setup(app: web.Application) -> None:
     mount_static(app, "/static", pages.STATIC, Scope.PUBLIC)
+    setup_login(app)

@@ -1,8 +1,9 @@
-// The server's /v1 API, as this page uses it. With --api-key set, the key the person enters goes in the
-// Authorization header of every request; it is kept in this tab's session storage, never in a URL.
+// The server's /v1 API, as this page uses it. Where the server asks for a key (a 401), the person enters it
+// once and it goes to POST /v1/login, nowhere else: the server answers with a session cookie this page's
+// scripts cannot read (HttpOnly), which the browser sends with the page's requests. The key is kept in no
+// page storage and no URL.
 
-const STORAGE = "looptrace-api-key";
-let keyWanted = null; // a pending "ask for the key" promise, shared by requests that hit a 401
+let loginWanted = null; // a pending "log in" promise, shared by requests that hit a 401
 
 // A session's address under `prefix` ("/sessions" for the page, "/v1/sessions" for its data). A key
 // that is "." or ".." would be a step up the path however it is escaped (browsers resolve "%2E%2E" as
@@ -20,33 +21,37 @@ export class APIError extends Error {
   }
 }
 
-export const key = {
-  get: () => sessionStorage.getItem(STORAGE) || "",
-  set: (value) => {
-    value ? sessionStorage.setItem(STORAGE, value) : sessionStorage.removeItem(STORAGE);
-    window.dispatchEvent(new Event("looptrace-key"));
-  },
-  ask: null, // set by the page: shows the key dialog, resolves when a key was entered (or rejects)
+export const login = {
+  ask: null, // set by the page (login.js): shows the key dialog, resolves once logged in (or rejects)
 };
 
-function headers(extra) {
-  const out = {...extra};
-  const k = key.get();
-  if (k) out.Authorization = "Bearer " + k;
-  return out;
+// POST /v1/login: resolves to null once the session cookie is set, or to the server's reason for refusing.
+export async function logIn(key) {
+  const response = await fetch("/v1/login", {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({key}), cache: "no-store"});
+  if (response.ok) {
+    window.dispatchEvent(new Event("looptrace-login"));
+    return null;
+  }
+  const data = await response.json().catch(() => null);
+  return data?.error?.message || `HTTP ${response.status}`;
+}
+
+export async function logOut() {
+  await fetch("/v1/logout", {method: "POST", cache: "no-store"});
 }
 
 async function call(method, path, body) {
   for (let attempt = 0; ; attempt++) {
     const response = await fetch(path, {
       method,
-      headers: headers(body === undefined ? {} : {"Content-Type": "application/json"}),
+      headers: body === undefined ? {} : {"Content-Type": "application/json"},
       body: body === undefined ? undefined : JSON.stringify(body),
       cache: "no-store",
     });
-    if (response.status === 401 && attempt < 3 && key.ask) {
-      keyWanted = keyWanted || key.ask(key.get() ? "That key was refused." : "").finally(() => { keyWanted = null; });
-      await keyWanted;
+    if (response.status === 401 && attempt < 3 && login.ask) {
+      loginWanted = loginWanted || login.ask().finally(() => { loginWanted = null; });
+      await loginWanted;
       continue;
     }
     const data = await response.json().catch(() => null);
@@ -65,7 +70,7 @@ export function query(params) {
   return s ? "?" + s : "";
 }
 
-// GET /v1/live, read as server-sent events through fetch (EventSource cannot send a header). Calls
+// GET /v1/live, read as server-sent events through fetch (its 401 is told apart from a dropped stream). Calls
 // onStep(step) for every request stored, onGap() when the stream fell behind or reconnected;
 // reconnects until stop() is called.
 export function watch({onStep, onGap, onState}) {
@@ -76,12 +81,12 @@ export function watch({onStep, onGap, onState}) {
     while (!stopped) {
       controller = new AbortController();
       try {
-        const response = await fetch("/v1/live", {headers: headers({Accept: "text/event-stream"}), signal: controller.signal});
-        if (response.status === 401) { // the sessions list asks for the key; try again once one is set
+        const response = await fetch("/v1/live", {headers: {Accept: "text/event-stream"}, signal: controller.signal});
+        if (response.status === 401) { // the sessions list asks for the key; try again once logged in
           onState("locked");
           await new Promise((r) => {
-            const retry = () => { window.removeEventListener("looptrace-key", retry); r(); };
-            window.addEventListener("looptrace-key", retry);
+            const retry = () => { window.removeEventListener("looptrace-login", retry); r(); };
+            window.addEventListener("looptrace-login", retry);
             setTimeout(retry, 10000);
           });
           continue;

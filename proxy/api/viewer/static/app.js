@@ -1,7 +1,8 @@
 // The trace viewer: the sessions list on the left, the selected session's steps on the right, the
 // selection in the URL (/sessions/KEY, /traces/TRACE_ID), so a link from Grafana opens that view.
 
-import {get, key, sessionPath, watch} from "./api.js";
+import {get, sessionPath, watch} from "./api.js";
+import {installLogin} from "./login.js";
 import {SessionView} from "./session.js";
 import {SessionList} from "./sessions.js";
 import {h} from "./text.js";
@@ -57,31 +58,8 @@ async function route() {
   }
 }
 
-// The key dialog: asked for when the server answers 401.
-key.ask = (message) => new Promise((resolve, reject) => {
-  const dialog = $("key-dialog");
-  const error = $("key-error");
-  error.hidden = !message;
-  error.textContent = message || "";
-  $("key-input").value = "";
-  const done = (ok) => {
-    $("key-form").onsubmit = null;
-    $("key-cancel").onclick = null;
-    dialog.close();
-    ok ? resolve() : reject(new Error("An API key is needed to read this server's traces."));
-  };
-  $("key-form").onsubmit = (e) => {
-    e.preventDefault();
-    key.set($("key-input").value.trim());
-    done(true);
-  };
-  $("key-cancel").onclick = () => done(false);
-  dialog.oncancel = (e) => { e.preventDefault(); done(false); };
-  dialog.showModal();
-  $("key-input").focus();
-});
-
-$("key-button").addEventListener("click", () => key.ask("").then(() => { list.load(); route(); }, () => {}));
+// The key dialog (login.js): once logged in, or out, the list and the open view load again.
+installLogin(() => { list.load(); route(); });
 
 window.addEventListener("popstate", route);
 document.addEventListener("keydown", (e) => {

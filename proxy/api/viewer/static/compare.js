@@ -4,7 +4,8 @@
 // divergence and each side's mean surprise. The address says which two: /compare/KEY_A/KEY_B (each key
 // percent-encoded), or /compare?a=KEY_A&b=KEY_B.
 
-import {get, key, query, sessionPath} from "./api.js";
+import {get, query, sessionPath} from "./api.js";
+import {installLogin} from "./login.js";
 import {count, h, pretty} from "./text.js";
 import {legend, tokenStream} from "./tokens.js";
 
@@ -133,24 +134,6 @@ $("compare").addEventListener("keydown", (e) => {
   }
 });
 
-// The key dialog, as the main page asks for it when the server answers 401.
-key.ask = (message) => new Promise((resolve, reject) => {
-  const dialog = $("key-dialog");
-  $("key-error").hidden = !message;
-  $("key-error").textContent = message || "";
-  $("key-input").value = "";
-  const done = (ok) => {
-    $("key-form").onsubmit = null;
-    $("key-cancel").onclick = null;
-    dialog.close();
-    ok ? resolve() : reject(new Error("An API key is needed to read this server's traces."));
-  };
-  $("key-form").onsubmit = (e) => { e.preventDefault(); key.set($("key-input").value.trim()); done(true); };
-  $("key-cancel").onclick = () => done(false);
-  dialog.oncancel = (e) => { e.preventDefault(); done(false); };
-  dialog.showModal();
-  $("key-input").focus();
-});
-$("key-button").addEventListener("click", () => key.ask("").then(load, () => {}));
+installLogin(load); // the key dialog (login.js), as the main page has it
 
 load();
