@@ -233,6 +233,12 @@ class ClientMetadata(Protocol):
     codex_turn: Any = Field(None, alias="x-codex-turn-metadata")
 
 
+class TurnMetadata(Protocol):
+    """codex's turn metadata, as its JSON string holds it: `request_kind` "compaction" marks a compaction."""
+
+    request_kind: Any = None
+
+
 class ResponsesRequest(Protocol):
     model: str
     instructions: str | None = None

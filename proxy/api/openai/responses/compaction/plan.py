@@ -18,7 +18,6 @@ threshold) and how the `compaction` items it carries are read.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ....auth import tenant_of
 from ....errors import APIError, invalid
 from ....keys import SETTINGS, TELEMETRY
 from ....request_parts import warn_once
-from ..protocol import Compaction, CompactionTrigger, ResponsesRequest
+from ..protocol import Compaction, CompactionTrigger, ResponsesRequest, TurnMetadata
 from ..request import Previous
 from .summaries import SUMMARIES, SharedSummaries, Summaries, Unresolved
 
@@ -173,7 +172,7 @@ def _client_compaction(body: ResponsesRequest) -> bool:
     if not isinstance(turn, str) or '"compaction"' not in turn or len(turn) > METADATA_CHARS:
         return False  # the common case: nothing parsed
     try:
-        said = json.loads(turn)
-    except (ValueError, RecursionError):  # a client's string: whatever it holds, it only fails to say so
+        said = TurnMetadata.model_validate_json(turn)
+    except ValueError:  # a client's string (pydantic's ValidationError): whatever it holds, it only fails to say so
         return False
-    return isinstance(said, dict) and said.get("request_kind") == "compaction"
+    return said.request_kind == "compaction"
