@@ -7,6 +7,7 @@ client hears, with the server's own words where it gave any.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -22,13 +23,20 @@ from . import protocol
 from .upstream import Upstream, describe
 
 
-async def post(up: Upstream, request: DecodeRequest, max_tokens: int) -> aiohttp.ClientResponse:
-    """The request sent, on the route the server offers: its streaming response, or the server's
-    refusal as a BackendError."""
+# What a router in front of the servers keeps one conversation on one server by (vllm-router's
+# consistent_hash reads it, as llm-d's gateway and vLLM itself do), and the request's own id.
+SESSION_HEADER = "X-Session-ID"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+async def post(up: Upstream, request: DecodeRequest, max_tokens: int) -> tuple[aiohttp.ClientResponse, str]:
+    """The request sent, on the route the server offers: its streaming response and the route it came
+    by, or the server's refusal as a BackendError. A request the generate route refuses (403, 404, 405: a server behind a
+    router without it) goes again by /v1/completions, which every vLLM has."""
     generate_route = up.route == protocol.GENERATE
     build = protocol.generate_body if generate_route else protocol.completions_body
     data = json.dumps(build(up.model, request, max_tokens)).encode()
-    headers = {**up.headers, "Content-Type": "application/json"}
+    headers = {**up.headers, "Content-Type": "application/json", **routing_headers(request)}
     headers.update(request.trace_headers)  # our decode span's traceparent: vLLM's own span becomes its child
     try:
         # sock_read bounds each wait for data, whichever task drives the stream (the Responses adapter
@@ -43,8 +51,26 @@ async def post(up: Upstream, request: DecodeRequest, max_tokens: int) -> aiohttp
     if response.status != 200:
         error = await _refusal(up, response)
         response.release()
+        if generate_route and response.status in (403, 404, 405):
+            up.generate_refused(response.status, error.message)
+            return await post(up, request, max_tokens)
         raise error
-    return response
+    return response, up.route if not generate_route else protocol.GENERATE
+
+
+def routing_headers(request: DecodeRequest) -> dict[str, str]:
+    """The conversation as a router's session key — a digest: the id is the client's (or its tenant's,
+    `tenant/…`), and neither is the business of a server's logs — and the request's id, our decode
+    span's (from its traceparent), so a router's and a server's logs name the request the trace does."""
+    headers = {}
+    if request.conversation:
+        digest = hashlib.sha256(request.conversation.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        headers[SESSION_HEADER] = digest
+    parent = request.trace_headers.get("traceparent", "")
+    fields = parent.split("-")
+    if len(fields) == 4:
+        headers[REQUEST_ID_HEADER] = f"{fields[1]}-{fields[2]}"
+    return headers
 
 
 class SSEReader:
@@ -89,6 +115,10 @@ class TokenEmitter:
         self.cached, self.upstream_prompt, self.spec = 0, None, None
         self.weight_version: str | None = None  # what the server said sampled the answer (its final chunk)
         self.started = self.first_at = time.perf_counter()
+
+    def sent_by(self, route: str) -> None:
+        """The route the request went by (post: one the generate route refused goes by completions)."""
+        self.parse = protocol.generate_tokens if route == protocol.GENERATE else protocol.completions_tokens
 
     def read(self, chunk: dict) -> list[Event]:
         self.upstream_prompt = chunk.get("prompt_token_ids") or self.upstream_prompt  # asked for with media

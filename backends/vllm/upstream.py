@@ -1,9 +1,12 @@
 """The vLLM server behind the vllm backend: what it serves, by which route, and whether it answers.
 
 On connecting, `/v1/models` gives the model, the checkpoint it was loaded from (`root`) and its
-context; an empty POST to `/inference/v1/generate` tells whether that route is there (400: it is,
-the body failed validation at no cost to the engine; 403: started without --enable-scale-out; 404:
-a vLLM too old to have it). Once connected, its /health is probed so that requests go only to a
+context; a POST of no tokens to `/inference/v1/generate` tells whether that route is there (400: it
+is, the body failed validation at no cost to the engine; 403: started without --enable-scale-out;
+404: a vLLM too old to have it). The body is `{"token_ids": []}`, not `{}`: a router in front
+(vllm-router) answers `{}` itself (422, a field missing) and forwards this one to a server, whose
+answer it is. Behind a router the servers may differ, so a request the generate route refuses goes
+again by `/v1/completions` (stream.py), and the server's route stays that from then on. Once connected, its /health is probed so that requests go only to a
 server that answers (the pool of servers, pool.py, keeps that going), and its /metrics read for its
 load and its prefix cache's shape (routing/policies.py, routing/kv_index.py).
 """
@@ -118,8 +121,8 @@ class Upstream:
         if not isinstance(card.get("max_model_len"), int):
             raise RuntimeError(f"the vLLM server at {self.url} did not say max_model_len for {self.model}")
         self.max_model_len = card["max_model_len"]
-        # An empty body fails validation where the route exists (400), and costs the engine nothing.
-        status, body = await self._call("POST", protocol.GENERATE, {})
+        # No tokens fail validation where the route exists (400), and cost the engine nothing.
+        status, body = await self._call("POST", protocol.GENERATE, {"token_ids": []})
         if status in (400, 422):
             self.route, self.route_note = protocol.GENERATE, ""
         else:
@@ -131,6 +134,13 @@ class Upstream:
         await self.read_weight_version()
         log.info("vLLM at %s serves %s (context %d) from %s; using %s%s", self.url, self.model, self.max_model_len,
                  self.root, self.route, f" ({self.route_note})" if self.route_note else "")
+
+    def generate_refused(self, status: int, message: str) -> None:
+        """The generate route, which the probe found, refused a request (a server behind a router
+        without it): this server's requests go by /v1/completions from now on, said once."""
+        self.route = protocol.COMPLETIONS
+        self.route_note = f"{protocol.GENERATE} refused a request ({status}: {message[:200]!r}); behind a router?"
+        log.warning("the vLLM server at %s: %s; using %s from now on", self.url, self.route_note, self.route)
 
     def checkpoint_source(self) -> str:
         """Where looptrace reads the same tokenizer and template: the Hub id, or the same folder here."""

@@ -108,8 +108,8 @@ def through_vllm(double: DoubleProcess, vocab: Vocabulary, requests: list[Decode
 
 
 def generations(double: DoubleProcess, route: str) -> list[dict]:
-    """What the double received on `route`, less the load-time probe (an empty body it refused)."""
-    return [r for r in double.requests() if r["path"] == route and r["body"]]
+    """What the double received on `route`, less the load-time probe (no tokens: a body it refused)."""
+    return [r for r in double.requests() if r["path"] == route and r["body"] and r["body"].get("token_ids") != []]
 
 
 def tokens(events: list[dict]) -> list[dict]:
@@ -162,8 +162,53 @@ def test_traceparent_reaches_the_server_as_set(fresh, local):
     without = DecodeRequest(prompt, 2, GREEDY, frozenset())
     through_vllm(fresh, local_backend.vocab, [with_context, without])
     first, second = generations(fresh, protocol.GENERATE)
-    assert first["headers"] == {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT}
+    # The request id a router's and the server's logs name it by is the decode span's.
+    span = TRACEPARENT.split("-")
+    assert first["headers"] == {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT,
+                                "x-request-id": f"{span[1]}-{span[2]}"}
     assert second["headers"] == {"authorization": f"Bearer {KEY}"}
+
+
+def test_a_conversation_reaches_a_router_as_a_session_id(fresh, local):
+    """X-Session-ID (vllm-router's consistent hash keys on it): a digest of the conversation, the same
+    for each of its requests, another for another, and never the client's own words."""
+    tokenizer, local_backend = local
+    prompt = chat_prompt_ids(tokenizer)
+    asked = [DecodeRequest(prompt, 2, GREEDY, frozenset(), conversation=c)
+             for c in ("team-a/secret-session", "team-a/secret-session", "team-b/other")]
+    through_vllm(fresh, local_backend.vocab, asked)
+    sent = [r["headers"].get("x-session-id") for r in generations(fresh, protocol.GENERATE)]
+    assert sent[0] == sent[1] != sent[2] and all(len(s) == 32 for s in sent)
+    assert not any("secret" in s or "team" in s for s in sent)
+
+
+def test_a_route_refused_after_the_probe_falls_back_for_the_request(fresh, local):
+    """Behind a router the probe is answered by one server and a request by another: a request the
+    generate route refuses (403: no --enable-scale-out) goes again by /v1/completions, answered whole,
+    and the server's requests go that way from then on."""
+    tokenizer, local_backend = local
+    prompt = chat_prompt_ids(tokenizer)
+    expected = collect(local_backend, DecodeRequest(prompt, NEW_TOKENS, GREEDY, frozenset()))
+
+    async def run():
+        upstream = Upstream(fresh.url, KEY, timeout=60)
+        try:
+            await upstream.connect(None)
+            assert upstream.route == protocol.GENERATE  # the probe found the route
+            fresh.configure(scale_out="off")  # ... which the server behind then refuses
+            backend = VLLMBackend(Pool([upstream]), local_backend.vocab)
+            runs = [[e async for e in backend.generate(DecodeRequest(prompt, NEW_TOKENS, GREEDY, frozenset()))]
+                    for _ in range(2)]
+            return upstream, runs
+        finally:
+            await upstream.close()
+
+    upstream, runs = asyncio.run(run())
+    for events in runs:
+        assert [e["id"] for e in tokens(events)] == [e["id"] for e in tokens(expected)]
+    assert upstream.route == protocol.COMPLETIONS and "403" in upstream.route_note
+    # (The double records what it serves; the refusal is the route's, before any request is read.)
+    assert [r["path"] for r in fresh.requests() if r["body"].get("token_ids") != []] == [protocol.COMPLETIONS] * 2
 
 
 @pytest.mark.parametrize("scale_out", ["on", "off"])

@@ -286,7 +286,9 @@ def test_requests_on_the_wire_are_vllms(fast_double, vllm_models, scale_out, rou
     assert body == build(double.configure()["root"], sample_request(), 7)  # exactly what was checked above
     model = "GenerateRequest" if route == protocol.GENERATE else "CompletionRequest"
     check(vllm_models, model, body, f"{route} body as sent")
-    assert sent[0]["headers"] == {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT}
+    _, trace, span, _ = TRACEPARENT.split("-")
+    assert sent[0]["headers"] == {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT,
+                                  "x-request-id": f"{trace}-{span}"}
 
 
 def test_completions_chunks_are_vllms(fast_double, vllm_models):

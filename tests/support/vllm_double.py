@@ -474,7 +474,8 @@ class Double:
     def _record(self, request: web.Request, body: object) -> dict:
         """What the tests read back of a request: its path, trace and auth headers, body and outcome."""
         entry = {"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()
-                                                   if k.lower() in ("traceparent", "tracestate", "authorization")},
+                                                   if k.lower() in ("traceparent", "tracestate", "authorization", "x-session-id",
+                                                                    "x-request-id")},
                  "body": body, "token_ids": [], "usage": None, "metrics": None, "outcome": "refused"}
         self.requests.append(entry)
         return entry
