@@ -9,7 +9,7 @@ Each tool's store reads run on a thread, off the SDK's event loop.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import logging
 import sys
 
@@ -17,7 +17,9 @@ INSTALL = "the MCP server needs the mcp package: pip install 'looptrace[mcp]'"
 
 
 def run(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("mcp") is None:  # an optional extra: said in a line where it is missing
+    try:
+        importlib.import_module("mcp.server")  # an optional extra: said in a line where it is missing
+    except ImportError:
         print(f"looptrace mcp: {INSTALL}", file=sys.stderr)
         return 2
     from looptrace.trace_store.recorded_sessions import ReplayError, open_reader

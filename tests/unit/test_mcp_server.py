@@ -247,3 +247,16 @@ def test_a_diff_numbers_the_prompts_own_lines_and_keeps_context_on_both_sides():
     assert "the first 49 lines and the last 50 are the same" in shown[0]
     assert shown[1:] == ["--- a", "+++ b", "@@ -47,7 +47,7 @@", " line 47", " line 48", " line 49", "-line 50",
                          "+line fifty", " line 51", " line 52", " line 53"]
+
+
+def test_without_the_mcp_extra_the_command_says_how_to_install_it(tmp_path):
+    """A relay's install (no `mcp`): one line naming the extra, exit 2."""
+    import subprocess
+    import sys
+
+    program = ("import sys; sys.modules['mcp'] = None  # as if not installed\n"
+               "from looptrace.proxy.cli import main; main(['mcp', '--store', sys.argv[1]])")
+    done = subprocess.run([sys.executable, "-c", program, str(tmp_path / "traces.sqlite3")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr == "looptrace mcp: the MCP server needs the mcp package: pip install " \
+        "'looptrace[mcp]'\n", done.stderr
