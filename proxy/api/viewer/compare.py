@@ -86,6 +86,7 @@ def _parts(trace: dict | None) -> tuple[list[dict], dict]:
 
 def _divergent(a: list[dict], b: list[dict]) -> tuple[list[int], int | None]:
     """The tokens where two answers diverge while alike so far, and where their tokens part (or None)."""
+    # Tokens are read as the stored dicts: a model per token costs about 8 µs, and a comparison reads thousands.
     out = []
     for i, (x, y) in enumerate(zip(a, b)):
         top_x, top_y = (x.get("top_ids") or [None])[0], (y.get("top_ids") or [None])[0]
