@@ -13,6 +13,7 @@ from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from . import anthropic, monitoring, native, openai, rollouts, viewer
 from .auth import GUARD, Guard, authenticate
+from .budgets import BUDGETS, Budgets
 from .cross_site import refuse_cross_site
 from .errors import error_middleware
 from .hosts import host_check
@@ -43,6 +44,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     state = app[TELEMETRY].state
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
     app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
+    app[BUDGETS] = Budgets(state, app[TELEMETRY].metrics)  # each key's budgets, counted in the store
     mount(app, monitoring.ROUTES)
     # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own
     # if its clients expect one) and lists its routes; looptrace's own routes that run token ids;

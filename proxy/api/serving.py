@@ -17,6 +17,7 @@ from ..observe.telemetry import RequestTelemetry
 from looptrace.common import attributes as attr
 
 from .auth import caller_of, tenant_of, within
+from .budgets import BUDGETS
 from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
 from .keys import MEMORY, RUNTIME, TELEMETRY
@@ -34,13 +35,21 @@ async def traced(http: web.Request, endpoint: str, attributes: dict | None = Non
                                               {**request_attributes(http.method, http.path, http.headers),
                                                **({attr.TENANT: tenant} if tenant is not None else {}),
                                                **(attributes or {})})
+    spending = None
     try:
+        spending = await http.app[BUDGETS].admit(caller_of(http))  # a 429 here: the key's budget is spent
+        if spending is not None:
+            trace.observers = (*trace.observers, spending)  # what the request's generations read and wrote
         yield trace
     except BaseException as exc:
         trace.fail(*failure_of(exc))
         raise
     finally:
-        trace.end()
+        try:
+            if spending is not None:
+                await spending.end()  # the turn's tokens charged to its key
+        finally:
+            trace.end()
 
 
 async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict, request: GenerationRequest, *,

@@ -105,6 +105,25 @@ class Metrics:
                                         "expanded, or refused as malformed, tampered or unknown (expired, or "
                                         "another server's).", ["result"], registry=r)
 
+    def _media_metrics(self) -> None:
+        """Attached items (images, audio, video) and the prompt tokens they became."""
+        r = self.registry
+        self.media_items = Counter(attr.METRIC_MEDIA_ITEMS, "Attached items that reached the model, by kind "
+                                   "(image, audio, video).", ["model", "kind"], registry=r)
+        self.media_tokens = Counter(attr.METRIC_MEDIA_TOKENS, "Prompt tokens that attached items became, by kind.",
+                                    ["model", "kind"], registry=r)
+
+    def _key_metrics(self) -> None:
+        """Each API key's use and its budgets' refusals (api/budgets.py), by `key`: a key's name, which the
+        operator chose (`looptrace keys create`), never a client's string."""
+        r = self.registry
+        self.key_requests = Counter(attr.METRIC_KEY_REQUESTS, "Generating requests each API key sent, refused "
+                                    "ones included.", ["key"], registry=r)
+        self.key_tokens = Counter(attr.METRIC_KEY_TOKENS, "Prompt and generated tokens of each API key's "
+                                  "requests.", ["key"], registry=r)
+        self.key_refused = Counter(attr.METRIC_KEY_REFUSED, "Each API key's requests refused by its budget (429), by "
+                                   "reason: requests (per minute) or tokens (per day).", ["key", "reason"], registry=r)
+
     def _routing_metrics(self, histogram) -> None:
         """Routing among vLLM servers: why each request went where it did, and its prefix-cache hits there."""
         r = self.registry
@@ -165,13 +184,11 @@ class Metrics:
                                             registry=r)
         self.spec_drafts = Counter(attr.METRIC_SPEC_DECODE_DRAFTS, "Draft proposals made, by method.",
                                    ["model", "method"], registry=r)
-        self.media_items = Counter(attr.METRIC_MEDIA_ITEMS, "Attached items that reached the model, by kind "
-                                   "(image, audio, video).", ["model", "kind"], registry=r)
-        self.media_tokens = Counter(attr.METRIC_MEDIA_TOKENS, "Prompt tokens that attached items became, by kind.",
-                                    ["model", "kind"], registry=r)
+        self._media_metrics()
         self.tool_calls = Counter(attr.METRIC_TOOL_CALLS, "Tool calls the model made, by outcome "
                                   "(valid, invalid_args, unknown_tool, unparsed).", ["model", "outcome"], registry=r)
         self._compaction_metrics()
+        self._key_metrics()
         # Each vLLM server behind --backend vllm, by `server` ("host:port", from --vllm-url: never a
         # client's string). The families above stay whole-model, so their panels need no sum.
         self.upstream_requests = Counter(attr.METRIC_UPSTREAM_REQUESTS, "Requests sent to each vLLM server, "

@@ -77,6 +77,8 @@ CREATE TABLE IF NOT EXISTS erasures (id bigint GENERATED ALWAYS AS IDENTITY PRIM
 CREATE TABLE IF NOT EXISTS api_keys (name text PRIMARY KEY, tenant text NOT NULL, scopes text NOT NULL, models text,
                                      tokens_per_day bigint, requests_per_minute bigint, digest text NOT NULL UNIQUE,
                                      created_ns bigint NOT NULL, revoked_ns bigint, last_used_ns bigint);
+CREATE TABLE IF NOT EXISTS budget_use (name text NOT NULL, kind text NOT NULL, starts bigint NOT NULL,
+                                       used bigint NOT NULL, PRIMARY KEY (name, kind, starts));  -- budgets.py
 CREATE TABLE IF NOT EXISTS rollouts (key text PRIMARY KEY, grp text, reward double precision, info text,
                                      weight_version text, updated_ns bigint NOT NULL, size bigint);
 CREATE TABLE IF NOT EXISTS rollout_rewards (key text NOT NULL, step text NOT NULL, reward double precision NOT NULL,

@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS erasures (id INTEGER PRIMARY KEY, at_ns INTEGER NOT N
 CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, tenant TEXT NOT NULL, scopes TEXT NOT NULL, models TEXT,
                                      tokens_per_day INTEGER, requests_per_minute INTEGER, digest TEXT NOT NULL UNIQUE,
                                      created_ns INTEGER NOT NULL, revoked_ns INTEGER, last_used_ns INTEGER);
+CREATE TABLE IF NOT EXISTS budget_use (name TEXT NOT NULL, kind TEXT NOT NULL, starts INTEGER NOT NULL,
+                                       used INTEGER NOT NULL, PRIMARY KEY (name, kind, starts));
 CREATE INDEX IF NOT EXISTS state_compactions_by_time ON state_compactions (created_ns);
 CREATE INDEX IF NOT EXISTS state_conversations_by_time ON state_conversations (updated_ns);
 CREATE INDEX IF NOT EXISTS state_turns_by_time ON state_turns (updated_ns);
