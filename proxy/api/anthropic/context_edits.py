@@ -32,6 +32,10 @@ DEFAULT_KEEP_THINKING_TURNS = 1
 
 Count = Callable[[str], int]  # a text's tokens, with the model's tokenizer
 
+# The messages edited are the engine's, as content.py writes them: every one has its role and content,
+# a tool's its tool_call_id, a call its id, name and arguments; tool_calls and reasoning_content are
+# there only when the turn has them.
+
 
 @dataclass(slots=True)
 class Edited:
@@ -79,7 +83,8 @@ def _clear_thinking(messages: list[dict], edit: ClearThinking, count: Count) -> 
     if edit.keep == "all":
         return messages, applied
     keep = edit.keep.value if edit.keep is not None else DEFAULT_KEEP_THINKING_TURNS
-    thinking = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("reasoning_content")]
+    thinking = [i for i, m in enumerate(messages) if m["role"] == "assistant"
+                and "reasoning_content" in m and m["reasoning_content"]]
     cleared = thinking[:max(len(thinking) - keep, 0)]
     if not cleared:
         return messages, applied
@@ -96,21 +101,21 @@ def _clear_tool_uses(messages: list[dict], edit: ClearToolUses, count: Count,
     applied = {"type": edit.type, "cleared_tool_uses": 0, "cleared_input_tokens": 0}
     calls = {}  # a call's id → (its assistant message's index, its place in that message's calls, its name)
     for i, message in enumerate(messages):
-        for j, call in enumerate(message.get("tool_calls") or ()):
-            calls[call.get("id")] = (i, j, call["function"]["name"])
-    results = [i for i, m in enumerate(messages) if m.get("role") == "tool"]
+        for j, call in enumerate(message["tool_calls"] if "tool_calls" in message else ()):
+            calls[call["id"]] = (i, j, call["function"]["name"])
+    results = [i for i, m in enumerate(messages) if m["role"] == "tool"]
     if not _triggered(edit, len(results), prompt_tokens):
         return messages, applied
     keep = edit.keep.value if edit.keep is not None else DEFAULT_KEEP_TOOL_USES
     excluded = set(edit.exclude_tools or ())
     inputs = edit.clear_tool_inputs
-    clearable = [i for i in results if calls.get(messages[i].get("tool_call_id"), (0, 0, None))[2] not in excluded]
+    clearable = [i for i in results if calls.get(messages[i]["tool_call_id"], (0, 0, None))[2] not in excluded]
     cleared = clearable[:max(len(clearable) - keep, 0)]
     out, tokens = list(messages), 0
     for i in cleared:
-        tokens += _tokens(out[i].get("content"), count)
+        tokens += _tokens(out[i]["content"], count)
         out[i] = {**out[i], "content": PLACEHOLDER}
-        place = calls.get(out[i].get("tool_call_id"))
+        place = calls.get(out[i]["tool_call_id"])
         if place is not None and (inputs is True or (isinstance(inputs, list) and place[2] in inputs)):
             tokens += _empty_input(out, place, count)
     least = edit.clear_at_least.value if edit.clear_at_least is not None else 0
@@ -133,7 +138,7 @@ def _empty_input(messages: list[dict], place: tuple[int, int, str], count: Count
     message = messages[i]
     calls = list(message["tool_calls"])
     function = calls[j]["function"]
-    arguments = function.get("arguments")
+    arguments = function["arguments"]
     calls[j] = {**calls[j], "function": {**function, "arguments": {}}}
     messages[i] = {**message, "tool_calls": calls}
     return count(arguments if isinstance(arguments, str) else json.dumps(arguments or {}))
@@ -143,7 +148,7 @@ def _tokens(content: object, count: Count) -> int:
     """A tool result's text tokens (an attachment in it counts none: what it held is not text)."""
     if isinstance(content, str):
         return count(content)
-    return sum(count(p["text"]) for p in content or () if isinstance(p, dict) and p.get("type") == "text")
+    return sum(count(p["text"]) for p in content or () if p["type"] == "text")  # the engine's parts
 
 
 def counter(tokenizer: object) -> Count:
