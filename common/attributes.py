@@ -22,6 +22,7 @@ ENDPOINT_RESPONSES = "responses"  # POST /v1/responses
 ENDPOINT_RESPONSES_WEBSOCKET = "responses_websocket"  # a response.create on GET /v1/responses' WebSocket mode
 ENDPOINT_RESPONSES_COMPACT = "responses_compact"  # POST /v1/responses/compact
 ENDPOINT_MESSAGES = "messages"  # POST /v1/messages (Anthropic's Messages API)
+ENDPOINT_GEMINI = "gemini"  # POST /v1beta/models/{model}:generateContent and :streamGenerateContent (the Gemini API)
 ENDPOINT_FORK = "fork"  # POST /v1/traces/{trace_id}/fork
 ENDPOINT_SCORE = "score"  # POST /v1/score: a given answer read after a given prompt, teacher forced
 ENDPOINT_GENERATE = "generate"  # POST /v1/generate: a prompt of token ids decoded afresh

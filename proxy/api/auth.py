@@ -112,7 +112,9 @@ class Guard:
         token = token.strip() if kind.lower() == "bearer" else None
         if token is None and "x-api-key" in request.headers:
             token = given = request.headers["x-api-key"].strip()
-        how = "send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+        if token is None and (google := request.headers.get("x-goog-api-key") or request.query.get("key")):
+            token = given = google.strip()  # the Gemini API's: a header, or `?key=` (google-genai, Gemini CLI)
+        how = "send it as 'Authorization: Bearer KEY', 'x-api-key: KEY' or 'x-goog-api-key: KEY'"
         # Where no key was sent, the viewer's session cookie stands for one (viewer/session_cookie.py).
         session = await self.cookie(request) if token is None and self.cookie and takes_cookie(request) else None
         if token is None and session is None:
