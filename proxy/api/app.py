@@ -14,10 +14,11 @@ from ..settings import Settings
 from . import anthropic, monitoring, native, openai, rollouts, viewer
 from .auth import GUARD, Guard, authenticate
 from .budgets import BUDGETS, Budgets
+from .cache_salts import CacheSalts
 from .cross_site import refuse_cross_site
 from .errors import error_middleware
 from .hosts import host_check
-from .keys import MEMORY, RUNTIME, SETTINGS, TELEMETRY
+from .keys import CACHE_SALTS, MEMORY, RUNTIME, SETTINGS, TELEMETRY
 from .route import mount
 from .unreadable import answer_unreadable_requests
 from .viewer import pages
@@ -44,6 +45,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     state = app[TELEMETRY].state
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
     app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
+    app[CACHE_SALTS] = CacheSalts()  # what keeps one tenant's cached prefixes from another (cache_salts.py)
     app[BUDGETS] = Budgets(state, app[TELEMETRY].metrics)  # each key's budgets, counted in the store
     mount(app, monitoring.ROUTES)
     # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own

@@ -20,7 +20,7 @@ from .auth import caller_of, tenant_of, within
 from .budgets import BUDGETS
 from .clients import conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
-from .keys import MEMORY, RUNTIME, TELEMETRY
+from .keys import CACHE_SALTS, MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
 
@@ -58,6 +58,7 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     prepared only to be counted (count_tokens), neither traced nor taken as its conversation's turn.
     `conversation`: the conversation when the client names none (a WebSocket's lane)."""
     caller = caller_of(http)
+    request.cache_salt = http.app[CACHE_SALTS].of(caller.tenant)  # no prefix cache reuse across tenants
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
         weight_version(http.headers)

@@ -5,7 +5,10 @@ salt kept. vLLM's own counters show it on a real vLLM: tests/integration/test_re
 from __future__ import annotations
 
 import hashlib
+import json
+import urllib.request
 
+import pytest
 import torch
 
 from looptrace.backends.local.prefix_cache import PrefixCache
@@ -13,8 +16,12 @@ from looptrace.backends.vllm.routing.block_keys import PromptBlocks
 from looptrace.backends.vllm.routing.kv_index import EventIndex, SentIndex
 from looptrace.families.incremental import HEAD_CHARS, IncrementalEncoder
 from looptrace.proxy.api.cache_salts import CacheSalts
+from looptrace.proxy.api.keys import TELEMETRY
+from looptrace.proxy.settings import Settings
+from looptrace.trace_store.api_keys import SECRET_ENV, KeyStore, server_secret
 
 import load_once
+from app_thread import AppThread
 
 # -- the salt --
 
@@ -102,3 +109,36 @@ def test_vllm_routing_places_a_salted_prompts_blocks_from_vllms_events():
     assert index.cached_tokens(PromptBlocks(longer, "salt-a")) == 64 and index.skipped == 0
     assert index.cached_tokens(PromptBlocks(longer, "salt-b")) == 0
     assert index.cached_tokens(PromptBlocks(longer)) == 0
+
+
+# -- through the server: the local backend, two tenants' keys --
+
+
+@pytest.fixture(scope="module")
+def tenants(qwen3_5_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("salts")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(SECRET_ENV, "cache-salt-test-secret")  # never this machine's own secret file
+        app = AppThread(Settings(model=str(qwen3_5_dir), served_model_name="tiny-qwen",
+                                 trace_db=str(folder / "traces.sqlite3"))).start()
+        keys = KeyStore(app.app[TELEMETRY].state, server_secret())
+        yield app, keys.create("alice"), keys.create("bob")
+        app.stop()
+
+
+def cached_tokens(app, key: str, text: str) -> int:
+    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": text}], "max_tokens": 2, "temperature": 0}
+    request = urllib.request.Request(app.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_another_tenants_identical_prompt_is_prefilled_whole(tenants):
+    app, alice, bob = tenants
+    text = "Summarise the repository's layout. " * 20
+    counts = [cached_tokens(app, alice, text), cached_tokens(app, alice, text), cached_tokens(app, bob, text),
+              cached_tokens(app, alice, text)]
+    assert counts[0] == 0 and counts[1] > 100, counts  # her second request: from the kept state
+    assert counts[2] == 0, counts  # his: the same ids, prefilled from nothing
+    assert counts[3] == counts[1], counts  # hers kept beside his

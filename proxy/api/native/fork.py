@@ -29,7 +29,7 @@ from ..serving import traced
 from ..stored import stored_trace
 from ..validation import json_body
 from .protocol import ForkRequest
-from .stored_run import run_stored
+from .stored_run import cache_salt_of, run_stored
 
 DEFAULT_MAX_TOKENS = 1024  # when the original request said none
 
@@ -64,7 +64,8 @@ async def fork_trace(request: web.Request) -> web.Response:
         trace.checked()
         trace.forked(recorded, index, replacement)
         run = await run_stored(runtime, trace, stored, tools=original.tools, max_tokens=max_tokens,
-                               temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed)
+                               temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+                               cache_salt=cache_salt_of(request))
         AlternativeTexts(runtime.vocab).add_to(run.tokens)
         answer = run.answer
         answer["looptrace"] = {

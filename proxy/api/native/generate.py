@@ -20,7 +20,7 @@ from ..protocol import parse
 from ..serving import traced
 from ..validation import json_body
 from .protocol import GenerateRequest
-from .stored_run import ready_for, run_stored, token_ids
+from .stored_run import cache_salt_of, ready_for, run_stored, token_ids
 
 
 async def generate(request: web.Request) -> web.Response:
@@ -39,7 +39,7 @@ async def generate(request: web.Request) -> web.Response:
         trace.checked()
         run = await run_stored(runtime, trace, StoredPrompt(prompt, thinking, prefix), tools=tools,
                                max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                               top_k=body.top_k, seed=body.seed)
+                               top_k=body.top_k, seed=body.seed, cache_salt=cache_salt_of(request))
         pieces = runtime.vocab.pieces
         for token in run.tokens:  # the alternatives' pieces: a replay records them as a decode span does
             token["top_pieces"] = [pieces[i] if 0 <= i < len(pieces) else "" for i in token["top_ids"]]

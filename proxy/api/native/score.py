@@ -19,7 +19,7 @@ from ..protocol import parse
 from ..serving import traced
 from ..validation import json_body
 from .protocol import ScoreRequest
-from .stored_run import ready_for, token_ids
+from .stored_run import cache_salt_of, ready_for, token_ids
 
 
 async def score(request: web.Request) -> web.Response:
@@ -36,7 +36,7 @@ async def score(request: web.Request) -> web.Response:
         if len(prompt) + len(answer) - 1 > runtime.max_model_len:
             raise invalid(f"{len(prompt)} prompt tokens and {len(answer)} answer tokens do not fit in this model's "
                           f"context of {runtime.max_model_len}.", param="answer_ids", code="context_length_exceeded")
-        scores = await runtime.backend.score(prompt, answer)
+        scores = await runtime.backend.score(prompt, answer, cache_salt_of(request))
         pieces = runtime.vocab.pieces
         return web.json_response({
             "object": "score", "model": runtime.model_name, "trace_id": trace.trace_id,

@@ -16,8 +16,9 @@ from ...engine.observer import Observer
 from ...engine.request import GenerationRequest, StoredPrompt
 from ...engine.runtime import Runtime
 from ...observe.telemetry import RequestTelemetry
+from ..auth import tenant_of
 from ..errors import invalid, model_not_found
-from ..keys import RUNTIME
+from ..keys import CACHE_SALTS, RUNTIME
 from ..openai.chat.response import ChatCollector
 
 
@@ -43,12 +44,14 @@ class _Calls(Observer):
 
 async def run_stored(runtime: Runtime, trace: RequestTelemetry, stored: StoredPrompt, *, tools: list[dict] | None,
                      max_tokens: int, temperature: float | None, top_p: float | None, top_k: int | None,
-                     seed: int | None) -> Run:
-    """Refusals (a max_tokens past what fits: Chat's 400) come before anything runs."""
+                     seed: int | None, cache_salt: str | None = None) -> Run:
+    """Refusals (a max_tokens past what fits: Chat's 400) come before anything runs. `cache_salt`: the
+    caller's tenant's (cache_salt_of)."""
     calls = _Calls()
     generation = Generation(runtime, GenerationRequest(
         messages=[], tools=tools, max_tokens=max_tokens, stored=stored,
-        temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k, seed=seed),
+        temperature=0.0 if temperature is None else temperature, top_p=top_p, top_k=top_k, seed=seed,
+        cache_salt=cache_salt),
         (*trace.observers, calls))
     await generation.prepare()
     collector = ChatCollector(runtime.model_name, None)
@@ -64,6 +67,11 @@ async def run_stored(runtime: Runtime, trace: RequestTelemetry, stored: StoredPr
     answer = collector.body(generation)
     trace.responded(answer["id"])
     return Run(answer, tokens, calls.seen, generation)
+
+
+def cache_salt_of(request: web.Request) -> str | None:
+    """The salt of the caller's tenant, for the prefix caches (api/cache_salts.py): as every API's request."""
+    return request.app[CACHE_SALTS].of(tenant_of(request))
 
 
 def token_ids(ids: list[int] | None, key: str, runtime: Runtime) -> list[int]:
