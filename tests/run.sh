@@ -47,4 +47,5 @@ python tests/support/postgres.py
 # float32 safetensors it loads: built once into the test cache (about 5 minutes; the environment is
 # reused while its pinned versions match), for tests/integration/test_real_vllm.py.
 python tests/support/real_vllm.py
+python tests/support/real_router.py            # vLLM's own router (vllm-router, pinned) in an environment of its own
 exec python -m pytest "$@"

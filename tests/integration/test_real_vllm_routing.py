@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 from types import SimpleNamespace
 
 import msgpack
@@ -405,3 +406,52 @@ def test_a_hybrid_models_groups_are_read_each_with_its_kind(serve, logs):
         assert evicted, "the fillers evicted nothing: the test did not reach what it is for"
     finally:
         vllm.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's own router in front of the servers (issue 58)
+# ---------------------------------------------------------------------------------------------
+
+def served(vllm) -> float:
+    """Requests the server has finished, as its /metrics counts them."""
+    with urllib.request.urlopen(vllm.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_looptrace_in_front_of_vllm_router_keeps_each_conversation_on_one_server(serve, vllms, checkpoint, logs):
+    """looptrace → vllm-router (consistent_hash) → two vLLM servers started without --enable-scale-out
+    (issue 58: 0 of 24 turns answered, the router answering the generate route's probe itself): the
+    probe now reaches a server, which refuses the route, so requests go by /v1/completions; the
+    conversation's X-Session-ID keeps its turns on one server; every turn is answered and traced."""
+    from real_router import RouterServer
+
+    router = RouterServer([v.url for v in vllms], logs / f"router-{time.time():.0f}.log").wait_ready()
+    try:
+        server = serve("--backend", "vllm", "--vllm-url", router.url + "/v1", "--tokenizer", str(checkpoint))
+        homes: dict[str, set[int]] = {}
+        for turn in range(3):
+            for n in range(6):
+                name = f"routed-{n}"
+                before = [served(v) for v in vllms]
+                status, answer = server.post("/v1/chat/completions", {
+                    "model": MODEL, "max_tokens": 8, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Task {n}, turn {turn}: say one word."}]},
+                    headers={"session_id": name})
+                assert status == 200, answer
+                assert answer["choices"][0]["message"]["content"] is not None
+                moved = [i for i, v in enumerate(vllms) if served(v) > before[i]]
+                assert len(moved) == 1, moved
+                homes.setdefault(name, set()).update(moved)
+        # (Which server each lands on is the router's hash ring's; it may put all four on one.)
+        assert all(len(home) == 1 for home in homes.values()), homes
+        status, health = server.get("/health")
+        [upstream] = health["upstreams"]
+        # The probe went through to a server, which refused the route: not the router's own 422.
+        assert upstream["route"] == "/v1/completions" and upstream["route_note"] == (
+            "/inference/v1/generate answered 403: the server was started without --enable-scale-out"), upstream
+        status, listed = server.get("/v1/traces?limit=50")
+        assert len(listed["data"]) == 18 and all(t["status"] != "error" for t in listed["data"]), listed["data"][:2]
+    finally:
+        router.stop()
