@@ -2,6 +2,7 @@
 or PostgreSQL with --store postgresql), driven hard for minutes; every span it made must be stored.
 
     python bench/trace_load.py replay [--seconds 120] [--streams 16] [--rate 500] [--trace-max-mb MB] [--store S]
+                                      [--workers N]
     python bench/trace_load.py vllm   [--seconds 120] [--streams 64] [--tokens 256] [--trace-max-mb MB] [--store S]
 
 --store postgresql writes to a fresh schema of the tests' PostgreSQL database (tests/support/postgres.py:
@@ -150,6 +151,8 @@ def run(args: argparse.Namespace) -> dict:
     sink = f'sink="{args.store}"'
     retention = ["--trace-max-mb", str(args.trace_max_mb)] if args.trace_max_mb else []
     retention += ["--trace-db", store.setting]
+    if args.workers > 1:  # processes on one port sharing the store (their /metrics add up: proxy/workers.py)
+        retention += ["--workers", str(args.workers)]
     if args.command == "replay":
         steps = int(args.rate * args.seconds * 1.1) + 1000
         replay = logs / "steps.jsonl"
@@ -255,6 +258,7 @@ def main() -> None:
     for command in (replay, vllm):
         command.add_argument("--trace-max-mb", type=float, help="the store's size limit: retention runs under load")
         command.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+        command.add_argument("--workers", type=int, default=1, help="server processes on the one port")
         command.add_argument("--postgres-url", help="a PostgreSQL database to make a schema in (default: the tests')")
     args = parser.parse_args()
     result = run(args)
