@@ -1,10 +1,9 @@
 """API keys, kept in the trace store's state (so every worker and every host sharing the store agrees),
 each only as a keyed hash: HMAC-SHA256 under a server secret that is not in the store.
 
-The secret is `LOOPTRACE_KEY_SECRET` where set (several hosts share one), else a file made once, mode
-0600, in looptrace's data directory, so that `looptrace keys create` and `looptrace serve` on one machine
-agree with no setup. The store keeps a check value of the secret it was first used with, so a host with
-another secret is told so instead of refusing every key.
+The secret is server_secret.py's (LOOPTRACE_KEY_SECRET, else this machine's file). The store keeps a
+check value of the secret it was first used with, so a host with another secret is told so instead of
+refusing every key.
 
 A key is `lt-` and 43 characters of URL-safe base64 (256 random bits). It is shown once, when made; a
 lookup is by its digest (a keyed hash an attacker cannot aim at, so the index's timing tells nothing),
@@ -15,17 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from .server_secret import SECRET_ENV, server_secret
 from .state import StateStore
 
+# server_secret is read from here too: where it was defined before sealing (sealing.py) needed it below the state.
+__all__ = ["DEFAULT_SCOPES", "NAME", "PREFIX", "SCOPES", "SECRET_ENV", "USED_EVERY_NS", "ApiKey", "KeySecretMismatch",
+           "KeyStore", "server_secret"]
+
 PREFIX = "lt-"
-SECRET_ENV = "LOOPTRACE_KEY_SECRET"
 SCOPES = ("infer", "traces:read", "erase", "export", "admin")
 DEFAULT_SCOPES = ("infer", "traces:read")
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # a key's and a tenant's name: shown, logged, a metric label
@@ -55,31 +56,6 @@ class ApiKey:
                 "models": list(self.models) if self.models is not None else None,
                 "tokens_per_day": self.tokens_per_day, "requests_per_minute": self.requests_per_minute,
                 "created_ns": self.created_ns, "revoked_ns": self.revoked_ns, "last_used_ns": self.last_used_ns}
-
-
-def server_secret(data_dir: str | Path | None = None) -> bytes:
-    """The secret keys are hashed under: the environment's, else this machine's file (made once)."""
-    given = os.environ.get(SECRET_ENV)
-    if given:
-        return given.encode()
-    if data_dir is None:
-        from platformdirs import user_data_dir
-
-        data_dir = user_data_dir("looptrace")
-    path = Path(data_dir) / "api-key-secret"
-    try:
-        return path.read_bytes().strip()
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    made = secrets.token_urlsafe(32).encode()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first: its secret is the one
-        return path.read_bytes().strip()
-    with os.fdopen(fd, "wb") as out:
-        out.write(made)
-    return made
 
 
 class KeyStore:

@@ -17,6 +17,10 @@ ones come. Per request, one round trip for each owner and direction (the engine'
 observation's state; the two reads run at once), never one per token: each is read in one query (ids
 packed: 4 bytes a token) and written in one transaction.
 
+What holds a client's text (a turn's ids, a stored response and its conversation, a compaction's
+summary) is sealed at rest (trace_store/sealing.py): the model gets the real text back next turn,
+so redaction cannot apply there, and a copy of the files alone reads none of it.
+
 SQLite keeps these in a file of their own beside the traces (`traces.state.sqlite3`): the trace
 writer holds the traces file's one write lock for whole batches (and retention for longer), and a
 request must not wait behind it. PostgreSQL keeps them in the store's database (postgres/schema.py).
@@ -24,12 +28,16 @@ request must not wait behind it. PostgreSQL keeps them in the store's database (
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from array import array
 from typing import NamedTuple
 
 from .records import storable
+from .sealing import Sealer, this_hosts_sealer
+
+log = logging.getLogger("looptrace")
 
 MAX_CONVERSATIONS = 1024
 MAX_CALLS = 8192
@@ -110,6 +118,24 @@ class StateStore:
 
     def __init__(self) -> None:
         self._writes = self._turn_writes = 0
+        self._sealer: Sealer | None = None
+        self._said_unopened = False
+
+    @property
+    def sealer(self) -> Sealer:
+        if self._sealer is None:  # made when first used: opening a store for its traces reads no secret
+            self._sealer = this_hosts_sealer()
+        return self._sealer
+
+    def _open(self, data: bytes, table: str, key: str) -> bytes | None:
+        """A sealed record's bytes, or None where it does not open: read as unknown, said once."""
+        opened = self.sealer.open(data, table, key)
+        if opened is None and not self._said_unopened:
+            self._said_unopened = True
+            log.warning("records in the state store at %s were sealed under another key secret (or moved) and read "
+                        "as unknown: set LOOPTRACE_KEY_SECRET to the secret of the server that wrote them",
+                        self.where)
+        return opened
 
     def _read(self, statements: list[tuple[str, tuple]]) -> list[list]:
         raise NotImplementedError
@@ -173,12 +199,15 @@ class StateStore:
         if not rows:
             return None
         ids, prompt_length, encoding, label, digests = rows[0]
+        if (ids := self._open(ids, "state_turns", key)) is None:
+            return None
         return unpack_ids(ids), prompt_length, encoding or 0, label, None if digests is None else bytes(digests)
 
     def save_turn(self, key: str, ids: list[int], prompt_length: int, encoding: int, label: str | None,
                   digests: bytes | None) -> None:
         """A conversation's last turn, in place of the one before (one transaction)."""
-        statements = [(SAVE_TURN, (key, pack_ids(ids), prompt_length, encoding, label, digests, time.time_ns()))]
+        sealed = self.sealer.seal(pack_ids(ids), "state_turns", key)
+        statements = [(SAVE_TURN, (key, sealed, prompt_length, encoding, label, digests, time.time_ns()))]
         self._turn_writes += 1
         if self._turn_writes % PRUNE_EVERY == 1 % PRUNE_EVERY:  # the first write, then every PRUNE_EVERY-th
             statements.append((PRUNE.format(table="state_turns", key="key", time="updated_ns", all=self.ALL),
@@ -191,15 +220,21 @@ class StateStore:
             ("INSERT INTO state_responses VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
              "conversation = excluded.conversation, response = excluded.response, size = excluded.size, "
              "created_ns = excluded.created_ns",
-             (response_id, pack_json(conversation), pack_json(response), size, time.time_ns())),
+             (response_id, self._seal_response(response_id, "conversation", conversation),
+              self._seal_response(response_id, "response", response), size, time.time_ns())),
             (PRUNE.format(table="state_responses", key="id", time="created_ns", all=self.ALL), (max_responses,)),
             (PRUNE_BYTES, (max_bytes,))])
+
+    def _seal_response(self, response_id: str, column: str, text: str) -> bytes:
+        # The column in the associated data too: a response's two records cannot be swapped.
+        return self.sealer.seal(pack_json(text), "state_responses", f"{response_id}\0{column}")
 
     def get_response(self, response_id: str, part: str) -> str | None:
         """A stored response's `conversation` (its items and output) or `response`, as JSON."""
         column = {"conversation": "conversation", "response": "response"}[part]
         (rows,) = self._read([(f"SELECT {column} FROM state_responses WHERE id = ?", (response_id,))])
-        return unpack_json(rows[0][0]) if rows else None
+        found = self._open(rows[0][0], "state_responses", f"{response_id}\0{column}") if rows else None
+        return None if found is None else unpack_json(found)
 
     def delete_response(self, response_id: str) -> bool:
         return self._write([("DELETE FROM state_responses WHERE id = ?", (response_id,))])[0] > 0
@@ -207,13 +242,15 @@ class StateStore:
     def put_compaction(self, compaction_id: str, summary: str, conversation: str | None, trace_id: str | None) -> None:
         self._write([
             ("INSERT INTO state_compactions VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-             (compaction_id, pack_json(summary), conversation, trace_id, time.time_ns())),
+             (compaction_id, self.sealer.seal(pack_json(summary), "state_compactions", compaction_id), conversation,
+              trace_id, time.time_ns())),
             (PRUNE.format(table="state_compactions", key="id", time="created_ns", all=self.ALL), (MAX_COMPACTIONS,))])
 
     def get_compaction(self, compaction_id: str) -> str | None:
         """A compaction's summary, or None: never written, or pruned since."""
         (rows,) = self._read([("SELECT summary FROM state_compactions WHERE id = ?", (compaction_id,))])
-        return unpack_json(rows[0][0]) if rows else None
+        found = self._open(rows[0][0], "state_compactions", compaction_id) if rows else None
+        return None if found is None else unpack_json(found)
 
     def secret(self, name: str, made: bytes) -> bytes:
         """The key called `name` that every process serving this store shares: `made` when none was kept
