@@ -60,6 +60,8 @@ GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON: the leading s
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: the rest of the conversation, role and parts per message
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: the answer (reasoning, text, tool calls, finish reason)
 GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"  # JSON: the tools offered
+GEN_AI_AGENT_ID = "gen_ai.agent.id"  # the agent that sent the request (its harness's id; "main" for the main agent)
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"  # the agent's kind (Explore, collab_spawn, review; "main")
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # the function a tool call names
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"  # a tool call's id, which its result quotes back
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"  # always "function"
@@ -108,6 +110,7 @@ ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Grou
 AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
 AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says
 AGENT_TYPE = "looptrace.agent.type"  # the subagent's kind, as the harness names it
+AGENT_SIDE = "looptrace.agent.side"  # true: a side request the harness labels (a title, a review), its own line
 LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 
+from .agent_tree import agent_tree
 from .chains import make_whole
 from .interface import Row
 from .packing import restored
@@ -256,7 +257,24 @@ class TraceQueries:
             if r["trace_id"] in forks:
                 step["forks"] = forks[r["trace_id"]][:FORK_LIMIT]
             steps.append(step)
-        return {**_session(head), "steps": steps, "steps_total": head["steps"], "steps_offset": offset}
+        whole = offset == 0 and (limit is None or len(rows) < limit)  # the page is every step
+        agents, of_step = agent_tree(steps if whole else self._session_steps(key))
+        for step, agent in zip(steps, of_step if whole else self._agents_of(agents, steps)):
+            step["agent"] = agent
+        return {**_session(head), "agents": agents, "steps": steps, "steps_total": head["steps"],
+                "steps_offset": offset}
+
+    def _session_steps(self, key: str) -> list[dict]:
+        """Every step of a session, for its agents when a page shows only some."""
+        with self._reader() as db:
+            rows = db.execute("SELECT t.* FROM traces t WHERE t.session = ? AND t.fork_of IS NULL "
+                              "ORDER BY t.start_ns, t.trace_id", (key,)).fetchall()
+        return [loads(r["step"]) if r["step"] else _bare_step(r) for r in rows]
+
+    @staticmethod
+    def _agents_of(agents: list[dict], steps: list[dict]) -> list[str]:
+        main = next(a["id"] for a in agents if a["parent"] is None)
+        return [(s.get("subagent") or {}).get("id", main) for s in steps]
 
 
 # The distinct values of an indexed column, one index seek each (a skip scan written out): listing

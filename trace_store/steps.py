@@ -6,7 +6,8 @@ JSON document per step instead of every prompt and token.
      "finish_reason", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
      "ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokens_per_second", "backend",
      "drafted", "accepted", "draft_method", "new_from", "new_messages", "output", "tool_calls", "tools",
-     "continuity", "continuity_fork", "rollout_group", "fork_of", "route", "compaction", "compactions_expanded"}
+     "continuity", "continuity_fork", "rollout_group", "fork_of", "route", "compaction", "compactions_expanded",
+     "subagent"}
 
 `new_messages` are the input messages new since the conversation's previous step, `output` the
 model's reasoning and text, both in the GenAI conventions' role-and-parts shape, and absent when
@@ -15,7 +16,7 @@ routing's receipt: the server, the policy and its reason, the cached tokens pred
 server then reported, the expected time to first token and its terms (backends/vllm/routing/cost.py) and the one it
 took, and the runner-up. `compaction` marks a compaction step (how it was asked for, the summary's id, the
 input items it replaces); `compactions_expanded`, a step whose input held compaction items, each read as
-its summary.
+its summary. `subagent` names the agent of a subagent's or side request's step (id, parent, type, side).
 
 Spans of a request end before its server span, so they are gathered first and the summary is
 finished when the server span arrives.
@@ -118,8 +119,19 @@ class StepGatherer:
             "route": _route(decode),
             "compaction": _compaction(attrs),
             "compactions_expanded": attrs.get(attr.COMPACTION_EXPANDED),
+            "subagent": _subagent(attrs),
         }
         return {k: v for k, v in step.items() if v is not None}
+
+
+def _subagent(attrs: dict) -> dict | None:
+    """The agent a subagent's (or a side request's) step was sent by, as its harness named it; None for
+    the main agent's (agent_tree.py places each in the session's tree)."""
+    if attr.AGENT_ID not in attrs:
+        return None
+    found = {"id": attrs[attr.AGENT_ID], "parent": attrs.get(attr.AGENT_PARENT_ID), "type": attrs.get(attr.AGENT_TYPE),
+             "side": attrs.get(attr.AGENT_SIDE)}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _compaction(attrs: dict) -> dict | None:

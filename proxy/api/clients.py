@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from looptrace.common import attributes as attr
 
+from .agents import genai_agent, side_request_of
 from .errors import invalid
 
 # Conversation ids, in the order clients are known to send them: codex (session-id, thread-id),
@@ -78,6 +79,12 @@ def subagent_of(headers: Mapping[str, str]) -> dict:
     return {}
 
 
+def agent_attributes(headers: Mapping[str, str]) -> dict:
+    """Which agent sent a request: a subagent's attributes, a side request's (agents.py), {} for the main agent's."""
+    found = subagent_of(headers) or side_request_of(headers)
+    return {**found, **genai_agent(found)}
+
+
 def _label(value: str | None) -> str | None:
     """A client's label as recorded: printable and short, else none (it is shown and exported, never trusted)."""
     return value if value and len(value) <= MAX_ROLLOUT_CHARS and value.isprintable() else None
@@ -85,7 +92,7 @@ def _label(value: str | None) -> str | None:
 
 def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
     """The server span's attributes about the HTTP request and its client."""
-    attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **subagent_of(headers)}
+    attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **agent_attributes(headers)}
     version = _label(headers.get("X-Weight-Version"))
     if version:  # a trainer's label; one that is not is refused (weight_version)
         attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"

@@ -18,7 +18,8 @@ from looptrace.common import attributes as attr
 
 from .auth import caller_of, tenant_of, within
 from .budgets import BUDGETS
-from .clients import conversation_id, request_attributes, rollout_of, weight_version
+from .agents import line_of
+from .clients import agent_attributes, conversation_id, request_attributes, rollout_of, weight_version
 from .errors import failure_of, invalid, model_not_found
 from .keys import CACHE_SALTS, MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
@@ -63,12 +64,16 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
         rollout, group = rollout_of(http.match_info, http.headers)
         weight_version(http.headers)
         # Within the caller's tenant: another's conversation of the same name shares nothing with it.
-        request.conversation = within(caller.tenant, rollout or conversation_id(http.headers, body) or conversation)
+        session = within(caller.tenant, rollout or conversation_id(http.headers, body) or conversation)
+        # Each agent of the session is its own conversation line (agents.py): every reader of
+        # request.conversation (continuity, memory, render cache, compaction) keeps agents apart.
+        request.conversation = line_of(session, agent_attributes(http.headers))
         rollout = within(caller.tenant, rollout)
         request.continuity = continuity_asked(http.headers, body)
         if request.conversation is not None:  # its last turn is read while this one is prepared
             request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
-        trace.requested(model, stream=stream, conversation=request.conversation, group=group, rollout=bool(rollout))
+        trace.requested(model, stream=stream, conversation=session, line=request.conversation, group=group,
+                        rollout=bool(rollout))
     runtime = http.app[RUNTIME]
     await runtime.ready()
     if model != runtime.model_name or not caller.may_use(model):

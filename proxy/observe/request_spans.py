@@ -93,9 +93,11 @@ class RequestSpans(Observer):
             self._turn.trace_id = self.trace_id
         return self._turn
 
-    def requested(self, model: str, *, stream: bool, conversation: str | None, group: str | None = None) -> None:
-        self.model, self.conversation = model, conversation
-        self._turn = self.conversations.begin(conversation)  # its last turn is read while this one is prepared
+    def requested(self, model: str, *, stream: bool, conversation: str | None, group: str | None = None,
+                  line: str | None = None) -> None:
+        """`line`: the agent's conversation line (api/agents.py), whose last turn says what is new."""
+        self.model, self.conversation = model, line or conversation
+        self._turn = self.conversations.begin(self.conversation)  # its last turn is read while this one is prepared
         self._turn.trace_id = self.trace_id
         self.span.update_name(f"{self.endpoint} {model}")
         self.span.set_attributes({attr.GEN_AI_REQUEST_MODEL: model, attr.GEN_AI_REQUEST_STREAM: stream})

@@ -116,9 +116,10 @@ class RequestTelemetry:
         self.error_type: str | None = None
 
     def requested(self, model: str, *, stream: bool, conversation: str | None, group: str | None = None,
-                  rollout: bool = False) -> None:
-        """`rollout`: the conversation is a rollout (agent RL), of `group` if one was named."""
-        self.spans.requested(model, stream=stream, conversation=conversation, group=group)
+                  rollout: bool = False, line: str | None = None) -> None:
+        """`conversation`: the session; `line`: the agent's conversation line in it (api/agents.py), the
+        session's own by default. `rollout`: the conversation is a rollout (agent RL), of `group` if one was named."""
+        self.spans.requested(model, stream=stream, conversation=conversation, group=group, line=line)
         self.metrics.requested(model)
         if rollout and conversation is not None:
             self.telemetry.note_rollout(conversation, group)
