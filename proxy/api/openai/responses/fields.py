@@ -7,14 +7,15 @@ optional: a strict client of the specification refuses a response that lacks one
 this server did, not what was asked: `temperature` and `top_p` are the sampling settings the
 generation used (the family's defaults where the request named none), `top_logprobs` is 0 (Responses
 output carries no logprobs here), `max_tool_calls` is null (no limit is applied), `service_tier` is
-"default", and each echoed function tool says `strict: false` (arguments are checked after the call,
-never constrained while it is written).
+the tier asked for ("auto" served as "default": service_tiers.py), and each echoed function tool
+says `strict: false` (arguments are checked after the call, never constrained while it is written).
 """
 
 from __future__ import annotations
 
 from looptrace.backends.base import SamplingParams
 
+from ..service_tiers import served
 from .protocol import FunctionTool, ResponsesRequest, ToolChoice
 
 
@@ -28,7 +29,7 @@ def echoed(body: ResponsesRequest, **known) -> dict:
         "tools": echoed_tools(body.tools or ()),
         "metadata": body.metadata or {}, "prompt_cache_key": body.prompt_cache_key,
         "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
-        "top_logprobs": 0, "max_tool_calls": None, "background": False, "service_tier": "default",
+        "top_logprobs": 0, "max_tool_calls": None, "background": False, "service_tier": served(body.service_tier),
         "safety_identifier": body.safety_identifier,
     }
 

@@ -17,6 +17,7 @@ from ...auth import tenant_of
 from ...protocol import parse
 from ...validation import json_body
 from .compaction import run as compact
+from .default_model import with_model
 from .protocol import ResponsesRequest
 from .request import Previous
 from .store import responses_of
@@ -29,6 +30,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         body = parse(ResponsesRequest, raw)
         previous = await responses_of(request).conversation(body.previous_response_id) \
             if body.previous_response_id else None
+        body = await with_model(request, body)
         return await respond(request, trace, raw, body, Previous.of(previous))
 
 

@@ -8,6 +8,7 @@ from ...protocol import parse
 from ...serving import prepared
 from ...validation import json_body
 from .compaction import plan as compaction
+from .default_model import with_model
 from .protocol import ResponsesRequest
 from .request import Previous, converted
 from .store import responses_of
@@ -20,6 +21,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     body = parse(ResponsesRequest, raw)
     previous = Previous.of(await responses_of(request).conversation(body.previous_response_id)) \
         if body.previous_response_id else None
+    body = await with_model(request, body)
     # Compaction items counted as the summaries the model reads for them.
     generation_request, options, _ = converted(body, previous, await compaction.plan(request, body, previous))
     generation = await prepared(request, None, raw, generation_request, model=options.model, stream=False)

@@ -14,8 +14,8 @@ from pydantic import Field, field_validator
 
 from ...protocol import Protocol, ToolName, by_type, one_of, refused
 from ...request_parts import Attachment
+from ..service_tiers import ServiceTier
 
-SERVICE_TIERS = Literal["auto", "default", "flex", "priority"]
 MEDIA_PARTS = ("image_url", "input_image", "input_audio", "input_file", "file", "video_url")
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 
@@ -240,7 +240,7 @@ class TurnMetadata(Protocol):
 
 
 class ResponsesRequest(Protocol):
-    model: str
+    model: str | None = None  # absent on codex desktop's follow-ups: default_model.py fills it in
     instructions: str | None = None
     input: str | list[Item] | None = None
     previous_response_id: str | None = None
@@ -257,7 +257,7 @@ class ResponsesRequest(Protocol):
     stream: bool | None = None
     store: bool | None = None
     background: bool | None = None
-    service_tier: SERVICE_TIERS | None = None
+    service_tier: ServiceTier | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tool_calls: int | None = Field(None, ge=1)
     safety_identifier: str | None = Field(None, max_length=64)

@@ -43,6 +43,7 @@ from ...protocol import parse
 from ...serving import traced
 from ...streaming import Event
 from ...validation import json_object
+from .default_model import with_model
 from .http import respond
 from .protocol import LANE_ID, Envelope, ResponseCreate, Steer
 from .request import Previous, converted
@@ -89,6 +90,7 @@ class Socket:
         self.id = "ws_" + secrets.token_hex(8)
         self.lanes: dict[str | None, Lane] = {}
         self.kept: OrderedDict[str, list] = OrderedDict()  # response id → its conversation, output included
+        self.models: dict[str, str] = {}  # response id → its model, for a follow-up that names none
         self.sequence = 0  # for events outside any response (errors, steering)
 
     async def serve(self) -> None:
@@ -159,6 +161,7 @@ class Socket:
         try:
             body = parse(ResponseCreate, event)  # the turn's one parse: the envelope's fields and the request's
             previous = Previous.of(await self.previous(body.previous_response_id))
+            body = await with_model(self.request, body, self.models.get(body.previous_response_id or ""))
             if body.generate is False:
                 await self.warm_up(event, body, previous, lane_id)  # no generation: nothing to trace
                 return
@@ -185,8 +188,9 @@ class Socket:
 
     def keep(self, response: dict, items: list) -> None:
         self.kept[response["id"]] = items + response["output"]
+        self.models[response["id"]] = response["model"]
         while len(self.kept) > KEPT_RESPONSES:
-            self.kept.popitem(last=False)
+            self.models.pop(self.kept.popitem(last=False)[0], None)
 
     async def warm_up(self, event: dict, body: ResponseCreate, previous: Previous | None,
                       lane_id: str | None) -> None:

@@ -26,6 +26,7 @@ from ....auth import tenant_of
 from ....protocol import parse
 from ....serving import prepared, traced
 from ....validation import json_body
+from ..default_model import with_model
 from ..protocol import Compaction, CompactionTrigger, Message, ResponsesRequest
 from ..request import Previous, ResponsesOptions, ToolNames, converted
 from ..store import responses_of
@@ -147,6 +148,7 @@ async def compact_response(http: web.Request) -> web.Response:
         store = responses_of(http)
         previous = Previous.of(await store.conversation(body.previous_response_id)) \
             if body.previous_response_id else None
+        body = await with_model(http, body)
         made = await _summarized(http, trace, raw, _asking(body), previous, "compact")
         # The window a compaction leaves: the user's messages, then the compaction item.
         earlier = previous.items if previous is not None else []
