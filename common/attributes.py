@@ -106,6 +106,7 @@ INPUT_BASE_MESSAGES = "looptrace.input.base_messages"  # how many of them come f
 WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label: X-Weight-Version, else what vLLM said
 WEIGHT_VERSION_SOURCE = "looptrace.weight_version.source"  # where it came from: header or vllm
 TENANT = "looptrace.tenant"  # whose request it was: its key's tenant (api/auth.py); none on an open server
+SESSION_GROUPED_BY = "looptrace.session.grouped_by"  # how its session was found: a header's name, "prompt_cache_key" or "history"
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
 AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says

@@ -113,7 +113,7 @@ class StepGatherer:
             "tool_calls": calls,
             "tools": tools,
             "continuity": gathered.get("continuity"), "continuity_fork": gathered.get("continuity_fork"),
-            "rollout_group": attrs.get(attr.ROLLOUT_GROUP),
+            "rollout_group": attrs.get(attr.ROLLOUT_GROUP), "grouped_by": attrs.get(attr.SESSION_GROUPED_BY),
             "fork_of": ({"trace_id": attrs[attr.FORK_TRACE_ID], "index": attrs.get(attr.FORK_INDEX)}
                         if attr.FORK_TRACE_ID in attrs else None),
             "route": _route(decode),

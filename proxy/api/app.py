@@ -18,7 +18,8 @@ from .cache_salts import CacheSalts
 from .cross_site import refuse_cross_site
 from .errors import error_middleware
 from .hosts import host_check
-from .keys import CACHE_SALTS, MEMORY, RUNTIME, SETTINGS, TELEMETRY
+from .history_sessions import HistorySessions
+from .keys import CACHE_SALTS, HISTORY_SESSIONS, MEMORY, RUNTIME, SETTINGS, TELEMETRY
 from .route import mount
 from .unreadable import answer_unreadable_requests
 from .viewer import pages
@@ -46,6 +47,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
     app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
     app[CACHE_SALTS] = CacheSalts()  # what keeps one tenant's cached prefixes from another (cache_salts.py)
+    app[HISTORY_SESSIONS] = HistorySessions()  # the session a request that names none continues
     app[BUDGETS] = Budgets(state, app[TELEMETRY].metrics)  # each key's budgets, counted in the store
     mount(app, monitoring.ROUTES)
     # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own

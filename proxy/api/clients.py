@@ -10,9 +10,21 @@ from looptrace.common import attributes as attr
 from .agents import genai_agent, side_request_of
 from .errors import invalid
 
-# Conversation ids, in the order clients are known to send them: codex (session-id, thread-id),
-# pi (session_id, x-session-affinity), Claude Code (X-Claude-Code-Session-Id, on every request).
-CONVERSATION_HEADERS = ("session-id", "session_id", "thread-id", "x-session-affinity", "x-claude-code-session-id")
+# The headers that name a session, the first a request sends (a printable label of at most
+# MAX_ROLLOUT_CHARS) winning; then the body's prompt_cache_key (Responses clients: Copilot CLI);
+# then its history (history_sessions.py). Headers are read case-insensitively.
+SESSION_HEADERS = (
+    ("x-session-affinity", "pi, opencode, Crush (beside x-session-id)"),
+    ("x-session-id", "X-Session-Id: Crush and other harnesses"),
+    ("x-opencode-session", "opencode"),
+    ("agent-session-id", "goose"),
+    ("session_id", "pi"),
+    ("session-id", "codex: its root thread's, a subagent's too"),
+    ("thread-id", "codex: its own thread"),
+    ("x-claude-code-session-id", "Claude Code, on every request"),
+)
+CONVERSATION_HEADERS = tuple(name for name, _ in SESSION_HEADERS)
+PROMPT_CACHE_KEY = "prompt_cache_key"
 
 
 # A rollout (agent RL) names itself in the path, for harnesses that cannot add a header (a base URL
@@ -42,13 +54,16 @@ def weight_version(headers: Mapping[str, str]) -> str | None:
     return version
 
 
-def conversation_id(headers: Mapping[str, str], body: dict | None) -> str | None:
+def session_of(headers: Mapping[str, str], body: dict | None) -> tuple[str | None, str | None]:
+    """(the session a request names, where it named it: a header's name or "prompt_cache_key"), or
+    (None, None); a label that is not printable and short is passed over, never recorded."""
     for name in CONVERSATION_HEADERS:
-        value = headers.get(name)
-        if value:
-            return value
-    key = (body or {}).get("prompt_cache_key")  # what Responses clients send when no header says it
-    return key if isinstance(key, str) and key else None
+        value = _label(headers.get(name))
+        if value is not None:
+            return value, name
+    key = (body or {}).get(PROMPT_CACHE_KEY)  # what Responses clients send when no header says it
+    value = _label(key) if isinstance(key, str) else None
+    return (value, PROMPT_CACHE_KEY) if value is not None else (None, None)
 
 
 def client_of(user_agent: str | None) -> tuple[str | None, str | None]:

@@ -10,8 +10,10 @@ from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
 from .cache_salts import CacheSalts
+from .history_sessions import HistorySessions
 
 CACHE_SALTS: web.AppKey[CacheSalts] = web.AppKey("cache_salts", CacheSalts)  # each tenant's prefix-cache salt
+HISTORY_SESSIONS: web.AppKey[HistorySessions] = web.AppKey("history_sessions", HistorySessions)  # sessions no header names
 MEMORY: web.AppKey[Memory] = web.AppKey("memory", Memory)  # what each conversation's model read and sampled
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)

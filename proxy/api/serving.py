@@ -19,9 +19,10 @@ from looptrace.common import attributes as attr
 from .auth import caller_of, tenant_of, within
 from .budgets import BUDGETS
 from .agents import line_of
-from .clients import agent_attributes, conversation_id, request_attributes, rollout_of, weight_version
+from .clients import agent_attributes, request_attributes, rollout_of, session_of, weight_version
 from .errors import failure_of, invalid, model_not_found
-from .keys import CACHE_SALTS, MEMORY, RUNTIME, TELEMETRY
+from .history_sessions import HISTORY
+from .keys import CACHE_SALTS, HISTORY_SESSIONS, MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
 
 
@@ -63,8 +64,7 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     if trace is not None:
         rollout, group = rollout_of(http.match_info, http.headers)
         weight_version(http.headers)
-        # Within the caller's tenant: another's conversation of the same name shares nothing with it.
-        session = within(caller.tenant, rollout or conversation_id(http.headers, body) or conversation)
+        session, grouped_by = session_for(http, trace, request, body, rollout, conversation)
         # Each agent of the session is its own conversation line (agents.py): every reader of
         # request.conversation (continuity, memory, render cache, compaction) keeps agents apart.
         request.conversation = line_of(session, agent_attributes(http.headers))
@@ -74,6 +74,8 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
             request.memory = http.app[MEMORY].recall(request.conversation, trace.trace_id)
         trace.requested(model, stream=stream, conversation=session, line=request.conversation, group=group,
                         rollout=bool(rollout))
+        if grouped_by is not None:
+            trace.grouped(grouped_by)
     runtime = http.app[RUNTIME]
     await runtime.ready()
     if model != runtime.model_name or not caller.may_use(model):
@@ -86,6 +88,26 @@ async def prepared(http: web.Request, trace: RequestTelemetry | None, body: dict
     generation = Generation(runtime, request, trace.observers if trace is not None else ())
     await generation.prepare()
     return generation
+
+
+def session_for(http: web.Request, trace: RequestTelemetry, request: GenerationRequest, body: dict,
+                rollout: str | None, conversation: str | None) -> tuple[str | None, str | None]:
+    """The request's session, within the caller's tenant (another's of the same name shares nothing
+    with it), and how it was found (None: a rollout's, or a WebSocket lane's). One that names none
+    continues the session its history extends (history_sessions.py), or starts one: None here, its
+    trace id its key in the store."""
+    tenant = caller_of(http).tenant
+    named, how = session_of(http.headers, body)
+    if rollout or (conversation and not named):
+        return within(tenant, rollout or conversation), None
+    if named:
+        return within(tenant, named), how
+    if trace.trace_id is None:  # kept nowhere: no session to join
+        return None, None
+    grouping = http.app[HISTORY_SESSIONS].join(tenant, request.messages, trace.trace_id)
+    trace.observers = (*trace.observers, grouping)  # its answer kept, for the turn that extends it
+    # A key from this tenant's own map ("trace:" and a step's trace id), so not prefixed again.
+    return (grouping.session if grouping.joined else None), HISTORY
 
 
 def continuity_asked(headers, body: dict) -> str | None:

@@ -109,6 +109,9 @@ class RequestSpans(Observer):
     def responded(self, response_id: str) -> None:
         self.span.set_attribute(attr.GEN_AI_RESPONSE_ID, response_id)
 
+    def grouped(self, how: str) -> None:
+        self.span.set_attribute(attr.SESSION_GROUPED_BY, how)
+
     def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
         self.span.set_attributes({attr.COMPACTION: how, attr.COMPACTION_REPLACED_ITEMS: replaced,
                                   **({attr.COMPACTION_ID: summary_id} if summary_id else {})})

@@ -132,6 +132,10 @@ class RequestTelemetry:
     def responded(self, response_id: str) -> None:
         self.spans.responded(response_id)
 
+    def grouped(self, how: str) -> None:
+        """How the request's session was found: a header's name, "prompt_cache_key" or "history"."""
+        self.spans.grouped(how)
+
     def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
         """This request was a compaction (how: trigger, compact, threshold; client: the client's own, whose
         summary it keeps): its summary replaces `replaced` items."""

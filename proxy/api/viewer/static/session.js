@@ -127,7 +127,7 @@ export class SessionView {
             tools.length ? "tool calls: " + tools.join(", ") : "no tool calls",
             session.errors ? `${session.errors} failed` : "", `${when(session.first_ns)} – ${when(session.last_ns)}`]
             .filter(Boolean).join(" · ")),
-        legend(), sessionLinks(session.key)),
+        groupedBy(session.steps), legend(), sessionLinks(session.key)),
       this.list);
     this.rollout = null;
     this.mode = "p";
@@ -422,4 +422,14 @@ export class SessionView {
       this.loadTokens(step).then(() => step.querySelector(".tokens")?.focus());
     }
   }
+}
+
+// How the session's requests were found to be one (looptrace.session.grouped_by: docs/clients.md#sessions):
+// the header or body field the client named it in, or its history. Text from the trace, set as text.
+function groupedBy(steps) {
+  const how = steps.map((s) => s.grouped_by).filter(Boolean).pop();
+  if (!how) return null;
+  return h("p", {class: "facts grouped-by"}, how === "history"
+    ? "grouped by its history (no session id sent: each request extends the last one's prompt and answer)"
+    : `grouped by ${how === "prompt_cache_key" ? "the body's prompt_cache_key" : `the ${how} header`}`);
 }
