@@ -1,8 +1,10 @@
 """Secrets never stored (issue 55): the detector finds each kind of credential and leaves code, SHAs and
 UUIDs alone; its markers match for one secret and keep a prompt's length; and a server with the SQLite
 store, sent a corpus of credentials in messages, tool arguments and tool results over Chat Completions,
-Responses and Messages, answers every request, hands the model the real text, and keeps none of them in
-its trace files, its log or any `looptrace export` format.
+Responses (HTTP and WebSocket, a stored response continued), Messages and the Gemini API, answers every
+request, hands the model the real text (the continued turn too: the state store keeps it sealed), and
+keeps none of them, nor their base64, in any byte of its store's files (traces and state, their -wal and
+-shm), its OTLP export, its log or any `looptrace export` format.
 
 Every secret is assembled from parts here at test time, with random bodies: nothing in this file is a
 live-looking key that a push-protection scanner would flag.
@@ -11,6 +13,7 @@ live-looking key that a push-protection scanner would flag.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import gzip
 import io
@@ -18,7 +21,10 @@ import json
 import logging
 import random
 import string
+import sqlite3
 import threading
+import zlib
+from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -48,6 +54,7 @@ def corpus(seed: int = 55) -> dict[str, tuple[str, str]]:
     aws_secret, pw, dbpass, apikey, url_pw = r(40, ALNUM + "/+"), r(14), r(12), r(32), r(12)
     azure, sas, key_id = r(86, ALNUM + "+/") + "==", r(43, ALNUM + "%"), r(40, HEX)
     gcp_pem = "-----BEGIN " + "PRIVATE KEY-----\n" + pem_body + "\n-----END " + "PRIVATE KEY-----\n"
+    ec_body, ssh_body, db_pw = r(64, ALNUM + "+/"), r(70, ALNUM + "+/"), r(16)
     shapes = {
         "aws_access_key_id": ("AK" + "IA" + r(16, string.ascii_uppercase + string.digits),) * 2,
         "aws_secret_access_key": ("aws_secret_access_key = " + aws_secret, aws_secret),
@@ -67,6 +74,11 @@ def corpus(seed: int = 55) -> dict[str, tuple[str, str]]:
         "npm_token": ("np" + "m_" + r(36),) * 2,
         "pypi_token": ("py" + "pi-AgEIcHlwaS5vcmc" + r(60),) * 2,
         "private_key": (pem, pem),
+        "ec_private_key": ("-----BEGIN EC " + "PRIVATE KEY-----\n" + ec_body + "\n-----END EC " + "PRIVATE KEY-----",
+                           ec_body),
+        "openssh_private_key": ("-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA" + ssh_body +
+                                "\n-----END OPENSSH " + "PRIVATE KEY-----", ssh_body),
+        "database_url": ("DATABASE_" + "URL=mysql://app:" + db_pw + "@db.internal/app", db_pw),
         "gcp_service_account": (json.dumps({"type": "service_account", "private_key_id": key_id,
                                             "private_key": gcp_pem}), key_id),
         "gcp_service_account_key": (json.dumps({"type": "service_account", "private_key": gcp_pem}),
@@ -197,13 +209,65 @@ def _read_everything(app: AppThread, *texts: str) -> Reading:
 
 
 def _export(store: str, fmt: str) -> str:
+    """An export's text; a Parquet file's (compressed) rows read back as JSON Lines."""
     parser = argparse.ArgumentParser()
     export_arguments(parser)
-    args = parser.parse_args(["--store", store, "--since", "0", "--format", fmt])
+    parquet = fmt in ("parquet", "prime-rl")
+    out_file = f"{store}.{fmt}.parquet"
+    args = parser.parse_args(["--store", store, "--since", "0", "--format", fmt, *(["--out", out_file] * parquet)])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert run_export(args) == 0
-    return out.getvalue()
+    if not parquet:
+        return out.getvalue()
+    import pyarrow.parquet as pq
+
+    return "\n".join(json.dumps(row, default=str) for row in pq.read_table(out_file).to_pylist())
+
+
+def _gemini(env: str) -> dict:
+    return {"tools": [{"functionDeclarations": [{"name": "exec", "parameters": EXEC["function"]["parameters"]}]}],
+            "contents": [{"role": "user", "parts": [{"text": "env:\n" + env}]},
+                         {"role": "model", "parts": [{"functionCall": {"name": "exec", "args": {"cmd": env}}}]},
+                         {"role": "user", "parts": [{"functionResponse": {"name": "exec",
+                                                                          "response": {"output": env}}}]}]}
+
+
+def _state_unsealed(folder, tokenizer) -> str:
+    """The state file's records as one who copied it would read them without the key secret: JSON blobs
+    decompressed, a turn's packed ids decoded. Its responses and turns are there (else this reads nothing)."""
+    found = []
+    with sqlite3.connect(folder / "traces.state.sqlite3") as db:
+        blobs = [*db.execute("SELECT conversation, response FROM state_responses"),
+                 *db.execute("SELECT summary FROM state_compactions")]
+        turns = [row[0] for row in db.execute("SELECT ids FROM state_turns")]
+    assert len(blobs) >= 2 and turns, (len(blobs), len(turns))
+    for blob in (bytes(b) for row in blobs for b in row):
+        with contextlib.suppress(zlib.error):
+            found.append((zlib.decompress(blob[1:]) if blob[:1] == b"z" else blob[1:]).decode(errors="replace"))
+    for ids in turns:
+        found.append(tokenizer.decode([i for i in array("i", bytes(ids)[:len(ids) // 4 * 4]) if 0 <= i < 250000]))
+    return "\n".join(found)
+
+
+def _gemini_mounted(app: AppThread) -> bool:
+    return any(r.canonical.startswith("/v1beta/") for r in app.app.router.resources())
+
+
+def _websocket(app: AppThread, *bodies: dict) -> None:
+    """Responses over one socket, each continuing the one before (previous_response_id)."""
+    from websockets.sync.client import connect
+
+    previous = None
+    with connect(app.url.replace("http", "ws") + "/v1/responses", max_size=None) as socket:
+        for body in bodies:
+            socket.send(json.dumps({"type": "response.create", **body,
+                                    **({"previous_response_id": previous} if previous else {})}))
+            while (event := json.loads(socket.recv()))["type"] not in ("response.completed", "response.failed",
+                                                                      "error"):
+                pass
+            assert event["type"] == "response.completed", event
+            previous = event["response"]["id"]
 
 
 def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str, dict, list[str]]:
@@ -216,7 +280,7 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
     caplog.set_level(logging.DEBUG)
     written = corpus(8)["github_token"][1]  # one the model writes itself: its token events hold it
     secrets.append(written)
-    answers = ["\n</think>\n\nSet GITHUB_TOKEN to " + written + " then.<|im_end|>"] + ["\n</think>\n\nDone.<|im_end|>"] * 5
+    answers = ["\n</think>\n\nSet GITHUB_TOKEN to " + written + " then.<|im_end|>"] + ["\n</think>\n\nDone.<|im_end|>"] * 8
     reading = _read_everything(app, *answers)
     chat = {"model": MODEL, "tools": [EXEC], "messages": [
         {"role": "user", "content": "Here is my .env:\n" + env},
@@ -233,32 +297,39 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
                            {"type": "function_call", "call_id": "c2", "name": "exec",
                             "arguments": json.dumps({"cmd": env})},
                            {"type": "function_call_output", "call_id": "c2", "output": env}]}
-    status, _, body = app.post(responses, path="/v1/responses")
+    status, _, body = app.post({**responses, "store": True}, path="/v1/responses")
     assert status == 200, body
+    # Continued from the stored response (kept sealed in the state store): the model reads it all again.
+    first_id = json.loads(body)["id"]
+    status, _, body = app.post({"model": MODEL, "store": True, "previous_response_id": first_id,
+                                "input": "and the secret key once more?"}, path="/v1/responses")
+    assert status == 200, body
+    status, items = app.call("GET", f"/v1/responses/{first_id}/input_items")  # the client's own, read back whole
+    assert status == 200 and env.splitlines()[0] in json.dumps(items), items
     messages = {"model": MODEL, "max_tokens": 16, "messages": [
         {"role": "user", "content": "env:\n" + env},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "exec", "input": {"cmd": env}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": env}]}]}
     status, _, body = app.post(messages, path="/v1/messages")
     assert status == 200, body
-    from websockets.sync.client import connect
-    with connect(app.url.replace("http", "ws") + "/v1/responses", max_size=None) as socket:
-        socket.send(json.dumps({"type": "response.create", **responses}))
-        while (event := json.loads(socket.recv()))["type"] not in ("response.completed", "response.failed", "error"):
-            pass
-    assert event["type"] == "response.completed", event
+    _websocket(app, responses, {"model": MODEL, "input": [{"type": "message", "role": "user", "content": "again"}]})
+    if _gemini_mounted(app):
+        status, _, body = app.post(_gemini(env), path=f"/v1beta/models/{MODEL}:generateContent")
+        assert status == 200, body
     # The model read the real text: redaction is of what is kept, not of what is served.
     read = [app.runtime.tokenizer.decode(ids) for ids in reading.read]
-    assert len(read) == 4
+    assert len(read) == 6 + _gemini_mounted(app)
     for prompt in read:
         for secret in secrets[:-1]:
             assert secret in prompt or secret.replace("\n", "\\n") in prompt
     app.settled()
-    stored = b"".join(p.read_bytes() for p in folder.iterdir() if p.name.startswith("traces.sqlite3")
-                      and "state" not in p.name)
+    # Every byte of the store: the traces and the state beside them, each with its -wal and -shm.
+    files = [p for p in folder.iterdir() if p.name.startswith(("traces.sqlite3", "traces.state.sqlite3"))]
+    assert {"traces.sqlite3", "traces.state.sqlite3", "traces.state.sqlite3-wal"} <= {p.name for p in files}
+    stored = b"".join(p.read_bytes() for p in files) + _state_unsealed(folder, app.runtime.tokenizer).encode()
     log = caplog.text
     exports = {fmt: _export(str(folder / "traces.sqlite3"), fmt)
-               for fmt in ("jsonl", "verl", "skyrl", "nemo-gym", "tinker", "atif")}
+               for fmt in ("jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker", "atif")}
     decoded = []
     for text in (exports["jsonl"], exports["verl"]):
         for line in text.splitlines():
@@ -282,13 +353,22 @@ def test_no_secret_reaches_the_store_the_log_or_an_export(served, caplog):
     sent = b"".join(receiver.bodies)
     assert b"[REDACTED:" in sent
     for secret in secrets:
-        assert secret.encode() not in sent, secret
-        assert secret.encode() not in stored, secret
-        assert secret not in log
-        for fmt, text in exports.items():
-            assert secret not in text, (fmt, secret)
+        encoded = [secret.encode(), base64.b64encode(secret.encode()), base64.urlsafe_b64encode(secret.encode())]
+        for form in encoded:
+            assert form not in sent, secret
+            assert form not in stored, secret
+            assert form.decode() not in log
+            for fmt, text in exports.items():
+                assert form.decode() not in text, (fmt, secret)
         for text in decoded:
             assert secret not in text, secret
+
+
+def test_the_gemini_api_is_in_the_corpus(served):
+    """Said apart, so a server without the Gemini API's routes reports the corpus's gap as a skip."""
+    if not _gemini_mounted(served[0]):
+        pytest.skip("the Gemini API's routes are not mounted (proxy/api/app.py): the corpus ran without them")
+    assert served[0].call("GET", "/v1beta/models")[0] == 200
 
 
 def test_with_redact_off_the_same_requests_keep_every_secret_and_say_so(qwen3_5_dir, tmp_path, caplog):
