@@ -1,6 +1,6 @@
 """Gemini CLI (pinned in tests/support/gemini_cli.py) against a real `looptrace serve` through the
 Gemini API: a command run through its shell tool, the call's id and the command's output sent back,
-and the output in the prompt of the next step."""
+the output in the prompt of the next step, and the two steps one session."""
 
 from __future__ import annotations
 
@@ -66,3 +66,6 @@ def test_gemini_cli_runs_a_command_and_reads_its_output(gemini, serve, qwen3_5_d
     assert f"Output: {MARKER}" in render["looptrace.prompt.text"]
     root = next(s for s in trace["spans"] if s["attributes"].get("looptrace.endpoint"))["attributes"]
     assert root["looptrace.endpoint"] == "gemini"
+    # It sends no session id: its two steps are one session by their history.
+    (session,) = server.get("/v1/sessions")[1]["data"]
+    assert (session["steps"], session["tool_calls"]["valid"], session["client"]) == (2, 1, "GeminiCLI-tui"), session
