@@ -93,14 +93,14 @@ def get(url: str, timeout: float = 120) -> tuple[object, float]:
 class Target:
     """One `looptrace serve` on the replay backend, run by `python`, with a store of its own."""
 
-    def __init__(self, name: str, python: str, model: str, replay: Path, logs: Path) -> None:
+    def __init__(self, name: str, python: str, model: str, replay: Path, logs: Path, extra: tuple[str, ...] = ()) -> None:
         from processes import Service, free_port
 
         self.name, self.port = name, free_port()
         self.store = logs / f"{name}.sqlite3"
         command = [python, "-m", "looptrace.proxy.cli", "serve", model, "--backend", "replay", "--replay",
                    str(replay), "--served-model-name", "m", "--max-model-len", "400000", "--port", str(self.port),
-                   "--trace-db", str(self.store), "--trace-max-mb", "100000"]
+                   "--trace-db", str(self.store), "--trace-max-mb", "100000", *extra]
         self.service = Service(command, logs / f"{name}.log", cwd=ROOT)
         self.service.name = f"looptrace ({name})"
         self.url = f"http://127.0.0.1:{self.port}"

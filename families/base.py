@@ -23,6 +23,7 @@ from .media.parts import MediaPart, has_media, lift_from_tool_results, placehold
 from .media.video_processor import sampler
 from .prompt_items import ItemCosts, ItemCounts
 from .prompt_length import PromptLength
+from .render_windows import WHOLE, RenderWindows, Windowed
 from .sanitize import mark_chat, mark_keys, treat_added_tokens_as_control
 
 THOUGHT = "thought"
@@ -86,6 +87,9 @@ class Rendered:
     reused_ids: int = 0
     reused_chars: int = 0
     checked: bool | None = None
+    # The template's text rendered how (render_windows.py; "" with media), and whether a whole rendering agreed.
+    rendered_how: str = ""
+    render_checked: bool | None = None
 
 
 class Family:
@@ -113,6 +117,8 @@ class Family:
     # What the template writes where a model's turn ends, each an added token (the one the model samples to
     # stop, or the one the template writes after a call): where token continuity cuts (continuity.py).
     turn_end_tokens: tuple[str, ...] = ()
+    # A new message of these roles rewrites earlier turns (where reasoning is kept): its turn is rendered whole.
+    rewrites_roles: frozenset[str] = frozenset({"user", "system", "developer"})
     # Per checkpoint, set in __init__:
     stop_token_ids: frozenset[int]
     grammar_ids: frozenset[int]  # the generation layer passes on only these special tokens' text
@@ -138,6 +144,7 @@ class Family:
                           if i is not None}
         self._control = treat_added_tokens_as_control(tok)
         self.encoder = IncrementalEncoder(tok, 0)  # prompts encoded whole until keep_encodings says otherwise
+        self.windows = RenderWindows(0)  # and rendered whole
         self._length = PromptLength(tok)
         self._item_costs: ItemCosts | None = None  # measured on the template when first needed
 
@@ -216,8 +223,8 @@ class Family:
         transformers marks them, then that text encoded from where it departs from the conversation's
         previous prompt (incremental.py)."""
         try:
-            marked = self.marked_chat(messages, tools, extra)
-            encoding, reuse = self.encoder.encode(marked, conversation, salt)
+            windowed = self.conversation_chat(messages, tools, extra, conversation)
+            encoding, reuse = self.encoder.encode(windowed.text, conversation, salt)
         except TemplateError as exc:
             raise RenderError(exc.message or str(exc)) from exc
         except ValueError as exc:  # an empty conversation, say
@@ -228,7 +235,17 @@ class Family:
         return Rendered(text=text, ids=ids, thinking=self.prompt_leaves_thinking(text), merged_system=merged,
                         history_length=len(ids) - self.transient_tail_length(text, ids),
                         encoding=encoding.serial, reused_from=reuse.base, reused_ids=reuse.ids,
-                        reused_chars=reuse.chars, checked=reuse.checked)
+                        reused_chars=reuse.chars, checked=reuse.checked, rendered_how=windowed.how,
+                        render_checked=windowed.checked)
+
+    def conversation_chat(self, messages: list[dict], tools: list[dict] | None, extra: dict,
+                          conversation: str | None) -> Windowed:
+        """`marked_chat` for a conversation's turn, rendered from what it adds where render_windows.py
+        proves the splice."""
+        if conversation is None or not self.windows.enabled:
+            return Windowed(self.marked_chat(messages, tools, extra), WHOLE)
+        return self.windows.render(conversation, messages, tools, extra,
+                                   lambda chat, generation: self.marked_chat(chat, tools, extra, generation))
 
     def marked_chat(self, messages: list[dict], tools: list[dict] | None, extra: dict,
                     generation_prompt: bool = True) -> str:
@@ -238,11 +255,13 @@ class Family:
             mark_chat(messages, self._control), tools=mark_chat(tools, self._control) or None,
             add_generation_prompt=generation_prompt, tokenize=False, **extra)
 
-    def keep_encodings(self, max_bytes: int, check_every: int) -> None:
+    def keep_encodings(self, max_bytes: int, check_every: int, windows: bool = True) -> None:
         """Encode each prompt from its conversation's previous one (incremental.py), keeping up to
         `max_bytes` of them (0: every prompt encoded whole); every `check_every`-th such encoding is
-        checked against a whole one (0: never)."""
+        checked against a whole one (0: never). `windows`: render the template's text from what a turn
+        adds too (render_windows.py, within the same bound and checked as often)."""
         self.encoder = IncrementalEncoder(self._tokenizer_itself(), max_bytes, check_every)
+        self.windows = RenderWindows(max_bytes if windows else 0, check_every, self.rewrites_roles)
 
     def _tokenizer_itself(self) -> Any:
         tok = getattr(self.tokenizer, "tokenizer", None)  # a processor wraps its tokenizer

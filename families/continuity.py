@@ -63,7 +63,7 @@ def continued(family: Family, messages: list[dict], answer_at: int, tools: list[
         return family.render(messages, tools, enable_thinking, media=False, conversation=conversation, salt=salt), False
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
-        marked = _marked_chat(family, messages, tools, extra)
+        marked = _marked_chat(family, messages, tools, extra, conversation)
     except TemplateError as exc:
         raise RenderError(exc.message or str(exc)) from exc
     except (ValueError, RecursionError) as exc:
@@ -173,11 +173,13 @@ def _marked_text(content: Any, mark, marks: list[str]) -> Any:
     return content
 
 
-def _marked_chat(family: Family, messages: list[dict], tools: list[dict] | None, extra: dict) -> str:
-    """The conversation as `Family.render` renders a chat of text alone, before encoding."""
+def _marked_chat(family: Family, messages: list[dict], tools: list[dict] | None, extra: dict,
+                 conversation: str | None = None) -> str:
+    """The conversation as `Family.render` renders a chat of text alone, before encoding (from what the
+    turn adds, for a conversation's: render_windows.py)."""
     if family.system_first_only:
         messages, _ = merge_system_messages(messages)
-    return family.marked_chat(messages, tools, extra)
+    return family.conversation_chat(messages, tools, extra, conversation).text
 
 
 def _spliced(family: Family, conversation: str | None, prompt: list[int], sampled: list[int], encoding: int,

@@ -149,6 +149,10 @@ def _prompt_options(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--render-check-every", type=count, default=_default("render_check_every"), metavar="N",
                        help="tokenize every N-th such prompt whole as well and count any difference "
                        "(looptrace_render_checks_total); 0: never")
+    group.add_argument("--no-render-windows", dest="render_windows", action="store_false",
+                       help="render the chat template over the whole conversation every turn, not over only what "
+                       "the turn adds (certified against the last turn's text, checked as often as the encoding: "
+                       "looptrace_render_drift_total)")
     group.add_argument("--token-continuity", choices=["off", "check", "keep"], default=_default("token_continuity"),
                        help="whether a conversation's next prompt holds the ids the model read and wrote before: "
                        "check classifies each turn (clean, realign, fork), keep builds the prompt of them and "

@@ -30,6 +30,7 @@ class Settings:
     # (families/incremental.py); 0: every prompt tokenized whole.
     render_cache_mb: float = 256.0
     render_check_every: int = 100  # every N-th incremental encoding is checked against a whole one; 0: never
+    render_windows: bool = True  # a turn's template text rendered from what it adds (families/render_windows.py)
     # Whether a turn's prompt keeps the ids the model read and wrote before (proxy/engine/continuity.py):
     # off, check (classified: clean, realign, fork) or keep (built of them).
     token_continuity: str = "off"

@@ -109,7 +109,8 @@ class Runtime:
                                        video=video)
         self.family = family_cls(tokenizer, _generation_config(folder, checkpoint), processor=processor)
         self.family.item_costs()  # measured on the template here, off the event loop, not on a first request
-        self.family.keep_encodings(int(settings.render_cache_mb * 1024**2), settings.render_check_every)
+        self.family.keep_encodings(int(settings.render_cache_mb * 1024**2), settings.render_check_every,
+                                   settings.render_windows)
         self.template_continuity = _template_report(self.family)
         if processor is not None:
             log.info("%s: takes %s", source, " and ".join(sorted(self.family.media_kinds)))

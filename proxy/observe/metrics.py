@@ -90,6 +90,11 @@ class Metrics:
         self.render_checks = Counter(attr.METRIC_RENDER_CHECKS, "Prompts encoded from the conversation's previous one "
                                      "and checked against a whole encoding, by result (same, differed).",
                                      ["model", "result"], registry=r)
+        self.render_windows = Counter(attr.METRIC_RENDER_WINDOWS, "A conversation turn's chat template text, by how: "
+                                      "window (rendered from what the turn adds), whole, fallback (a check refused "
+                                      "the window).", ["model", "how"], registry=r)
+        self.render_drift = Counter(attr.METRIC_RENDER_DRIFT, "Windowed renderings a sampled whole rendering "
+                                    "contradicted (the whole one was used).", ["model"], registry=r)
         self.token_continuity = Counter(attr.METRIC_TOKEN_CONTINUITY, "Turns whose prompt continues the "
                                         "conversation's last, by how (class): clean, realign, fork, kept "
                                         "(--token-continuity).", ["model", "class"], registry=r)

@@ -77,6 +77,10 @@ class RequestMetrics(Observer):
             metrics.render_tokens.labels(model, "encoded").inc(len(generation.prompt_ids) - reused)
             if rendered.checked is not None:
                 metrics.render_checks.labels(model, "same" if rendered.checked else "differed").inc()
+            if rendered.rendered_how:
+                metrics.render_windows.labels(model, rendered.rendered_how).inc()
+            if rendered.render_checked is not None:  # the series exists from the first check, 0 while none differ
+                metrics.render_drift.labels(model).inc(rendered.render_checked is False)
         if generation.continuity.kind is not None:
             metrics.token_continuity.labels(model, generation.continuity.kind).inc()
         for n, part in enumerate(generation.media_parts):

@@ -1,4 +1,4 @@
-"""The real codex 0.169.0 in long sessions that compact, through looptrace, in each of its provider
+"""The real codex (clients.CODEX: 0.171.0) in long sessions that compact, through looptrace, in each of its provider
 settings (issue 42; docs/clients.md): the documented custom provider ("looptrace": codex compacts on its
 own side), a custom provider named "OpenAI", and the built-in `openai` provider with `openai_base_url`
 (both compact remotely: a `compaction_trigger` answered with one `compaction` item).

@@ -1,6 +1,7 @@
-"""The real codex 0.169 with its built-in `openai` provider pointed at looptrace (`openai_base_url`):
-it tries the Responses WebSocket mode first (GET /v1/responses), and used to get a 405 six times
-before falling back to HTTP. Now it talks WebSocket to looptrace, and a tool-calling turn runs over it.
+"""The real codex (clients.CODEX) over the Responses WebSocket mode (GET /v1/responses): with its
+built-in `openai` provider pointed at looptrace (`openai_base_url`), which tries the socket first and
+used to get a 405 six times before falling back to HTTP, and with docs/clients.md's custom provider
+opted in (`supports_websockets = true`). Either way a tool-calling turn runs over the socket.
 
 The replay backend scripts the tiny Qwen3.5's answers (a shell call, then the answer), as in
 test_clients.py; codex runs in a bare environment with its own home, logged in with an API key.
@@ -54,3 +55,25 @@ def test_codex_builtin_provider_runs_a_tool_call_over_the_websocket(installed, s
     text = "".join(token[1] for token in prompt["tokens"])
     assert "looptrace-ok" in text.split("echo looptrace-ok", 1)[-1], text[-2000:]
     assert json.dumps(listed)  # the listing is JSON all through
+
+
+def test_codex_custom_provider_with_websockets_runs_a_tool_call_over_the_socket(installed, serve, qwen3_5_dir,
+                                                                               tmp_path):
+    server = replay_server(serve, qwen3_5_dir, tmp_path,
+                           "I will run it.\n</think>\n\n" + call("exec_command", cmd="echo looptrace-ok") + "<|im_end|>",
+                           "It worked.\n</think>\n\n" + CODEX_ANSWER + "<|im_end|>")
+    home, work = folders(tmp_path)
+    # docs/clients.md's [model_providers.looptrace], with the socket asked for.
+    clients.codex_home(home, server.base_url, MODEL, provider={"supports_websockets": True})
+    done = clients.run_codex(installed, home, work, API_KEY, "Run echo looptrace-ok", timeout=120)
+    assert done.returncode == 0, outcome(done)
+    assert done.stdout.strip().endswith(CODEX_ANSWER), outcome(done)
+    assert "falling back to HTTP" not in done.stderr, outcome(done)
+    status, listed = server.get("/v1/traces?limit=20")
+    assert status == 200, listed
+    endpoints = [t["endpoint"] for t in listed["data"]]
+    assert endpoints == [attr.ENDPOINT_RESPONSES_WEBSOCKET] * 2, endpoints
+    second = listed["data"][0]["trace_id"]
+    status, prompt = server.get(f"/v1/traces/{second}/prompt")
+    text = "".join(token[1] for token in prompt["tokens"])
+    assert "looptrace-ok" in text.split("echo looptrace-ok", 1)[-1], text[-2000:]

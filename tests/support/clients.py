@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_cache
 
 # The versions ../shared/clients/README.md was recorded with; bump both here and re-run the client tests.
-CODEX = "@openai/codex@0.169.0"
+CODEX = "@openai/codex@0.171.0"
 PI = "@mariozechner/pi-coding-agent@0.73.1"
 # Claude Code (a native binary inside the npm package), opencode (likewise) and qwen-code.
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
@@ -103,10 +103,11 @@ def client_env(home: Path, api_key: str, **extra: str) -> dict:
 
 
 def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = None, *, name: str | None = "looptrace",
-               settings: dict | None = None) -> Path:
+               settings: dict | None = None, provider: dict | None = None) -> Path:
     """codex's config: a custom provider called `name` (docs/clients.md's is "looptrace"; one named
     "OpenAI" or "Azure" compacts remotely), or with `name` None the built-in `openai` provider pointed at
-    `base_url` (`openai_base_url`; the key in OPENAI_API_KEY). `settings`: more top-level keys."""
+    `base_url` (`openai_base_url`; the key in OPENAI_API_KEY). `settings`: more top-level keys; `provider`:
+    more keys of the custom provider's table (`supports_websockets`)."""
     codex = home / ".codex"
     codex.mkdir(parents=True, exist_ok=True)
     lines = [f'model = "{model}"']
@@ -118,6 +119,7 @@ def codex_home(home: Path, base_url: str, model: str, catalog: Path | None = Non
         lines += ["", "[model_providers.looptrace]", f'name = "{name}"', f'base_url = "{base_url}"',
                   f'env_key = "{API_KEY_ENV}"', 'wire_api = "responses"', "request_max_retries = 0",
                   "stream_max_retries = 0"]
+        lines += [f"{key} = {json.dumps(value)}" for key, value in (provider or {}).items()]
     (codex / "config.toml").write_text("\n".join(lines) + "\n")
     return codex
 

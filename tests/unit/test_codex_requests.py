@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseItemList
 
 from .test_openai_types import strict
@@ -118,3 +119,21 @@ def ended(ws, count: int) -> dict[str, dict]:
         if event["type"] == "response.completed":
             done[event["stream_id"]] = event["response"]
     return done
+
+
+def test_chat_completions_says_its_service_tier(replay_app):
+    replay_app.replay(TEXT, TEXT)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "service_tier": "flex"}
+    status, answered = replay_app.call("POST", "/v1/chat/completions", body)
+    assert status == 200, answered
+    strict(ChatCompletion, answered)
+    assert answered["service_tier"] == "flex"
+    status, kind, data = replay_app.post({**body, "service_tier": "auto", "stream": True}, "/v1/chat/completions")
+    assert status == 200, data
+    chunks = [json.loads(line[6:]) for line in data.decode().splitlines()
+              if line.startswith("data: {")]
+    for chunk in chunks:
+        strict(ChatCompletionChunk, chunk)
+    assert chunks and {chunk["service_tier"] for chunk in chunks} == {"default"}, chunks
+    status, refused = replay_app.call("POST", "/v1/chat/completions", {**body, "service_tier": "fastest"})
+    assert (status, refused["error"]["param"], refused["error"]["code"]) == (400, "service_tier", "invalid_value")

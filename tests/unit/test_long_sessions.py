@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,19 @@ def test_every_step_reads_back_as_the_whole_store_has_it_and_is_stored_as_what_i
                             "WHERE trace_id = ? AND name = ?", (steps[name][-1], attr.SPAN_RENDER))[0][0]
              for name, app in apps.items()}
     assert sizes["incremental"] * 4 < sizes["whole"], sizes
+
+
+def test_the_template_text_is_rendered_from_windows_and_every_window_checked_agrees(two_servers):
+    _, apps = two_servers
+    app = apps["incremental"]
+    before = {how: app.metric("looptrace_render_windows_total", how=how) for how in ("window", "whole", "fallback")}
+    run_session(app, "windows", 8)
+    after = {how: app.metric("looptrace_render_windows_total", how=how) - before[how] for how in before}
+    # This session's new user messages (a third of its turns) are rendered whole; its tool turns from windows.
+    assert sum(after.values()) == 8 and after["window"] >= 2 and after["whole"] == 1, after
+    assert apps["whole"].metric("looptrace_render_windows_total", how="window") == 0
+    with urllib.request.urlopen(app.url + "/metrics", timeout=30) as response:  # checked every turn here
+        assert 'looptrace_render_drift_total{model="tiny-qwen"} 0.0' in response.read().decode()
 
 
 def test_retention_makes_the_oldest_step_left_whole_first(two_servers):

@@ -28,10 +28,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         try:
             if options.stream:
                 stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts,
+                                    service_tier=options.service_tier,
                                     token_ids=options.token_ids)
                 trace.responded(stream.id)
                 return await relay(request, generation, stream, trace)
             collector = ChatCollector(options.model, texts, options.token_ids)
+            collector.service_tier = options.service_tier
             async with aclosing(generation.run()) as steps:
                 async for step in steps:
                     collector.add(step)

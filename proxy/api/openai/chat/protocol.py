@@ -19,6 +19,7 @@ from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 from ...protocol import Protocol, refused
 from ...request_parts import MEDIA_PARTS, SEED_RANGE
 from ...validation import TOOL_NAME
+from ..service_tiers import ServiceTier
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -128,6 +129,7 @@ class ChatRequest(Sampling):
     # vLLM's token extensions: the prompt's and the answer's ids, and logprobs' tokens as "token_id:N".
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    service_tier: ServiceTier | None = None  # said back in the answer (service_tiers.py)
 
     @field_validator("messages", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from ...errors import invalid
 from ...protocol import parse
 from ...request_parts import MAX_STOP_LENGTH, MAX_STOPS, call_arguments, joined, media_note, media_part, \
     parse_tool_choice
+from ..service_tiers import served
 from .protocol import TEXT_PARTS, ChatRequest, ContentPart, FunctionTool, Message, ToolCall
 
 
@@ -24,6 +25,7 @@ class ChatOptions:
     # tokens as "token_id:N".
     token_ids: bool = False
     tokens_as_ids: bool = False
+    service_tier: str = "default"  # the tier the answer names (service_tiers.py)
 
 
 def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
@@ -60,6 +62,7 @@ def chat_request(chat: ChatRequest) -> tuple[GenerationRequest, ChatOptions]:
     )
     include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
     return request, ChatOptions(model=chat.model, stream=bool(chat.stream), include_usage=include_usage,
+                                service_tier=served(chat.service_tier),
                                 logprobs=logprobs, token_ids=bool(chat.return_token_ids),
                                 tokens_as_ids=bool(chat.return_tokens_as_token_ids))
 

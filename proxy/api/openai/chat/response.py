@@ -64,13 +64,15 @@ class ChatStream:
     and logprobs cover every token (reasoning and calls too), so the two line up as vLLM's do."""
 
     def __init__(self, model: str, *, include_usage: bool, logprobs: LogprobEntries | None,
+                 service_tier: str = "default",
                  token_ids: bool = False) -> None:
         self.id = new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
+        self.service_tier = service_tier
         self.logprobs = logprobs
-        self._head = f'{{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"choices":[{{"index":0,"delta":'
+        self._head = f'{{"id":"{self.id}","object":"chat.completion.chunk","created":{self.created},"model":{dumps(model)},"service_tier":{dumps(self.service_tier)},"choices":[{{"index":0,"delta":'
         self._pending_logprobs: list[dict] = []
         self._ids: list[int] | None = [] if token_ids else None  # ids since the last chunk
 
@@ -143,6 +145,8 @@ class ChatStream:
 class ChatCollector:
     """Accumulates a whole answer for a non-streaming response."""
 
+    service_tier = "default"  # the tier the answer names: the route sets the one asked
+
     def __init__(self, model: str, logprobs: LogprobEntries | None, token_ids: bool = False) -> None:
         self.model = model
         self.logprobs = logprobs
@@ -189,6 +193,7 @@ class ChatCollector:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
+            "service_tier": self.service_tier,
             "choices": [{
                 "index": 0,
                 "message": message,
