@@ -225,6 +225,9 @@ class TraceQueries:
                     f"ORDER BY v LIMIT 100", (tenant,)).fetchall()] for column in ("model", "client")}
         more = len(rows) > limit
         rows = rows[:limit]
+        agents = self._agent_counts([r["key"] for r in rows])
+        for row in rows:
+            row["agents"] = agents.get(row["key"], 1)
         after = rows[-1] if more else None
         return {"data": rows, "next": f"{after['last_ns']}:{after['key']}" if after else None, **facets}
 
@@ -263,6 +266,20 @@ class TraceQueries:
             step["agent"] = agent
         return {**_session(head), "agents": agents, "steps": steps, "steps_total": head["steps"],
                 "steps_offset": offset}
+
+    def _agent_counts(self, keys: list[str]) -> dict[str, int]:
+        """How many agents each session had (the main agent and every subagent or side request named),
+        read from the steps a subagent sent alone: a session list reads no main agent's step."""
+        ids: dict[str, set] = {}
+        with self._reader() as db:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                for r in db.execute(f"SELECT session, step FROM traces WHERE session IN ({','.join('?' * len(chunk))}) "
+                                    "AND fork_of IS NULL AND step LIKE ?", (*chunk, '%"subagent"%')):
+                    said = loads(r["step"]).get("subagent")
+                    if said:
+                        ids.setdefault(r["session"], set()).add(said["id"])
+        return {key: 1 + len(found) for key, found in ids.items()}
 
     def _session_steps(self, key: str) -> list[dict]:
         """Every step of a session, for its agents when a page shows only some."""

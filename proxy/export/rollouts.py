@@ -12,7 +12,7 @@ from looptrace.trace_store.recorded_sessions import Recorded
 from looptrace.trace_store.rollouts import Rollouts
 
 from .formats import ROWS
-from .trajectory import Trajectory, stitched
+from .trajectory import Trajectory, agent_of, stitched
 
 
 def rollout_rows(sessions: list[tuple[str, list[Recorded]]], fmt: str, per: str, store: str) -> list[dict]:
@@ -44,7 +44,7 @@ def _step_reward(step_rewards: dict[str, float], step: Recorded) -> float | None
 
 
 def _alone(step: Recorded) -> Trajectory:
-    trajectory = Trajectory(list(step.prompt_ids))
+    trajectory = Trajectory(list(step.prompt_ids), agent=agent_of(step))
     trajectory.add(step, [])
     return trajectory
 
@@ -84,7 +84,8 @@ def _meta(key: str, head: dict, segment: int, trajectory: Trajectory, step_rewar
             entry["trainer_logprobs"], trained = trainer[step.trace_id]
             entry["trainer_weight_version"] = trained
         steps.append(entry)
-    return {"rollout": key, "group": head.get("group"), "segment": segment, "reward": head.get("reward"),
+    return {"rollout": key, "group": head.get("group"), "segment": segment, "agent": trajectory.agent,
+            "reward": head.get("reward"),
             "info": head.get("info"), "model": first.model,
             "template_sha256": first.render.get(attr.TEMPLATE_SHA256),
             "tokenizer_sha256": first.render.get(attr.TOKENIZER_SHA256), "steps": steps}

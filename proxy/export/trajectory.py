@@ -8,6 +8,10 @@ continue its predecessor token for token (the template rewrote the history: REAL
 edited it: FORK) starts a new trajectory, as tinker-cookbook's `trajectory_to_data` and AWS's rollout
 gateway do: a trainer must never learn from ids the model did not sample. With token continuity
 `keep` (proxy/engine/continuity.py) a rollout is one trajectory.
+
+Each agent of a session (its subagents, its side requests: proxy/api/agents.py) is its own line: a
+step continues the last trajectory of its own agent, so a subagent's turns between two of the main
+agent's neither end the main line nor join it, and each trajectory says whose it is.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from looptrace.common import attributes as attr
+from looptrace.trace_store.agent_tree import MAIN
 from looptrace.trace_store.recorded_sessions import Recorded
 
 
@@ -28,6 +33,7 @@ class Trajectory:
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
     steps: list[Recorded] = field(default_factory=list)
+    agent: str = MAIN  # whose line it is: the subagent's id, or the main agent's
 
     @property
     def held(self) -> list[int]:
@@ -51,15 +57,22 @@ def _logprob(token: dict) -> float:
 def stitched(steps: list[Recorded]) -> list[Trajectory]:
     """The steps (those that can be read: `skipped` empty) as trajectories, in order."""
     found: list[Trajectory] = []
+    lines: dict[str, Trajectory] = {}  # each agent's last trajectory
     for step in steps:
         if step.skipped:
             continue
-        last = found[-1] if found else None
+        agent = agent_of(step)
+        last = lines.get(agent)
         held = last.held if last is not None else None
         if held is not None and step.prompt_ids[:len(held)] == held:
             last.add(step, step.prompt_ids[len(held):])
         else:
-            trajectory = Trajectory(list(step.prompt_ids))
+            trajectory = lines[agent] = Trajectory(list(step.prompt_ids), agent=agent)
             trajectory.add(step, [])
             found.append(trajectory)
     return found
+
+
+def agent_of(step: Recorded) -> str:
+    """The agent whose line a step is on: a subagent's or side request's id, else the main agent."""
+    return step.request.get(attr.AGENT_ID) or MAIN

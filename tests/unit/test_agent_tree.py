@@ -10,8 +10,11 @@ import uuid
 
 import pytest
 
+from looptrace.proxy.export.trajectory import stitched
 from looptrace.proxy.settings import Settings
+from looptrace.trace_store.recorded_sessions import open_reader, session_steps
 
+import stores as store_kinds
 from .test_token_continuity import ANSWER, READ, call_output, classes_counted
 from app_thread import AppThread, Reading
 
@@ -20,16 +23,24 @@ TASK = {"type": "function", "function": {"name": "Task", "description": "Run a s
 TOOLS = [TASK, READ]
 
 
-@pytest.fixture(scope="module")
-def app(qwen3_5_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("agents")
+def started_app(qwen3_5_dir, folder, trace_db: str | None = None) -> AppThread:
+    """The real app on Qwen3.5's checkpoint, the replay backend and a store (SQLite in `folder` by default)."""
     placeholder = folder / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')
-    started = AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
-                                 served_model_name="tiny", trace_db=str(folder / "traces.sqlite3"),
-                                 token_continuity="off")).start()
+    return AppThread(Settings(model=str(qwen3_5_dir), backend="replay", replay=str(placeholder),
+                              served_model_name="tiny", trace_db=trace_db or str(folder / "traces.sqlite3"),
+                              token_continuity="off")).start()
+
+
+@pytest.fixture(scope="module", params=store_kinds.KINDS)
+def app(request, qwen3_5_dir, tmp_path_factory):
+    """On each store: SQLite and PostgreSQL."""
+    folder = tmp_path_factory.mktemp("agents")
+    made = store_kinds.of_param(request, folder)
+    started = started_app(qwen3_5_dir, folder, made.setting())
     yield started
     started.stop()
+    made.close()
 
 
 class Agent:
@@ -113,6 +124,9 @@ def test_claude_codes_subagents_are_a_tree_and_none_of_their_turns_is_a_fork(app
     # A page of the steps still answers the whole tree, and each of its steps' agent.
     page = app.stored(f"/v1/sessions/{session}?offset=2&limit=2")
     assert page["agents"] == found["agents"] and [s["agent"] for s in page["steps"]] == ["a2", "a2"]
+    # The sessions list says how many agents it had.
+    (listed,) = [r for r in app.stored("/v1/sessions?limit=500")["data"] if r["key"] == session]
+    assert listed["agents"] == 3 and listed["steps"] == 6
 
 
 def test_under_keep_the_main_line_keeps_its_sampled_ids_across_a_subagents_turns(app):
@@ -159,3 +173,22 @@ def test_a_hostile_agent_id_is_not_an_agent_and_its_turn_stays_on_the_main_line(
     odd.turn(ANSWER["qwen3_5"])
     found = app.stored(f"/v1/sessions/{session}", steps=2)
     assert [a["id"] for a in found["agents"]] == ["main"] and found["agents"][0]["steps"] == 2
+    (listed,) = [r for r in app.stored("/v1/sessions?limit=500")["data"] if r["key"] == session]
+    assert listed["agents"] == 1
+
+
+def test_the_training_export_stitches_each_agents_line_token_exact_and_names_its_agent(app):
+    """Under `keep`: the main agent's two turns one trajectory across its subagent's, the subagent's
+    two turns another; each holds exactly the ids its engine read and sampled, and says whose it is."""
+    session = "export-" + uuid.uuid4().hex[:12]
+    main, a1, _ = claude_code(app, session, "keep")
+    main.turn(SPAWN, then="The subagent said: in notes.txt")
+    a1.turn(READS, then="the word")
+    a1.turn(ANSWER["qwen3_5"])
+    main.turn(ANSWER["qwen3_5"])
+    app.stored(f"/v1/sessions/{session}", steps=4)
+    lines = stitched(session_steps(open_reader(app.settings.trace_db), session))
+    assert [(t.agent, len(t.steps)) for t in lines] == [("main", 2), ("a1", 2)]
+    for trajectory, agent in zip(lines, (main, a1)):
+        assert trajectory.held == agent.read[1] + agent.wrote[1]
+        assert [i for i, m in zip(trajectory.response_ids, trajectory.response_mask) if m] == agent.wrote[0] + agent.wrote[1]

@@ -3,6 +3,7 @@
 // token by token, its tool calls, why it stopped, and how long each part took.
 
 import {get, sessionPath} from "./api.js";
+import {agentTree} from "./agents.js";
 import {compactionBadges} from "./compaction.js";
 import {sessionLinks} from "./compare-links.js";
 import {forkPanel} from "./fork.js";
@@ -113,6 +114,8 @@ export class SessionView {
     this.more?.disconnect();
     this.loading = false;
     this.steps = session.steps;
+    this.agents = session.agents || [];
+    this.agent = null; // the agent whose steps alone are shown (agents.js), or all
     this.total = session.steps_total ?? session.steps.length;
     this.index();
     const title = session.conversation ? session.conversation : `request ${session.key.replace(/^trace:/, "")}`;
@@ -127,7 +130,7 @@ export class SessionView {
             tools.length ? "tool calls: " + tools.join(", ") : "no tool calls",
             session.errors ? `${session.errors} failed` : "", `${when(session.first_ns)} – ${when(session.last_ns)}`]
             .filter(Boolean).join(" · ")),
-        groupedBy(session.steps), legend(), sessionLinks(session.key)),
+        groupedBy(session.steps), agentTree(session, this), legend(), sessionLinks(session.key)),
       this.list);
     this.rollout = null;
     this.mode = "p";
@@ -248,7 +251,8 @@ export class SessionView {
 
   article(step, i) {
     const previous = i > 0 ? this.steps[i - 1] : null;
-    const el = h("li", {class: "step" + (step.status === "error" ? " failed" : ""), tabindex: "-1", dataset: {step: step.trace_id},
+    const el = h("li", {class: "step" + (step.status === "error" ? " failed" : ""), tabindex: "-1", dataset: {step: step.trace_id, agent: step.agent ?? ""},
+      hidden: this.agent !== null && step.agent !== this.agent,
       "aria-label": `Step ${i + 1}`});
     const chips = [
       step.endpoint, step.finish_reason ? `finish: ${step.finish_reason}` : "",
@@ -260,6 +264,7 @@ export class SessionView {
       step.tokens_per_second ? `${step.tokens_per_second.toFixed(1)} tok/s` : "",
       step.drafted ? `drafts ${step.accepted}/${step.drafted} accepted` + (step.draft_method ? ` (${step.draft_method})` : "") : "",
       step.backend || "",
+      this.agents.length > 1 && step.agent ? `agent ${step.agent}` : "",
       step.route ? routeChip(step.route) : "",
     ].filter(Boolean);
     const why = step.continuity_fork ? ` (${step.continuity_fork})` : "";

@@ -95,7 +95,8 @@ export class SessionList {
     h("time", {}, when(s.last_ns)),
     h("span", {class: "who"}, [s.client ? `${s.client}${s.client_version ? " " + s.client_version : ""}` : "unknown client", s.model].filter(Boolean).join(" · ")),
     h("span", {class: "figures"},
-      `${s.steps} step${s.steps === 1 ? "" : "s"} · ${count(s.input_tokens)} in / ${count(s.output_tokens)} out`,
+      `${s.steps} step${s.steps === 1 ? "" : "s"}` + (s.agents > 1 ? ` · ${s.agents} agents` : "")
+        + ` · ${count(s.input_tokens)} in / ${count(s.output_tokens)} out`,
       tools.valid ? h("span", {class: "ok", title: "valid tool calls"}, ` · ✓ ${tools.valid}`) : "",
       bad ? h("span", {class: "bad", title: "tool calls with invalid arguments, of unknown tools, or unparsed"}, ` · ✗ ${bad}`) : "",
       s.errors ? h("span", {class: "bad", title: "failed requests"}, ` · ⚠ ${s.errors} failed`) : ""));
