@@ -74,7 +74,7 @@ def test_the_page_logs_in_once_and_shows_the_tenants_sessions(served, page, tmp_
         p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "viewer-login.png"))
     # The browser holds the cookie, out of the page's reach; no storage of the page holds the key.
     (cookie,) = page.context.cookies()
-    assert cookie["name"] == "looptrace_session" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["name"] == "looptrace-session" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert made["alice"] not in cookie["value"]
     assert p.evaluate("document.cookie") == ""
     assert p.evaluate("JSON.stringify([{...sessionStorage}, {...localStorage}])") == "[{},{}]"

@@ -38,7 +38,7 @@ class Answer:
         return json.loads(self.body)
 
     def cookie(self) -> str | None:
-        found = SimpleCookie("\n".join(self.set_cookie)).get("looptrace_session")
+        found = SimpleCookie("\n".join(self.set_cookie)).get("looptrace-session")
         return found.value if found is not None else None
 
 
@@ -48,7 +48,7 @@ def send(app, method: str, path: str, body=None, *, key: str | None = None, cook
     if key is not None:
         sent["Authorization"] = f"Bearer {key}"
     if cookie is not None:
-        sent["Cookie"] = f"looptrace_session={cookie}"
+        sent["Cookie"] = f"looptrace-session={cookie}"
     data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
     connection = http.client.HTTPConnection("127.0.0.1", app.port, timeout=60)
     try:
@@ -117,7 +117,7 @@ def test_login_sets_an_http_only_strict_cookie_that_is_not_the_key(server):
     assert answer.json() | {"expires_at": 0} == {"object": "login", "name": "alice", "tenant": "alice",
                                                  "scopes": ["infer", "traces:read"], "expires_at": 0}
     (line,) = answer.set_cookie
-    morsel = SimpleCookie(line)["looptrace_session"]
+    morsel = SimpleCookie(line)["looptrace-session"]
     assert morsel["httponly"] and morsel["samesite"] == "Strict" and morsel["path"] == "/", line
     assert not morsel["secure"], line  # plain http here: a Secure cookie would never come back
     assert int(morsel["max-age"]) > 3600
@@ -175,7 +175,7 @@ def test_another_tenants_cookie_reads_nothing_of_hers_on_any_route(server, sessi
     app, _, made, _, _ = server
     hers = sessions["alice"]
     ids = {"session": hers["key"], "trace_id": hers["last_trace_id"], "response_id": hers["response_id"]}
-    headers = {"Cookie": f"looptrace_session={logged_in(app, made['bob'])}", **same_origin(app)}
+    headers = {"Cookie": f"looptrace-session={logged_in(app, made['bob'])}", **same_origin(app)}
     leaked = []
     for route in hostile_tenant.GUARDED:
         if route.path == "/v1/live":
@@ -201,7 +201,7 @@ def test_logout_ends_the_session(server, sessions):
     out = send(app, "POST", "/v1/logout", cookie=cookie, headers=same_origin(app))
     assert out.status == 200 and out.json() == {"object": "logout", "ended": True}, out.body
     (cleared,) = out.set_cookie
-    assert SimpleCookie(cleared)["looptrace_session"]["max-age"] == "0", cleared
+    assert SimpleCookie(cleared)["looptrace-session"]["max-age"] == "0", cleared
     # The browser forgets it; one that kept it is refused, by this worker at once, by others within a second.
     refused = send(app, "GET", "/v1/sessions", cookie=cookie)
     assert refused.status == 401 and "ended" in refused.json()["error"]["message"], refused.body

@@ -25,7 +25,7 @@ from looptrace.trace_store.login_sessions import LIFETIME_S, LoginSessions
 from ..auth import ADMIN, CACHE_SECONDS, Caller, Guard
 from ..errors import APIError
 
-COOKIE = "looptrace_session"
+COOKIE = "looptrace-session"  # not looptrace_…: that shape is a metric's (common/attributes.py)
 ENDED = "This viewer login has ended (logged out, expired, or its key was changed): log in with the key again."
 MAX_TOKEN = 128  # a token is 43 characters; a longer cookie is no session of ours, and is not looked up
 
