@@ -29,10 +29,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if options.stream:
                 stream = ChatStream(options.model, include_usage=options.include_usage, logprobs=texts,
                                     service_tier=options.service_tier,
-                                    token_ids=options.token_ids)
+                                    token_ids=options.token_ids, reasoning_fields=options.reasoning_fields,
+                                    custom_tools=options.custom_tools)
                 trace.responded(stream.id)
                 return await relay(request, generation, stream, trace)
-            collector = ChatCollector(options.model, texts, options.token_ids)
+            collector = ChatCollector(options.model, texts, options.token_ids, options.reasoning_fields,
+                                      options.custom_tools)
             collector.service_tier = options.service_tier
             async with aclosing(generation.run()) as steps:
                 async for step in steps:

@@ -16,12 +16,13 @@ from pydantic import Field, field_validator
 from looptrace.backends.events import TOP_N
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
-from ...protocol import Protocol, refused
+from ...protocol import Protocol, ToolName, by_type, one_of, refused
 from ...request_parts import MEDIA_PARTS, SEED_RANGE
 from ...validation import TOOL_NAME
 from ..service_tiers import ServiceTier
 
 TEXT_PARTS = ("text", "input_text", "output_text")
+REFUSAL = "refusal"  # an assistant's refusal part (OpenAI's SDKs send its content back as parts)
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -48,8 +49,9 @@ def named(name: str) -> str:
 class ContentPart(Protocol):
     """A text part, or an attachment (its fields are extras, read by request_parts.media_part)."""
 
-    type: Literal[TEXT_PARTS + MEDIA_PARTS]  # a tuple in a Literal is its members
+    type: Literal[TEXT_PARTS + MEDIA_PARTS + (REFUSAL,)]  # a tuple in a Literal is its members
     text: str | None = None  # a text part's, required there
+    refusal: str | None = None  # a refusal part's, required there
 
 
 class CallFunction(Protocol):
@@ -60,8 +62,26 @@ class CallFunction(Protocol):
 class ToolCall(Protocol):
     """A past call of an assistant's turn."""
 
+    type: Literal["function"] | None = None
     function: CallFunction
     id: Any = None  # kept when a string; an odd id is dropped, as before, not refused
+
+
+class CustomCallInput(Protocol):
+    name: str
+    input: str
+
+
+class CustomToolCall(Protocol):
+    """A past call of a custom (free-form) tool: its one string input (custom_tools.py)."""
+
+    type: Literal["custom"]
+    custom: CustomCallInput
+    id: Any = None
+
+
+HistoryCall = one_of(by_type({"custom": "custom"}, "function", absent="function"),
+                     function=ToolCall, custom=CustomToolCall)
 
 
 class Message(Protocol):
@@ -70,7 +90,7 @@ class Message(Protocol):
     content: str | list[ContentPart] | None = None
     reasoning_content: str | None = None  # an assistant's thinking, vLLM's name
     reasoning: str | None = None  # the same, as other servers name it
-    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_calls: list[HistoryCall] | None = None  # an assistant's
     tool_call_id: str | None = None  # a tool's: the call it answers
     name: str | None = None  # a tool's: the function that answered
 
@@ -87,8 +107,41 @@ class Function(Protocol):
 
 
 class FunctionTool(Protocol):
-    type: Literal["function"] | None = None  # the only kind of tool here
+    type: Literal["function"] | None = None
     function: Function
+
+
+class CustomFormat(Protocol):
+    """A free-form tool's input: `{"type": "text"}`, or a grammar (`{"type": "grammar", "grammar":
+    {"definition", "syntax"}}`), shown to the model since nothing here constrains to it."""
+
+    type: Any = None
+    grammar: dict[str, Any] | None = None
+
+
+class CustomSpec(Protocol):
+    name: ToolName
+    description: str | None = None
+    format: CustomFormat | None = None
+
+
+class CustomTool(Protocol):
+    """OpenAI's `type: "custom"` tool (GPT-5's freeform tools; Copilot CLI's apply_patch): one string in."""
+
+    type: Literal["custom"]
+    custom: CustomSpec
+
+
+Tool = one_of(by_type({"custom": "custom"}, "function", absent="function"), function=FunctionTool, custom=CustomTool)
+
+
+class ReasoningOptions(Protocol):
+    """OpenRouter's `reasoning` field (Cline's, through OpenRouter-style providers)."""
+
+    enabled: bool | None = None
+    effort: str | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    exclude: bool | None = None  # thinking kept out of the answer: the model still thinks
 
 
 class StreamOptions(Protocol):
@@ -111,7 +164,7 @@ class Sampling(Protocol):
 class ChatRequest(Sampling):
     model: str
     messages: list[Message]
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None  # checked against the tools (request_parts.parse_tool_choice)
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name: read first
@@ -125,6 +178,7 @@ class ChatRequest(Sampling):
     stream_options: StreamOptions | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: str | None = None  # thinking unless "none", when enable_thinking is not given
+    reasoning: ReasoningOptions | None = None  # the same, OpenRouter's way (reasoning.py)
     stop: str | list[str] | None = None  # at most MAX_STOPS of MAX_STOP_LENGTH (request.py)
     # vLLM's token extensions: the prompt's and the answer's ids, and logprobs' tokens as "token_id:N".
     return_token_ids: bool | None = None

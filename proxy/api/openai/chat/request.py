@@ -12,7 +12,10 @@ from ...protocol import parse
 from ...request_parts import MAX_STOP_LENGTH, MAX_STOPS, call_arguments, joined, media_note, media_part, \
     parse_tool_choice
 from ..service_tiers import served
-from .protocol import TEXT_PARTS, ChatRequest, ContentPart, FunctionTool, Message, ToolCall
+from . import custom_tools
+from .protocol import REFUSAL, TEXT_PARTS, ChatRequest, ContentPart, CustomTool, CustomToolCall, Message, Tool, \
+    ToolCall
+from .reasoning import BOTH, reasoning_fields, thinking_of
 
 
 @dataclass(slots=True)
@@ -25,6 +28,8 @@ class ChatOptions:
     # tokens as "token_id:N".
     token_ids: bool = False
     tokens_as_ids: bool = False
+    reasoning_fields: tuple[str, ...] = BOTH  # the fields thinking goes out under (reasoning.py)
+    custom_tools: frozenset[str] = frozenset()  # the names of the custom tools offered (custom_tools.py)
     service_tier: str = "default"  # the tier the answer names (service_tiers.py)
 
 
@@ -46,9 +51,9 @@ def chat_request(chat: ChatRequest) -> tuple[GenerationRequest, ChatOptions]:
     request = GenerationRequest(
         messages=messages,
         tools=tools,
-        tool_choice=parse_tool_choice(chat.tool_choice, tools),
+        tool_choice=parse_tool_choice(_choice(chat.tool_choice), tools),
         parallel_tool_calls=chat.parallel_tool_calls is not False,
-        enable_thinking=_thinking(chat),
+        enable_thinking=thinking_of(chat),
         max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
         max_tokens_param=max_tokens_param,
         temperature=chat.temperature,
@@ -64,15 +69,22 @@ def chat_request(chat: ChatRequest) -> tuple[GenerationRequest, ChatOptions]:
     return request, ChatOptions(model=chat.model, stream=bool(chat.stream), include_usage=include_usage,
                                 service_tier=served(chat.service_tier),
                                 logprobs=logprobs, token_ids=bool(chat.return_token_ids),
-                                tokens_as_ids=bool(chat.return_tokens_as_token_ids))
+                                tokens_as_ids=bool(chat.return_tokens_as_token_ids),
+                                reasoning_fields=reasoning_fields(chat),
+                                custom_tools=frozenset(t.custom.name for t in chat.tools or ()
+                                                       if isinstance(t, CustomTool)))
 
 
-def tools_of(tools: list[FunctionTool] | None) -> list[dict] | None:
-    """Function tools in Chat Completions' shape, which the engine (and looptrace's /v1/generate) takes."""
+def tools_of(tools: list[Tool] | None) -> list[dict] | None:
+    """Function tools in Chat Completions' shape, which the engine (and looptrace's /v1/generate) takes;
+    a custom tool as the function of one string the model is shown."""
     if not tools:
         return None
     out = []
     for tool in tools:
+        if isinstance(tool, CustomTool):
+            out.append(custom_tools.as_function(tool))
+            continue
         function = tool.function
         spec: dict = {"name": function.name}
         if function.description is not None:
@@ -114,6 +126,11 @@ def _content(message: Message, where: str) -> str | list | None:
 
 
 def _part(part: ContentPart, param: str, media: bool) -> str | dict:
+    if part.type == REFUSAL:  # an assistant's refusal, said again as its text
+        if part.refusal is None:
+            raise invalid(f"Missing required parameter: '{param}.refusal'.", param=f"{param}.refusal",
+                          code="missing_required_parameter")
+        return part.refusal
     if part.type in TEXT_PARTS:
         if part.text is None:
             raise invalid(f"Missing required parameter: '{param}.text'.", param=f"{param}.text",
@@ -123,7 +140,9 @@ def _part(part: ContentPart, param: str, media: bool) -> str | dict:
     return media_part({"type": part.type, **(part.model_extra or {})}, param) if media else media_note()
 
 
-def _history_call(call: ToolCall, where: str) -> dict:
+def _history_call(call: ToolCall | CustomToolCall, where: str) -> dict:
+    if isinstance(call, CustomToolCall):
+        return custom_tools.history_call(call)
     arguments = call.function.arguments
     out = {"type": "function", "function": {
         "name": call.function.name,
@@ -133,11 +152,11 @@ def _history_call(call: ToolCall, where: str) -> dict:
     return out
 
 
-def _thinking(chat: ChatRequest) -> bool | None:
-    thinking = chat.chat_template_kwargs.enable_thinking if chat.chat_template_kwargs else None
-    if thinking is not None:
-        return thinking
-    return None if chat.reasoning_effort is None else chat.reasoning_effort != "none"
+def _choice(choice: str | dict | None) -> str | dict | None:
+    """A custom tool named as OpenAI names it (`{"type": "custom", "custom": {"name"}}`) → `{"name"}`."""
+    if isinstance(choice, dict) and choice.get("type") == "custom" and isinstance(choice.get("custom"), dict):
+        return {"name": choice["custom"].get("name")}
+    return choice
 
 
 def _stop(stop: str | list[str] | None) -> list[str]:

@@ -1,9 +1,9 @@
 """Channel deltas → Chat Completions: chunk events for a stream (unnamed: the API names none), one
 JSON object otherwise.
 
-Reasoning goes out under both `reasoning_content` and `reasoning`, because clients differ in which
-they read. Chunks are assembled from a preformatted prefix, so the per-token cost is one
-JSON encoding of the new text.
+Reasoning goes out under the field or fields the client reads (reasoning.py), a custom tool's call
+as OpenAI's custom call (custom_tools.py). Chunks are assembled from a preformatted prefix, so the
+per-token cost is one JSON encoding of the new text.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from ....engine.generation import Generation
 from ....engine.request import Step
 from ...errors import APIError
 from ...streaming import SSE_KEEPALIVE, Event, each
+from .custom_tools import answer_call
+from .reasoning import BOTH
 
 KEEPALIVE = SSE_KEEPALIVE  # what fills a chat stream's silences: SSE's comment (the API has no event for it)
 
@@ -54,7 +56,9 @@ def usage(generation: Generation) -> dict:
     }
 
 
-def tool_call_json(delta: ToolCallDelta) -> dict:
+def tool_call_json(delta: ToolCallDelta, custom: frozenset[str] = frozenset()) -> dict:
+    if delta["name"] in custom:
+        return answer_call(delta["id"], delta["name"], delta["arguments"])
     return {"id": delta["id"], "type": "function", "function": {"name": delta["name"], "arguments": delta["arguments"]}}
 
 
@@ -65,8 +69,11 @@ class ChatStream:
 
     def __init__(self, model: str, *, include_usage: bool, logprobs: LogprobEntries | None,
                  service_tier: str = "default",
-                 token_ids: bool = False) -> None:
+                 token_ids: bool = False, reasoning_fields: tuple[str, ...] = BOTH,
+                 custom_tools: frozenset[str] = frozenset()) -> None:
         self.id = new_id("chatcmpl-")
+        self.reasoning_fields = reasoning_fields
+        self.custom_tools = custom_tools
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
@@ -116,11 +123,11 @@ class ChatStream:
 
     def thinking(self, delta: ThinkingDelta) -> list[Event]:
         text = dumps(delta["text"])
-        return [self._chunk('{"reasoning_content":' + text + ',"reasoning":' + text + "}")]
+        return [self._chunk("{" + ",".join(f'"{field}":{text}' for field in self.reasoning_fields) + "}")]
 
     def tool_call(self, delta: ToolCallDelta) -> list[Event]:
         # Every fragment carries index, id, type and name: strict clients reject one that doesn't.
-        call = tool_call_json(delta)
+        call = tool_call_json(delta, self.custom_tools)
         call["index"] = delta["index"]
         return [self._chunk({"tool_calls": [call]})]
 
@@ -147,8 +154,11 @@ class ChatCollector:
 
     service_tier = "default"  # the tier the answer names: the route sets the one asked
 
-    def __init__(self, model: str, logprobs: LogprobEntries | None, token_ids: bool = False) -> None:
+    def __init__(self, model: str, logprobs: LogprobEntries | None, token_ids: bool = False,
+                 reasoning_fields: tuple[str, ...] = BOTH, custom_tools: frozenset[str] = frozenset()) -> None:
         self.model = model
+        self.reasoning_fields = reasoning_fields
+        self.custom_tools = custom_tools
         self.logprobs = logprobs
         self.ids: list[int] | None = [] if token_ids else None  # vLLM's return_token_ids: every token's id
         self.texts: list[str] = []
@@ -174,7 +184,7 @@ class ChatCollector:
         self.reasoning.append(delta["text"])
 
     def tool_call(self, delta: ToolCallDelta) -> None:
-        self.calls.append(tool_call_json(delta))
+        self.calls.append(tool_call_json(delta, self.custom_tools))
 
     def unparsed_call(self, delta: UnparsedCallDelta) -> None:
         return None  # its text follows as a text delta
@@ -184,8 +194,8 @@ class ChatCollector:
         message: dict = {"role": "assistant", "content": text if text or not self.calls else None}
         if self.reasoning:
             reasoning = "".join(self.reasoning)
-            message["reasoning_content"] = reasoning
-            message["reasoning"] = reasoning
+            for field in self.reasoning_fields:
+                message[field] = reasoning
         if self.calls:
             message["tool_calls"] = self.calls
         answer = {
