@@ -10,13 +10,16 @@ import uuid
 
 import pytest
 
+from looptrace.common import attributes as attr
 from looptrace.proxy.export.trajectory import stitched
 from looptrace.proxy.settings import Settings
 from looptrace.trace_store.recorded_sessions import open_reader, session_steps
 
 import stores as store_kinds
+from .test_otlp_export import exporting, roots_in_order, settings_for
 from .test_token_continuity import ANSWER, READ, call_output, classes_counted
 from app_thread import AppThread, Reading
+from traced_app import run
 
 TASK = {"type": "function", "function": {"name": "Task", "description": "Run a subagent.", "parameters": {
     "type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}}}
@@ -192,3 +195,27 @@ def test_the_training_export_stitches_each_agents_line_token_exact_and_names_its
     for trajectory, agent in zip(lines, (main, a1)):
         assert trajectory.held == agent.read[1] + agent.wrote[1]
         assert [i for i, m in zip(trajectory.response_ids, trajectory.response_mask) if m] == agent.wrote[0] + agent.wrote[1]
+
+
+def test_exported_spans_name_their_agent_in_the_genai_conventions_beside_looptraces(qwen3_5_dir, tmp_path):
+    """Over OTLP (the sink's transport in memory): the main agent's request span says `main`, a
+    subagent's its id and type, under the conventions' names and looptrace's."""
+    app, sent = exporting(settings_for(qwen3_5_dir, tmp_path, [ANSWER["qwen3_5"]] * 2,
+                                       otlp_endpoint="http://127.0.0.1:9/unused"))
+    said = {"X-Claude-Code-Session-Id": "otlp-agents"}
+    ask = [{"role": "user", "content": "Hello."}]
+
+    async def session():
+        async with app:
+            for headers in (said, {**said, "x-claude-code-agent-id": "a1", "x-claude-code-agent-type": "Explore"}):
+                status, body = await app.chat(headers=headers, messages=ask)
+                assert status == 200, body
+            assert app.telemetry.flush()
+
+    run(session())
+    main, sub = roots_in_order(sent.get_finished_spans())
+    assert (main.attributes[attr.GEN_AI_AGENT_ID], main.attributes[attr.GEN_AI_AGENT_NAME]) == ("main", "main")
+    assert attr.AGENT_ID not in main.attributes
+    assert (sub.attributes[attr.GEN_AI_AGENT_ID], sub.attributes[attr.GEN_AI_AGENT_NAME]) == ("a1", "Explore")
+    assert (sub.attributes[attr.AGENT_ID], sub.attributes[attr.AGENT_TYPE]) == ("a1", "Explore")
+    assert main.attributes[attr.GEN_AI_CONVERSATION_ID] == sub.attributes[attr.GEN_AI_CONVERSATION_ID] == "otlp-agents"
