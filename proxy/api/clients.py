@@ -67,12 +67,32 @@ def session_of(headers: Mapping[str, str], body: dict | None) -> tuple[str | Non
 
 
 def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
-    """'codex_exec/0.169.0 (Linux; x86_64) …' → ('codex_exec', '0.169.0')."""
+    """'codex_exec/0.169.0 (Linux; x86_64) …' → ('codex_exec', '0.169.0'); the Stainless SDKs' way,
+    'Agents/Python 0.24.0' (the OpenAI Agents SDK), → ('Agents', '0.24.0')."""
     if not user_agent:
         return None, None
-    product = user_agent.split()[0]
-    name, _, version = product.partition("/")
+    words = user_agent.split()
+    name, _, version = words[0].partition("/")
+    if version.isalpha() and len(words) > 1 and words[1][:1].isdigit():  # NAME/LANGUAGE VERSION
+        version = words[1]
     return name or None, version or None
+
+
+# An SDK's own User-Agent names the library, not the harness calling through it (Copilot CLI sends
+# the stock `OpenAI/JS 5.20.1`; Cline `ai-sdk/openai-compatible/3.0.37 …`): such a client is named by
+# a header only it sends, or left unknown rather than recorded as "OpenAI" version "JS".
+SDK_AGENTS = ("OpenAI/", "Anthropic/", "ai-sdk/")
+SIGNATURE_HEADERS = (("x-initiator", "copilot"),)  # GitHub Copilot's: who began the turn (user, agent)
+
+
+def named_client(user_agent: str, headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(name, version) of the client behind `user_agent`, each None where unknown."""
+    if not user_agent.startswith(SDK_AGENTS):
+        return client_of(user_agent)
+    for header, name in SIGNATURE_HEADERS:
+        if headers.get(header):
+            return name, None  # it says nothing of its version
+    return None, None
 
 
 # A subagent's requests share its parent's conversation id; these say which agent sent one. Claude Code
@@ -113,7 +133,7 @@ def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> di
         attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"
     agent = headers.get("User-Agent")
     if agent:
-        name, version = client_of(agent)
+        name, version = named_client(agent, headers)
         attributes[attr.USER_AGENT_ORIGINAL] = agent
         if name:
             attributes[attr.CLIENT_NAME] = name
