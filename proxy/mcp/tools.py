@@ -102,9 +102,9 @@ def _agents_text(agents) -> list[str]:
     lines = ["agents:"]
     for agent in agents:
         if isinstance(agent, dict):
-            parent = agent.get("parent")
+            parent, steps = agent.get("parent"), agent.get("steps", "?")
             lines.append(f"  - {one_line(agent.get('id'), 100)} ({one_line(agent.get('type') or 'main', 60)})"
-                         f"{' under ' + one_line(parent, 100) if parent else ''}: {agent.get('steps', '?')} steps")
+                         f"{' under ' + one_line(parent, 100) if parent else ''}: {steps} step{'' if steps == 1 else 's'}")
     return lines
 
 

@@ -48,18 +48,18 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 NAMES = {"list_sessions", "get_session", "get_step", "search", "diff_steps"}
 
 
-def post(app, key: str, body: dict, session: str) -> dict:
+def post(app, key: str, body: dict, session: str, **headers: str) -> dict:
     request = urllib.request.Request(app.url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
-                                              "session_id": session})
+                                              "session_id": session, **headers})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
 
 @pytest.fixture(scope="module", params=store_kinds.KINDS)
 def recorded(request, qwen3_5_dir, tmp_path_factory):
-    """Alice's session of two steps (a tool call, then its long result and an answer), Bob's of one, in a
-    store that holds their keys."""
+    """Alice's session of three steps (a tool call, then its long result and an answer, then a subagent's),
+    Bob's of one, in a store that holds their keys."""
     folder = tmp_path_factory.mktemp("mcp")
     made = store_kinds.of_param(request, folder)
     setting = made.setting()
@@ -71,12 +71,14 @@ def recorded(request, qwen3_5_dir, tmp_path_factory):
         keys = KeyStore(app.app[TELEMETRY].state, server_secret())
         given = {"alice": keys.create("alice"), "bob": keys.create("bob"),
                  "infer": keys.create("alice-infer", tenant="alice", scopes=("infer",))}
-        app.replay(CALL, DONE, f"Noted {BOBS}.<|im_end|>")
+        app.replay(CALL, DONE, "\n</think>\n\nExplored.<|im_end|>", f"Noted {BOBS}.<|im_end|>")
         messages = [{"role": "user", "content": f"Read src/app.py and remember {MARKER}.{HOSTILE}"}]
         first = post(app, given["alice"], {"model": MODEL, "messages": messages, "tools": TOOLS}, "sess-mcp")
         call = first["choices"][0]["message"]["tool_calls"][0]
         messages += [first["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": LONG}]
         post(app, given["alice"], {"model": MODEL, "messages": messages, "tools": TOOLS}, "sess-mcp")
+        post(app, given["alice"], {"model": MODEL, "messages": [{"role": "user", "content": "explore src/"}]}, "sess-mcp",
+             **{"x-claude-code-agent-id": "explorer-1", "x-claude-code-agent-type": "Explore"})  # a subagent's step
         post(app, given["bob"], {"model": MODEL, "messages": [{"role": "user", "content": f"remember {BOBS}"}]},
              "sess-bob")
         app.settled()
@@ -116,7 +118,9 @@ def test_over_stdio_the_tools_are_listed_and_get_session_reads_the_session(recor
     assert all(tool.annotations.read_only_hint for tool in listed if tool.name in NAMES)
     text = text_of(session)
     assert not session.is_error, text
-    assert f"# session {key}" in text and "steps 1–2 of 2" in text
+    assert f"# session {key}" in text and "steps 1–3 of 3" in text
+    assert re.search(r"^  - explorer-1 \(Explore\) under \S+: 1 step$", text, re.M), text  # the agent tree
+    assert re.search(r"^## step 3  trace_id=[0-9a-f]{32}  agent=explorer-1  ", text, re.M)
     assert f"remember {MARKER}.{HOSTILE}" in text  # the framing-shaped text came back as the text it is
     assert "→ call read_file" in text and "tool call read_file" in text
     assert "The file is long." in text
