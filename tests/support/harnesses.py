@@ -73,11 +73,11 @@ def _sdk_install(out: Path) -> dict:
 MODEL = "qwen3.5-tiny"
 
 
-def replayed(serve, checkpoint: Path, tmp_path: Path, api_key: str, *steps: str):
+def replayed(serve, checkpoint: Path, tmp_path: Path, api_key: str, *steps: str, model: str = MODEL):
     """`looptrace serve` with the replay backend answering `steps` in turn (Qwen3.5-format text)."""
     path = tmp_path / "steps.jsonl"
     path.write_text("".join(json.dumps({"text": s}) + "\n" for s in steps))
-    return serve(str(checkpoint), "--backend", "replay", "--replay", str(path), "--served-model-name", MODEL,
+    return serve(str(checkpoint), "--backend", "replay", "--replay", str(path), "--served-model-name", model,
                  api_key=api_key)
 
 
