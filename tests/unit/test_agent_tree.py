@@ -219,3 +219,30 @@ def test_exported_spans_name_their_agent_in_the_genai_conventions_beside_looptra
     assert (sub.attributes[attr.GEN_AI_AGENT_ID], sub.attributes[attr.GEN_AI_AGENT_NAME]) == ("a1", "Explore")
     assert (sub.attributes[attr.AGENT_ID], sub.attributes[attr.AGENT_TYPE]) == ("a1", "Explore")
     assert main.attributes[attr.GEN_AI_CONVERSATION_ID] == sub.attributes[attr.GEN_AI_CONVERSATION_ID] == "otlp-agents"
+
+
+def test_the_compare_api_compares_one_agents_line_of_two_sessions(app):
+    """Two runs of one task: each subagent's id is its run's own; ?agent_a=&agent_b= align their lines."""
+    keys = []
+    for sub in ("x1", "y1"):
+        session = f"compare-{sub}-" + uuid.uuid4().hex[:8]
+        said = {"X-Claude-Code-Session-Id": session}
+        main = Agent(app, said, "check", "Find the word, with a subagent.")
+        child = Agent(app, {**said, "x-claude-code-agent-id": sub, "x-claude-code-agent-type": "Explore"}, "check",
+                      "Explore the repository for the word.")
+        main.turn(SPAWN, then="The subagent said: in notes.txt")
+        child.turn(READS, then="the word")
+        child.turn(ANSWER["qwen3_5"])
+        main.turn(ANSWER["qwen3_5"])
+        app.stored(f"/v1/sessions/{session}", steps=4)
+        keys.append(session)
+    status, found = app.call("GET", f"/v1/compare?a={keys[0]}&b={keys[1]}&agent_a=x1&agent_b=y1")
+    assert status == 200, found
+    assert (found["summary"]["steps_a"], found["summary"]["steps_b"], found["summary"]["compared"]) == (2, 2, 2)
+    assert found["steps"][0]["tool_calls_equal"] and found["summary"]["steps_agreeing"] == 2
+    status, whole = app.call("GET", f"/v1/compare?a={keys[0]}&b={keys[1]}")
+    assert status == 200 and whole["summary"]["steps_a"] == 4
+    status, error = app.call("GET", f"/v1/compare?a={keys[0]}&b={keys[1]}&agent_a=y1")
+    assert status == 404 and error["error"]["code"] == "agent_not_found" and error["error"]["param"] == "agent_a"
+    status, error = app.call("GET", f"/v1/compare?a={keys[0]}&b={keys[1]}&agent_b=%07bell")
+    assert status == 400 and error["error"]["param"] == "agent_b"

@@ -1,5 +1,7 @@
 """GET /v1/compare?a=KEY&b=KEY: two sessions side by side, aligned by step (an original and its replay,
 or any two, such as one task run on two models), for the viewer's compare page (/compare/A/B).
+&agent_a=ID &agent_b=ID: one agent's line of each (trace_store/agent_tree.py's ids), such as the two
+runs' Explore subagents, whose ids differ from run to run.
 
 Per step: both answers' tokens, the tokens where the two sides diverge, their tool calls and whether
 they are the same calls, and how their prompts differ. A token diverges where both answers are the
@@ -29,6 +31,7 @@ from ..errors import APIError, invalid
 from ..stored import read, store_of
 
 MAX_STEPS = 200  # steps compared at most: each is two traces read whole
+MAX_AGENT_CHARS = 256  # as long as a harness's agent id may be (api/agents.py)
 SHOWN_CHARS = 2000  # of each prompt's differing part
 
 
@@ -37,22 +40,36 @@ async def compare_sessions(request: web.Request) -> web.Response:
     for side, key in zip("ab", keys):
         if not key or len(key) > 1024 or "\x00" in key:
             raise invalid(f"'{side}' must be a session's key.", param=side)
-    found = await read(compared, None, store_of(request), *keys, tenant=sees(request))
+    agents = [request.query.get(f"agent_{side}") or None for side in "ab"]
+    for side, agent in zip("ab", agents):
+        if agent is not None and (len(agent) > MAX_AGENT_CHARS or not agent.isprintable()):
+            raise invalid(f"'agent_{side}' is an agent's id: 1 to {MAX_AGENT_CHARS} printable characters.",
+                          param=f"agent_{side}")
+    found = await read(compared, None, store_of(request), *keys, tenant=sees(request), agents=agents)
     if found is None:
         raise APIError(404, "No such session in the store.", param="a", code="session_not_found")
+    if isinstance(found, tuple):  # (side, agent): the session has no such agent
+        raise APIError(404, f"Session {keys['ab'.index(found[0])]!r} has no agent {found[1]!r}.",
+                       param=f"agent_{found[0]}", code="agent_not_found")
     if isinstance(found, str):
         raise APIError(404, f"No session {found!r} in the store.", param="b" if found == keys[1] else "a",
                        code="session_not_found")
     return web.json_response(found, dumps=dumps)
 
 
-def compared(store, key_a: str, key_b: str, tenant: str | None = None) -> dict | str:
-    """The comparison, or the key of a session that is not there (or is not `tenant`'s)."""
+def compared(store, key_a: str, key_b: str, tenant: str | None = None,
+             agents: list[str | None] = (None, None)) -> dict | str | tuple[str, str]:
+    """The comparison, or the key of a session that is not there (or is not `tenant`'s), or (side,
+    agent) for an agent a session does not have. `agents`: each side's agent whose steps alone count."""
     sessions = []
-    for key in (key_a, key_b):
+    for side, key, agent in zip("ab", (key_a, key_b), agents):
         session = store.session(key, tenant=tenant)
         if session is None:
             return key
+        if agent is not None:
+            if not any(a["id"] == agent for a in session.get("agents", ())):
+                return side, agent
+            session = {**session, "steps": [s for s in session["steps"] if s.get("agent") == agent]}
         sessions.append(session)
     a, b = sessions
     pairs = list(zip(a["steps"], b["steps"]))[:MAX_STEPS]

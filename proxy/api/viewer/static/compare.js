@@ -107,7 +107,9 @@ async function load() {
   }
   let data;
   try {
-    data = await get(`/v1/compare${query({a: keys[0], b: keys[1]})}`);
+    // ?agent_a=&agent_b=: one agent's line of each session (docs/viewer.md, "Agents and subagents").
+    const params = new URLSearchParams(location.search);
+    data = await get(`/v1/compare${query({a: keys[0], b: keys[1], agent_a: params.get("agent_a"), agent_b: params.get("agent_b")})}`);
   } catch (err) {
     root.replaceChildren(h("p", {class: "error"}, err.message));
     return;
