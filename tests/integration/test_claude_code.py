@@ -198,6 +198,13 @@ def test_claude_codes_subagent_exports_as_an_atif_trajectory_linked_from_its_age
     assert any("Run echo sub-ok" in json.dumps(s["message"]) for s in child["steps"] if s["source"] == "user")
     (child_answer,) = [s for s in child["steps"] if s["source"] == "agent"]
     assert child_answer["message"] == SUBAGENT_ANSWER
+    # The session's agent tree: the subagent under the lead's step whose Agent call spawned it.
+    tree = server.get(f"/v1/sessions/{session}")[1]
+    lead_agent, sub_agent = tree["agents"]
+    assert lead_agent["parent"] is None and (sub_agent["id"], sub_agent["parent"]) == (agent_id, lead_agent["id"])
+    assert [s["agent"] for s in tree["steps"]] == [lead_agent["id"], agent_id, lead_agent["id"]]
+    spawning = tree["steps"][0]
+    assert sub_agent["spawned_by"] == {"trace_id": spawning["trace_id"], "tool_call_id": spawning["tool_calls"][0]["id"]}
     for step in (first, child_answer, last):  # each model call's numbers, as stored
         _, trace = server.get(f"/v1/traces/{step['extra']['trace_id']}")
         spans = {s["name"]: s for s in trace["spans"]}
