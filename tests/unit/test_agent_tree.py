@@ -246,3 +246,30 @@ def test_the_compare_api_compares_one_agents_line_of_two_sessions(app):
     assert status == 404 and error["error"]["code"] == "agent_not_found" and error["error"]["param"] == "agent_a"
     status, error = app.call("GET", f"/v1/compare?a={keys[0]}&b={keys[1]}&agent_b=%07bell")
     assert status == 400 and error["error"]["param"] == "agent_b"
+
+
+def test_a_responses_chain_by_previous_response_id_stays_on_its_agents_line(app):
+    """codex's shape over the Responses API: the root's second turn names its first by
+    previous_response_id after a child thread's turn; under `keep` it is kept, its ids the first's."""
+    root = "codex-responses-" + uuid.uuid4().hex[:8]
+    said = {"session-id": root, "thread-id": root}
+    child = {"session-id": root, "thread-id": "child-r", "x-codex-parent-thread-id": root,
+             "x-openai-subagent": "collab_spawn"}
+    backend = Reading(app.replay(ANSWER["qwen3_5"], ANSWER["qwen3_5"], ANSWER["qwen3_5"]))
+    app.runtime.backend = backend
+    kinds = []
+    previous = None
+    for headers, text in ((said, "Spawn a helper."), (child, "Help."), (said, "Thanks; now finish.")):
+        before = classes_counted(app)
+        body = {"model": "tiny", "input": text, "token_continuity": "keep", "store": True}
+        if headers is said and previous is not None:
+            body["previous_response_id"] = previous
+        status, answer = app.call("POST", "/v1/responses", body, headers=headers)
+        assert status == 200, answer
+        after = classes_counted(app)
+        kinds.append(next((k for k in after if after[k] != before[k]), None))
+        if headers is said:
+            previous = answer["id"]
+    assert kinds == [None, None, "kept"]
+    kept = backend.read[0] + backend.wrote[0]
+    assert backend.read[2][:len(kept)] == kept
