@@ -57,13 +57,21 @@ def test_a_sessions_agents_are_a_tree_under_the_steps_that_spawned_them(app, pag
     assert shown.count() == 2 and p.locator("li.step[hidden]").count() == 4
     assert not p.locator("li.step[hidden]").first.is_visible()
     assert [shown.nth(i).get_attribute("data-agent") for i in range(2)] == ["a1", "a1"]
+    # Steps stored while the page is open follow the filter: a1's shown, the main agent's not.
+    p.locator("#live[data-state=on]").wait_for()
+    a1.turn(ANSWER["qwen3_5"])
+    p.locator("li.step").nth(6).wait_for(state="attached")
+    main.turn(ANSWER["qwen3_5"])
+    p.locator("li.step").nth(7).wait_for(state="attached")
+    assert [p.locator("li.step").nth(i).get_attribute("data-agent") for i in (6, 7)] == ["a1", "main"]
+    assert p.locator("li.step").nth(6).is_visible() and not p.locator("li.step").nth(7).is_visible()
     p.select_option("section.agents select", "")
-    assert p.locator("li.step:not([hidden])").count() == 6
+    assert p.locator("li.step:not([hidden])").count() == 8
     # The sessions list says how many agents it had.
     p.goto(app.url + "/")
     row = p.locator("li", has_text=session).first
     row.wait_for()
-    assert "6 steps · 3 agents" in row.inner_text()
+    assert "8 steps · 3 agents" in row.inner_text()
 
 
 def test_a_session_of_one_agent_draws_no_tree(app, page):

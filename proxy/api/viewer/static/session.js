@@ -236,6 +236,8 @@ export class SessionView {
   add(step) {
     if (step.session !== this.key || !this.list || this.steps.some((s) => s.trace_id === step.trace_id)) return;
     if (step.fork_of) return;
+    // A live step names a subagent's harness words alone (`subagent`); the main agent's names none.
+    step = {agent: step.subagent?.id ?? this.agents.find((a) => a.parent === null)?.id ?? "main", ...step};
     if (this.steps.length < this.total) { // steps not loaded yet come first: it is shown after them
       this.total += 1;
       this.showRemaining();
