@@ -11,7 +11,7 @@ from ..engine.memory import Memory, StoredMemory
 from ..engine.runtime import Runtime
 from ..observe.telemetry import Telemetry
 from ..settings import Settings
-from . import anthropic, monitoring, native, openai, rollouts, viewer
+from . import anthropic, gemini, monitoring, native, openai, rollouts, viewer
 from .auth import GUARD, Guard, authenticate
 from .budgets import BUDGETS, Budgets
 from .cache_salts import CacheSalts
@@ -45,15 +45,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     # turn (the Responses API's stored responses too: openai/routes.py).
     state = app[TELEMETRY].state
     app[MEMORY] = StoredMemory(state) if state is not None else Memory()
-    app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
     app[CACHE_SALTS] = CacheSalts()  # what keeps one tenant's cached prefixes from another (cache_salts.py)
     app[HISTORY_SESSIONS] = HistorySessions()  # the session a request that names none continues
+    app[GUARD] = Guard(settings, state)  # --api-key, and the keys kept in the store (auth.py)
     app[BUDGETS] = Budgets(state, app[TELEMETRY].metrics)  # each key's budgets, counted in the store
     mount(app, monitoring.ROUTES)
     # The API surfaces, siblings: each sets up what its routes share (stores, an error shape of its own
     # if its clients expect one) and lists its routes; looptrace's own routes that run token ids;
     # rollouts (agent RL: rewards, trainer logprobs); the trace viewer, which only reads.
-    for surface in (openai, anthropic, native, rollouts, viewer):
+    for surface in (openai, anthropic, gemini, native, rollouts, viewer):
         surface.setup(app)
         mount(app, surface.ROUTES)
     app.on_startup.append(_start)

@@ -36,9 +36,10 @@ MAX_ROLLOUT_CHARS = 256
 def rollout_of(path_values: Mapping[str, str], headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(rollout id, group), each None where not given; a 400 for one too long or holding control
     characters (they become keys, span attributes and the viewer's text, never markup)."""
+    said = sent(headers)
     found = []
-    for value, name in ((path_values.get("rollout") or headers.get("X-Rollout-Id"), "rollout id"),
-                        (headers.get("X-Rollout-Group"), "rollout group")):
+    for value, name in ((path_values.get("rollout") or said["x-rollout-id"], "rollout id"),
+                        (said["x-rollout-group"], "rollout group")):
         if value is not None and (not value or len(value) > MAX_ROLLOUT_CHARS or not value.isprintable()):
             raise invalid(f"A {name} is 1 to {MAX_ROLLOUT_CHARS} printable characters.", param=name.replace(" ", "_"))
         found.append(value)
@@ -48,7 +49,7 @@ def rollout_of(path_values: Mapping[str, str], headers: Mapping[str, str]) -> tu
 def weight_version(headers: Mapping[str, str]) -> str | None:
     """X-Weight-Version, the trainer's label for the weights serving the request (exported with each
     step): a 400 for one that is empty, too long or holds control characters, never dropped unsaid."""
-    version = headers.get("X-Weight-Version")
+    version = sent(headers)["x-weight-version"]
     if version is not None and (not version or len(version) > MAX_ROLLOUT_CHARS or not version.isprintable()):
         raise invalid(f"X-Weight-Version is 1 to {MAX_ROLLOUT_CHARS} printable characters.", param="weight_version")
     return version
@@ -64,6 +65,11 @@ def session_of(headers: Mapping[str, str], body: dict | None) -> tuple[str | Non
     key = (body or {}).get(PROMPT_CACHE_KEY)  # what Responses clients send when no header says it
     value = _label(key) if isinstance(key, str) else None
     return (value, PROMPT_CACHE_KEY) if value is not None else (None, None)
+
+
+def sent(headers: Mapping[str, str]) -> dict[str, str | None]:
+    """The headers this module reads, each once: None where a request did not send it."""
+    return {name: headers.get(name) for name in READ_HEADERS}
 
 
 def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
@@ -102,14 +108,20 @@ SUBAGENT_HEADERS = (("x-claude-code-agent-id", "x-claude-code-parent-agent-id", 
                     ("x-codex-parent-thread-id", "x-codex-parent-thread-id", "x-openai-subagent"))
 
 
+# Every header read here, by its name in lower case (a request's headers are case-insensitive).
+READ_HEADERS = tuple(dict.fromkeys((*CONVERSATION_HEADERS, "x-rollout-id", "x-rollout-group", "x-weight-version",
+                                    "user-agent", *(name for names in SUBAGENT_HEADERS for name in names))))
+
+
 def subagent_of(headers: Mapping[str, str]) -> dict:
     """The subagent attributes of a request (none for a main agent's): its id, its parent's, its kind."""
+    said = sent(headers)
     for marker, parent, kind in SUBAGENT_HEADERS:
-        if _label(headers.get(marker)) is None:
+        if _label(said[marker]) is None:
             continue
-        agent = headers.get("x-claude-code-agent-id") if marker.startswith("x-claude") else headers.get("thread-id")
-        found = {attr.AGENT_ID: _label(agent), attr.AGENT_PARENT_ID: _label(headers.get(parent)),
-                 attr.AGENT_TYPE: _label(headers.get(kind))}
+        agent = said["x-claude-code-agent-id"] if marker.startswith("x-claude") else said["thread-id"]
+        found = {attr.AGENT_ID: _label(agent), attr.AGENT_PARENT_ID: _label(said[parent]),
+                 attr.AGENT_TYPE: _label(said[kind])}
         return {k: v for k, v in found.items() if v is not None} if found[attr.AGENT_ID] else {}
     return {}
 
@@ -127,11 +139,12 @@ def _label(value: str | None) -> str | None:
 
 def request_attributes(method: str, path: str, headers: Mapping[str, str]) -> dict:
     """The server span's attributes about the HTTP request and its client."""
+    said = sent(headers)
     attributes = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path, **agent_attributes(headers)}
-    version = _label(headers.get("X-Weight-Version"))
+    version = _label(said["x-weight-version"])
     if version:  # a trainer's label; one that is not is refused (weight_version)
         attributes[attr.WEIGHT_VERSION], attributes[attr.WEIGHT_VERSION_SOURCE] = version, "header"
-    agent = headers.get("User-Agent")
+    agent = said["user-agent"]
     if agent:
         name, version = named_client(agent, headers)
         attributes[attr.USER_AGENT_ORIGINAL] = agent

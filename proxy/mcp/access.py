@@ -19,7 +19,7 @@ from looptrace.trace_store.api_keys import KeyStore
 
 READ = "traces:read"
 ADMIN = "admin"
-TENANT = "looptrace_tenant"  # the claim the tenant is carried in (None: every tenant's records)
+TENANT = "looptrace-tenant"  # the claim the tenant is carried in (None: every tenant's records)
 
 
 class StoreKeys:

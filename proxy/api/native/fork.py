@@ -18,7 +18,7 @@ from aiohttp import web
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import loads
 from looptrace.common.vocabulary import AlternativeTexts
-from looptrace.trace_store.records import request_span
+from looptrace.trace_store.records import request_span, span_named
 
 from ...engine.request import StoredPrompt
 from ...engine.runtime import Runtime
@@ -97,15 +97,14 @@ class Original(NamedTuple):
 
 def _original(trace: dict, runtime: Runtime) -> Original:
     """What the stored request ran, or a 4xx saying why this trace cannot be forked."""
-    spans = {s["name"]: s for s in trace["spans"] if s["name"] in (attr.SPAN_RENDER, attr.SPAN_DECODE)}
     root = request_span(trace["spans"])
     attrs = root["attributes"] if root else {}
     model = attrs.get(attr.GEN_AI_REQUEST_MODEL)
     if model != runtime.model_name:
         raise APIError(409, f"This trace is of the model {model!r}; this server serves {runtime.model_name!r}, "
                        "whose tokens would mean something else.", param="trace_id", code="model_mismatch")
-    render = spans.get(attr.SPAN_RENDER, {}).get("attributes", {})
-    tokens = spans.get(attr.SPAN_DECODE, {}).get("tokens", [])
+    render = span_named(trace, attr.SPAN_RENDER)["attributes"]
+    tokens = span_named(trace, attr.SPAN_DECODE)["tokens"]
     if render.get(attr.PROMPT_MEDIA):
         raise invalid("This trace's prompt held images or audio, whose bytes a trace does not keep: its media tokens "
                       "alone would mean nothing to the model, so it cannot be run again.", param="trace_id",

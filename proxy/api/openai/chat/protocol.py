@@ -17,8 +17,7 @@ from looptrace.backends.events import TOP_N
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from ...protocol import Protocol, ToolName, by_type, one_of, refused
-from ...request_parts import MEDIA_PARTS, SEED_RANGE
-from ...validation import TOOL_NAME
+from ...request_parts import MEDIA_PARTS, SEED_RANGE, Attachment
 from ..service_tiers import ServiceTier
 
 TEXT_PARTS = ("text", "input_text", "output_text")
@@ -36,18 +35,8 @@ def at_most(items: Any, kind: str, param: str) -> Any:
     return items
 
 
-def named(name: str) -> str:
-    """A tool's name as the model will write it in a call (validation.TOOL_NAME), or a refusal naming its place."""
-    if not name:
-        raise refused("invalid_value", "'{param}' must not be empty.")
-    if not TOOL_NAME.fullmatch(name):
-        raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
-                      f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).")
-    return name
-
-
-class ContentPart(Protocol):
-    """A text part, or an attachment (its fields are extras, read by request_parts.media_part)."""
+class ContentPart(Attachment):
+    """A text part, or an attachment (its fields read by request_parts.media_part)."""
 
     type: Literal[TEXT_PARTS + MEDIA_PARTS + (REFUSAL,)]  # a tuple in a Literal is its members
     text: str | None = None  # a text part's, required there
@@ -96,14 +85,9 @@ class Message(Protocol):
 
 
 class Function(Protocol):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none is an object without properties
-
-    @field_validator("name")
-    @classmethod
-    def _named(cls, name: str) -> str:
-        return named(name)
 
 
 class FunctionTool(Protocol):

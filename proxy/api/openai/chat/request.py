@@ -11,8 +11,8 @@ from ...errors import invalid
 from ...protocol import parse
 from ...request_parts import MAX_STOP_LENGTH, MAX_STOPS, call_arguments, joined, media_note, media_part, \
     parse_tool_choice
-from ..service_tiers import served
 from . import custom_tools
+from ..service_tiers import served
 from .protocol import REFUSAL, TEXT_PARTS, ChatRequest, ContentPart, CustomTool, CustomToolCall, Message, Tool, \
     ToolCall
 from .reasoning import BOTH, reasoning_fields, thinking_of
@@ -28,9 +28,9 @@ class ChatOptions:
     # tokens as "token_id:N".
     token_ids: bool = False
     tokens_as_ids: bool = False
+    service_tier: str = "default"  # the tier the answer names (service_tiers.py)
     reasoning_fields: tuple[str, ...] = BOTH  # the fields thinking goes out under (reasoning.py)
     custom_tools: frozenset[str] = frozenset()  # the names of the custom tools offered (custom_tools.py)
-    service_tier: str = "default"  # the tier the answer names (service_tiers.py)
 
 
 def parse_chat(body: dict) -> tuple[GenerationRequest, ChatOptions]:
@@ -136,8 +136,7 @@ def _part(part: ContentPart, param: str, media: bool) -> str | dict:
             raise invalid(f"Missing required parameter: '{param}.text'.", param=f"{param}.text",
                           code="missing_required_parameter")
         return part.text
-    # request_parts reads an attachment's fields as the client sent them.
-    return media_part({"type": part.type, **(part.model_extra or {})}, param) if media else media_note()
+    return media_part(part, param) if media else media_note()
 
 
 def _history_call(call: ToolCall | CustomToolCall, where: str) -> dict:
