@@ -171,8 +171,7 @@ class Thinking(Protocol):
 
     type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None  # required when enabled (request.py)
-    # "omitted": thinking blocks are answered without their text (the trace keeps it); "summarized",
-    # "updates" and the rest: answered whole, as there is no summary here to give.
+    # Taken and not honoured (request.py): every thinking block is answered with its text.
     display: str | None = None
 
 

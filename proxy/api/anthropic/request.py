@@ -47,7 +47,10 @@ def parse_messages(body: dict, *, counting: bool = False) -> tuple[GenerationReq
         top_k=request.top_k,
         stop=list(request.stop_sequences or ()),
     )
-    shown = request.thinking is None or request.thinking.display != "omitted"
+    # `display: "omitted"` (Claude Code 2.1.33x sends it) is not honoured: Anthropic restores a block sent
+    # back empty from its encrypted signature, and ours is a digest, so an omitted thought would be lost to
+    # the model's next turn in its own tool loop. The text is sent; MessageStream can leave it out.
+    shown = True
     return generation, MessagesOptions(model=request.model, stream=bool(request.stream),
                                        token_ids=bool(request.return_token_ids), thinking_shown=shown,
                                        context_management=request.context_management)
