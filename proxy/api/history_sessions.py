@@ -68,9 +68,10 @@ def _call_unit(call_id, name, arguments) -> list:
 def units(message: dict) -> list[list]:
     """A message as the units its digest chain is made of: an assistant's text (when it has any) and
     each of its calls; any other message whole (role, content, the call it answers)."""
-    if message.get("role") != "assistant":
-        return [[message.get("role"), message.get("content"), message.get("tool_call_id")]]
-    found = [["text", text]] if (text := _text(message.get("content"))) else []
+    role, content = message.get("role"), message.get("content")
+    if role != "assistant":
+        return [[role, content, message.get("tool_call_id")]]
+    found = [["text", text]] if (text := _text(content)) else []
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):
             function = call.get("function") or {}

@@ -21,10 +21,10 @@ def as_function(tool: CustomTool) -> dict:
     spec = tool.custom
     fmt = spec.format
     doc = "The tool's whole input, as free-form text."
-    grammar = fmt.grammar if fmt is not None and fmt.type == "grammar" and fmt.grammar else None
-    if grammar is not None and isinstance(grammar.get("definition"), str):
-        doc = f"The tool's whole input, as text matching this {grammar.get('syntax') or ''} grammar:\n" \
-              f"{grammar['definition']}"
+    grammar = fmt.grammar if fmt is not None and fmt.type == "grammar" else None
+    if grammar is not None and isinstance(grammar.definition, str):
+        doc = f"The tool's whole input, as text matching this {grammar.syntax or ''} grammar:\n" \
+              f"{grammar.definition}"
     function: dict = {"name": spec.name}
     if spec.description is not None:
         function["description"] = spec.description

@@ -95,12 +95,17 @@ class FunctionTool(Protocol):
     function: Function
 
 
+class Grammar(Protocol):
+    definition: Any = None  # shown only when text: any other value is passed over, as before
+    syntax: Any = None  # "lark", "regex"
+
+
 class CustomFormat(Protocol):
     """A free-form tool's input: `{"type": "text"}`, or a grammar (`{"type": "grammar", "grammar":
     {"definition", "syntax"}}`), shown to the model since nothing here constrains to it."""
 
     type: Any = None
-    grammar: dict[str, Any] | None = None
+    grammar: Grammar | None = None
 
 
 class CustomSpec(Protocol):
