@@ -11,6 +11,7 @@ from looptrace.common.token_event import TOP_N
 
 from ..engine.generation import Generation
 from . import genai, openinference
+from .redacted_ids import redacted_ids
 
 
 def redact_prompt(spans, attributes: dict, tokenizer, results: list[dict]) -> None:
@@ -31,7 +32,7 @@ def redact_prompt(spans, attributes: dict, tokenizer, results: list[dict]) -> No
         attributes[text_key] = redacted
         spans._redacted += len(found)
         if ids_key is not None and ids_key in attributes:
-            attributes[ids_key] = same_count(tokenizer, redacted, len(attributes[ids_key]))
+            attributes[ids_key] = redacted_ids(tokenizer, attributes[ids_key], text, redacted, found)
     if attr.PROMPT_MEDIA in attributes:  # a URL's user:password@
         attributes[attr.PROMPT_MEDIA] = spans._text(attributes[attr.PROMPT_MEDIA])
     for result in results:
@@ -109,12 +110,3 @@ def record_messages(spans, generation: Generation) -> None:
         attributes[attr.GEN_AI_TOOL_DEFINITIONS] = spans._text(dumps(genai.tool_definitions(request.tools)))
     spans.span.set_attributes(attributes)
 
-
-def same_count(tokenizer, text: str, count: int) -> list[int]:
-    """Ids of `text` (a redacted prompt), exactly `count` of them (the ids it replaces, so each token
-    offset kept stays right): cut, or padded with the ids of `*`."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) < count:
-        pad = tokenizer.encode("*", add_special_tokens=False) or [0]
-        ids += pad * (count - len(ids))
-    return ids[:count]
