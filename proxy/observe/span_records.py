@@ -21,12 +21,18 @@ def redact_prompt(spans, attributes: dict, tokenizer, results: list[dict]) -> No
     markers, not the secret, and the step says so (`looptrace.redacted`), for exports to mask it.
     What is redacted is what this turn stores: the part it adds, the whole only where kept whole."""
     redact = spans.redactor.redact
+    done: list[tuple[str, str]] = []  # (text, redacted): the part new this turn ends the prompt, read once
     for text_key, ids_key in ((attr.PROMPT_TEXT, attr.PROMPT_IDS), (attr.PROMPT_ADDED_TEXT, attr.PROMPT_ADDED_IDS),
                               (attr.PROMPT_NEW_TEXT, None), (attr.PROMPT_FORCED_PREFIX, None)):
         text = attributes.get(text_key)
         if not text:
             continue
+        whole = next(((t, r) for t, r in done if t.endswith(text)), None) if ids_key is None else None
+        if whole is not None:  # markers keep length: the end of the redacted whole is this part redacted
+            attributes[text_key] = whole[1][len(whole[0]) - len(text):]
+            continue
         redacted, found = redact(text, keep_length=True)
+        done.append((text, redacted))
         if not found:
             continue
         attributes[text_key] = redacted
@@ -92,15 +98,14 @@ def record_messages(spans, generation: Generation) -> None:
     messages = [dumps(genai.message(m)) for m in request.messages]
     instructions, lead = genai.system_instructions(request.messages)
     new_from, base = spans.turn.new_messages_from(messages) if spans.conversation else (0, None)
-    attributes = {
-        attr.INPUT_NEW_FROM: new_from,
-        attr.INPUT_NEW_MESSAGES: spans._text("[" + ",".join(messages[new_from:]) + "]"),
-    }
+    new_messages = spans._text("[" + ",".join(messages[new_from:]) + "]")
+    attributes = {attr.INPUT_NEW_FROM: new_from, attr.INPUT_NEW_MESSAGES: new_messages}
     continues = base and new_from > lead
     if continues:  # the same system messages lead both: stored as what it adds (chains.py)
         attributes.update({attr.INPUT_BASE_TRACE_ID: base, attr.INPUT_BASE_MESSAGES: new_from - lead})
     if not continues or spans.exported:  # exported whole; the store leaves it out (chains.compacted)
-        attributes[attr.GEN_AI_INPUT_MESSAGES] = spans._text("[" + ",".join(messages[lead:]) + "]")
+        attributes[attr.GEN_AI_INPUT_MESSAGES] = new_messages if new_from == lead else \
+            spans._text("[" + ",".join(messages[lead:]) + "]")  # the same list is redacted once
     if spans.exported:
         attributes.update(openinference.turn_input(request.messages))
         attributes[attr.INPUT_VALUE] = spans._text(attributes[attr.INPUT_VALUE])
