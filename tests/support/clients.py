@@ -2,8 +2,8 @@
 cache and run in isolated homes, with nothing that calls elsewhere than looptrace.
 
 `python tests/support/clients.py` installs them (CI does this before the tests); the tests install them on
-first use too. They land in `<test cache>/npm-clients-<versions>`, built in a temporary folder under
-a file lock and renamed into place, like the test checkpoints.
+first use too. They land in `<test cache>/npm-clients-<key>` (`npm_packages`, which installs the other
+harnesses' npm programs too), built in a temporary folder under a file lock and renamed into place.
 
 `RecordingProxy` sits between a client and looptrace and keeps every request body the client sent,
 so a test can assert on exactly what reached the server (a tool result, say) without the server
@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,43 +54,32 @@ class Clients:
     opencode_config: Path  # a configuration folder with opencode's plugin installed
 
 
-def install_dir() -> Path:
-    tag = "-".join(NPM_CLIENTS).replace("@", "").replace("/", "_")
-    return build_cache.cache_root() / f"npm-clients-{tag}"
+def npm_packages(kind: str, packages: tuple[str, ...], also: dict[str, tuple[str, ...]] | None = None) -> Path:
+    """A folder with `packages` installed from npm (their programs in node_modules/.bin), and each of
+    `also`'s subfolders with its own, built once per cache (build_cache.cached: a temporary folder under
+    a file lock, renamed into place). Every npm-installed program of the tests comes through here."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise MissingNpm(f"npm is not installed: the tests need it to install {', '.join(packages)}")
+    prefixes = {"": packages, **(also or {})}
+
+    def build(out: Path) -> dict:
+        for sub, wanted in prefixes.items():
+            done = subprocess.run([npm, "install", "--prefix", str(out / sub), "--no-audit", "--no-fund",
+                                   "--loglevel=error", *wanted], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=1200)
+            if done.returncode != 0:
+                raise RuntimeError(f"npm install {' '.join(wanted)} failed ({done.returncode}):\n{done.stdout[-4000:]}")
+        return {}
+
+    return build_cache.cached(kind, {"packages": {sub or ".": list(w) for sub, w in prefixes.items()}}, build)
 
 
 def install() -> Clients:
-    final = install_dir()
+    final = npm_packages("npm-clients", NPM_CLIENTS, {"opencode-config": (OPENCODE_PLUGIN,)})
     bin_dir = final / "node_modules" / ".bin"
-    clients = Clients(codex=bin_dir / "codex", pi=bin_dir / "pi", claude=bin_dir / "claude",
-                      opencode=bin_dir / "opencode", qwen=bin_dir / "qwen", opencode_config=final / "opencode-config")
-    if all(path.exists() for path in (clients.codex, clients.pi, clients.claude, clients.opencode, clients.qwen,
-                                      clients.opencode_config / "node_modules")):
-        return clients
-    npm = shutil.which("npm")
-    if npm is None:
-        raise MissingNpm("npm is not installed: the client tests need it to install codex and pi")
-    root = final.parent
-    root.mkdir(parents=True, exist_ok=True)
-    with build_cache.locked(root / f".{final.name}.lock"):
-        if not final.is_dir():
-            for stale in root.glob(f".tmp-{final.name}-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-            try:
-                for prefix, packages in ((tmp, NPM_CLIENTS), (tmp / "opencode-config", (OPENCODE_PLUGIN,))):
-                    subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                                    "--loglevel=error", *packages], check=True, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, timeout=900)
-                os.chmod(tmp, 0o755)
-                os.rename(tmp, final)
-            except subprocess.CalledProcessError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise RuntimeError(f"npm install failed:\n{exc.stdout.decode(errors='replace')}") from exc
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-    return clients
+    return Clients(codex=bin_dir / "codex", pi=bin_dir / "pi", claude=bin_dir / "claude",
+                   opencode=bin_dir / "opencode", qwen=bin_dir / "qwen", opencode_config=final / "opencode-config")
 
 
 # -- running them --

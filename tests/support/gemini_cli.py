@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import build_cache
-from clients import MissingNpm
+from clients import npm_packages
 
 GEMINI_CLI = "@google/gemini-cli@0.61.0"  # the version issue 56 was tried with
 SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
@@ -29,32 +26,8 @@ SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
 
 
 def install() -> Path:
-    """The `gemini` program, installed once per cache (built in a temporary folder under a file lock and
-    renamed into place, as clients.py installs the others)."""
-    final = build_cache.cache_root() / f"npm-{GEMINI_CLI.replace('@', '').replace('/', '_')}"
-    program = final / "node_modules" / ".bin" / "gemini"
-    if program.exists():
-        return program
-    npm = shutil.which("npm")
-    if npm is None:
-        raise MissingNpm("npm is not installed: the Gemini CLI test needs it")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with build_cache.locked(final.parent / f".{final.name}.lock"):
-        if final.is_dir():
-            return program
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-        try:
-            subprocess.run([npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--loglevel=error",
-                            GEMINI_CLI], check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
-            os.chmod(tmp, 0o755)
-            os.rename(tmp, final)
-        except subprocess.CalledProcessError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"npm install failed:\n{exc.stdout.decode(errors='replace')}") from exc
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return program
+    """The `gemini` program, installed once per cache (clients.npm_packages)."""
+    return npm_packages("npm-gemini-cli", (GEMINI_CLI,)) / "node_modules" / ".bin" / "gemini"
 
 
 def run(program: Path, home: Path, work: Path, base_url: str, api_key: str, model: str, prompt: str,

@@ -10,7 +10,6 @@ SDK pins an `openai` and `mcp` of its own, and neither belongs in the server's t
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_cache
-from clients import API_KEY_ENV, MissingNpm, client_env
+from clients import API_KEY_ENV, client_env, npm_packages
 
 # The versions issue 56 was tried with; bump here and re-run tests/integration/test_copilot_cli.py,
 # test_cline.py and test_agent_sdks.py.
@@ -39,9 +38,7 @@ class Harnesses:
 
 
 def install() -> Harnesses:
-    if shutil.which("npm") is None:
-        raise MissingNpm("npm is not installed: the harness tests need it to install Copilot CLI and Cline")
-    npm_dir = build_cache.cached("npm-harnesses", {"packages": list(NPM_HARNESSES)}, _npm_install)
+    npm_dir = npm_packages("npm-harnesses", NPM_HARNESSES)
     sdk_dir = build_cache.cached("agent-sdks-venv", {"packages": list(SDKS), "python": sys.version[:4]},
                                  _sdk_install)
     bin_dir = npm_dir / "node_modules" / ".bin"
@@ -53,12 +50,6 @@ def _run(command: list[str], what: str) -> None:
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stdout[-4000:]}")
-
-
-def _npm_install(out: Path) -> dict:
-    _run([shutil.which("npm"), "install", "--prefix", str(out), "--no-audit", "--no-fund", "--loglevel=error",
-          *NPM_HARNESSES], "npm install " + " ".join(NPM_HARNESSES))
-    return {}
 
 
 def _sdk_install(out: Path) -> dict:
