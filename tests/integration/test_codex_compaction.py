@@ -20,6 +20,7 @@ import re
 
 import pytest
 
+from looptrace.common import attributes as attr
 from looptrace.proxy.api.openai.responses.compaction.plan import SUMMARY_HEADER
 from looptrace.proxy.settings import Settings
 
@@ -210,11 +211,12 @@ def codex_snippets() -> list[tuple[str, str]]:
 
 def test_every_codex_configuration_in_the_manual_runs_as_copied(app, installed, tmp_path):
     # docs/rollouts.md's once lacked the provider's name, and codex refused it ("provider name must not be empty").
+    # clients.md's WebSocket snippet once showed the provider's table alone: copied as it stood, codex took its
+    # built-in `openai` provider and dialled api.openai.com ("failed to connect to Responses WebSocket", then
+    # "failed to lookup address information"), never looptrace.
     snippets = codex_snippets()
     assert len(snippets) == 5, snippets  # clients.md: three provider settings and the WebSocket one; rollouts.md: its URL
-    # The WebSocket provider's snippet runs in test_codex_websocket.py; against this app codex 0.171 could not
-    # open its socket (seen at the end of a stop, not yet understood: issue 56's note).
-    snippets = [(name, text) for name, text in snippets if "supports_websockets" not in text]
+    assert sum("supports_websockets = true" in text for _, text in snippets) == 1, snippets
     for n, (name, text) in enumerate(snippets):
         app.runtime.backend = CompactingAgent(app.runtime.vocab, [], ANSWER)
         home, work = tmp_path / f"home-{n}", tmp_path / f"work-{n}"
@@ -222,8 +224,20 @@ def test_every_codex_configuration_in_the_manual_runs_as_copied(app, installed, 
         work.mkdir()
         config = text.replace("http://127.0.0.1:8000", app.url).replace("Qwen/Qwen3.5-0.8B", MODEL)
         (home / ".codex" / "config.toml").write_text(config)
+        before = {endpoint: app.metric("looptrace_requests_total", endpoint=endpoint)
+                  for endpoint in (attr.ENDPOINT_RESPONSES, attr.ENDPOINT_RESPONSES_WEBSOCKET)}
         done = clients.run_codex(installed, home, work, API_KEY, "Say done")
         assert done.returncode == 0 and done.stdout.strip().endswith(ANSWER), f"{name}:\n{config}\n{outcome(done)}"
+        app.settled()
+        added = {endpoint: app.metric("looptrace_requests_total", endpoint=endpoint) - count
+                 for endpoint, count in before.items()}
+        # The turn reached looptrace (not OpenAI), and over the socket where the snippet asks for it.
+        if "supports_websockets = true" in text:
+            assert added == {attr.ENDPOINT_RESPONSES: 0, attr.ENDPOINT_RESPONSES_WEBSOCKET: 1}, \
+                f"{name}: {added}\n{config}\n{outcome(done)}"
+            assert "falling back" not in done.stderr.lower(), outcome(done)
+        else:
+            assert sum(added.values()) >= 1, f"{name}: {added}\n{config}\n{outcome(done)}"
 
 
 # -- the viewer ---------------------------------------------------------------------------------------

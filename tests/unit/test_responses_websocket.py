@@ -86,20 +86,103 @@ def test_a_websocket_turn_parses_its_message_once(replay_app, responses_parses):
 
 def test_lanes_run_side_by_side_each_in_order(replay_app):
     replay_app.replay(*[FIRST] * 4)
+    ended: dict[str, list[str]] = {"a": [], "b": []}
+    created: dict[str, list[str]] = {"a": [], "b": []}
     with client(replay_app).responses.connect() as connection:
-        for lane in ("a", "b", "a", "b"):
-            connection.response.create(model=MODEL, input=f"lane {lane}", stream_id=lane, store=False)
-        ended: dict[str, list[str]] = {"a": [], "b": []}
-        created: dict[str, list[str]] = {"a": [], "b": []}
-        while sum(map(len, ended.values())) < 4:
-            event = json.loads(connection.recv_bytes())
-            SERVER_EVENT.validate_python(event, strict=True)
-            assert event["stream_id"] in ("a", "b"), event
-            if event["type"] == "response.created":
-                created[event["stream_id"]].append(event["response"]["id"])
-            if event["type"] == "response.completed":
-                ended[event["stream_id"]].append(event["response"]["id"])
+        for _ in range(2):  # both lanes' responses at once, then each lane's next after its end
+            for lane in ("a", "b"):
+                connection.response.create(model=MODEL, input=f"lane {lane}", stream_id=lane, store=False)
+            done = 0
+            while done < 2:
+                event = json.loads(connection.recv_bytes())
+                SERVER_EVENT.validate_python(event, strict=True)
+                assert event["stream_id"] in ("a", "b") and event["type"] != "error", event
+                if event["type"] == "response.created":
+                    created[event["stream_id"]].append(event["response"]["id"])
+                if event["type"] == "response.completed":
+                    ended[event["stream_id"]].append(event["response"]["id"])
+                    done += 1
     assert ended == created and all(len(ids) == 2 for ids in ended.values())  # each lane: created, ended, in order
+
+
+def test_a_second_create_on_a_busy_lane_is_refused_and_the_running_response_goes_on(replay_app):
+    """OpenAI's protocol: one response at a time on a lane. The second `response.create` is answered with an
+    `error` event on that lane (409 `response_already_in_flight`, as the other typed refusals are shaped);
+    the running response streams to its end untouched, another lane runs meanwhile, and once the first has
+    ended its lane takes the next."""
+    long = "\n</think>\n\n" + "word " * 60 + "<|im_end|>"
+    slow = Slow(replay_app.replay(long, FIRST, FIRST, FIRST))
+    replay_app.runtime.backend = slow
+    with raw_socket(replay_app) as ws:
+        def create(lane: str | None, text: str) -> None:
+            ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": text, "store": False,
+                                **({"stream_id": lane} if lane is not None else {})}))
+
+        def read_through(kind: str, lane: str | None) -> list[dict]:
+            seen = []
+            while True:
+                event = json.loads(ws.recv(timeout=30))
+                SERVER_EVENT.validate_python(event, strict=True)
+                seen.append(event)
+                if event["type"] == kind and event.get("stream_id") == lane:
+                    return seen
+
+        create("a", "the long one")
+        running = read_through("response.output_text.delta", "a")
+        create("a", "too soon")  # lane a is still answering
+        create("b", "another lane")  # lane b is free
+        after = read_through("response.completed", "a")
+        events = running + after
+        errors = [e for e in events if e["type"] == "error"]
+        assert len(errors) == 1, errors
+        (error,) = errors
+        assert error["stream_id"] == "a" and error["status"] == 409, error
+        assert error["error"] == {"type": "invalid_request_error", "code": "response_already_in_flight",
+                                  "param": "stream_id", "message": error["error"]["message"]}, error
+        # The running response: one response, every word of it, in order, never interrupted.
+        on_a = [e for e in events if e.get("stream_id") == "a" and e["type"] != "error"]
+        assert {e["response"]["id"] for e in on_a if "response" in e} == {on_a[0]["response"]["id"]}
+        assert "".join(e["delta"] for e in on_a if e["type"] == "response.output_text.delta") == \
+            "word " * 60
+        assert [e["sequence_number"] for e in on_a] == list(range(len(on_a)))
+        # Lane b ran beside it (its answer complete, perhaps before a's end) and no error reached it.
+        if not any(e["type"] == "response.completed" and e.get("stream_id") == "b" for e in events):
+            events += read_through("response.completed", "b")
+        assert not [e for e in events if e.get("stream_id") == "b" and e["type"] == "error"], events
+        # The refused request was not run: the long answer, lane b's, and nothing else reached the backend.
+        assert replay_app.runtime.backend.inner._next == 2
+        # Lane a is free again; so is the default lane, which follows the same rule.
+        create("a", "now")
+        assert read_through("response.completed", "a")[-1]["response"]["status"] == "completed"
+        create(None, "the default lane")
+        create(None, "the default lane again")
+        default = read_through("response.completed", None)
+        (error,) = [e for e in default if e["type"] == "error"]
+        assert (error["status"], error["error"]["code"], "stream_id" in error) == \
+            (409, "response_already_in_flight", False), error
+
+
+def test_a_create_sent_as_the_last_event_arrives_is_never_refused(replay_app):
+    """The lane is free from its response's last event: a client that answers `response.completed` (or a
+    warm-up's, or a refusal's `error`) with its next `response.create` at once finds it free."""
+    replay_app.replay(*[FIRST] * 12)
+    with raw_socket(replay_app) as ws:
+        previous = None
+        for n in range(12):
+            body = {"type": "response.create", "model": MODEL, "input": f"turn {n}", "store": False,
+                    "stream_id": "lane", "previous_response_id": previous}
+            if n % 4 == 0:
+                body["generate"] = False
+            if n % 4 == 1:
+                ws.send(json.dumps({**body, "model": "another-model"}))  # refused: its error is its end
+                while (event := json.loads(ws.recv(timeout=30)))["type"] != "error":
+                    pass
+                assert event["error"]["code"] == "model_not_found", event
+            ws.send(json.dumps(body))
+            while (event := json.loads(ws.recv(timeout=30)))["type"] not in ("response.completed", "error"):
+                pass
+            assert event["type"] == "response.completed", event
+            previous = event["response"]["id"]
 
 
 def test_refusals_are_error_events_and_the_socket_goes_on(replay_app):

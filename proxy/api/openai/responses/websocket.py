@@ -3,10 +3,15 @@ Responses specification's `x-openresponses-websocket`), what codex's built-in `o
 first and the openai SDKs' `client.responses.connect()` speaks.
 
 The client sends `response.create` messages: the POST body's fields (no `stream`: every response is
-streamed), with an optional `stream_id`, a lane. Each lane runs its responses one after another in the
-order they came; lanes run side by side. The server sends each response's ordinary stream events, one
-message each, with the lane's `stream_id`; a request refused before its stream is an `error` event
-with its HTTP-style `status` (the specification's WebSocketErrorEvent), and the socket goes on.
+streamed), with an optional `stream_id`, a lane. A lane answers one response at a time; lanes run side
+by side. A `response.create` on a lane whose response has not ended is refused, as OpenAI's protocol
+refuses it (an `error` event on that lane, 409 `response_already_in_flight`): the running response goes
+on untouched, and the client sends it again after that response's last event. The lane is free from
+the moment its response's last event (`response.completed`, `.failed`, `.incomplete`, or the `error`
+event of a refused request) is handed to the socket, so a client that answers that event at once is
+never refused. The server sends each response's ordinary stream events, one message each, with the
+lane's `stream_id`; a request refused before its stream is an `error` event with its HTTP-style
+`status` (the specification's WebSocketErrorEvent), and the socket goes on.
 
 A conversation on one socket sends only what it adds: `previous_response_id` names the response
 before, which the socket keeps whether or not it was stored (`store: false` included, as OpenAI's
@@ -16,8 +21,8 @@ last one (docs/long-sessions.md). Every turn is a request of its own to the trac
 (`looptrace.endpoint` `responses_websocket`, `looptrace.transport` `websocket`).
 
 Limits, like the HTTP ones: a message of at most MAX_MESSAGE_BYTES (the HTTP body limit; past it the
-socket is closed with 1009), MAX_LANES lanes with work at once and MAX_QUEUED responses waiting in
-each (past them an `error` event, 429), a socket idle (nothing sent, nothing running) for IDLE_SECONDS
+socket is closed with 1009), MAX_LANES lanes answering at once (past them an `error` event, 429
+`too_many_lanes`), a socket idle (nothing sent, nothing running) for IDLE_SECONDS
 is closed; a client that stops reading is dropped after --stream-write-timeout as a stream's is, and
 its generation stopped. `response.steer` is answered `response.steer.failed`
 (`steering_not_supported`): steering needs a successor response the model can be switched to
@@ -29,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
 
 from aiohttp import WSMsgType, web
 
@@ -54,7 +61,6 @@ log = logging.getLogger("looptrace")
 
 MAX_MESSAGE_BYTES = 256 * 1024**2  # as an HTTP body (app.py's client_max_size)
 MAX_LANES = 16
-MAX_QUEUED = 16
 MAX_LANE_ID = 256  # characters of a stream_id (protocol.py's LANE_ID)
 IDLE_SECONDS = 3600.0
 KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may name (its lanes' latest, and more)
@@ -74,21 +80,14 @@ async def responses_socket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-class Lane:
-    __slots__ = ("queue", "task")
-
-    def __init__(self) -> None:
-        self.queue: deque[dict] = deque()
-        self.task: asyncio.Task | None = None
-
-
 class Socket:
     """One client's socket: its lanes, and the responses it may continue."""
 
     def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
         self.request, self.ws = request, ws
         self.id = "ws_" + secrets.token_hex(8)
-        self.lanes: dict[str | None, Lane] = {}
+        self.busy: dict[str | None, asyncio.Task] = {}  # lane → the task whose response has not yet ended
+        self.tasks: set[asyncio.Task] = set()  # every lane's task, those finishing after their end included
         self.kept: OrderedDict[str, list] = OrderedDict()  # response id → its conversation, output included
         self.models: dict[str, str] = {}  # response id → its model, for a follow-up that names none
         self.sequence = 0  # for events outside any response (errors, steering)
@@ -98,7 +97,7 @@ class Socket:
             try:
                 message = await self.ws.receive(timeout=IDLE_SECONDS)
             except TimeoutError:
-                if self.lanes:
+                if self.tasks:
                     continue  # a turn is running: not idle
                 await self.ws.close(code=1000, message=b"idle")
                 return
@@ -128,34 +127,41 @@ class Socket:
             if envelope.type != "response.create":
                 raise invalid(f"Unknown event type {envelope.type!r}: this socket takes 'response.create' (and "
                               "'response.steer').", param="type", code="unknown_event")
-            self.queue(event, lane)
+            self.start(event, lane)
         except APIError as err:
             await self.error(err, lane)
 
-    def queue(self, event: dict, lane_id: str | None) -> None:
-        lane = self.lanes.get(lane_id)
-        if lane is None:
-            if len(self.lanes) >= MAX_LANES:
-                raise APIError(429, f"This socket has {MAX_LANES} lanes with responses running or waiting; at "
-                               "most that many run at once.", param="stream_id", code="too_many_lanes")
-            lane = self.lanes[lane_id] = Lane()
-        if len(lane.queue) >= MAX_QUEUED:
-            raise APIError(429, f"{MAX_QUEUED} responses are already waiting on this lane.", param="stream_id",
-                           code="too_many_queued")
-        lane.queue.append(event)
-        if lane.task is None:
-            lane.task = asyncio.create_task(self.drain(lane_id, lane))
+    def start(self, event: dict, lane_id: str | None) -> None:
+        """The response on its lane, or refused: one at a time on a lane, as OpenAI's protocol says."""
+        if lane_id in self.busy:
+            lane = "the default lane (no stream_id)" if lane_id is None else f"lane {lane_id!r}"
+            raise APIError(409, f"A response is already in flight on {lane}: send this response.create after "
+                           "its last event, or on another stream_id.", param="stream_id",
+                           code="response_already_in_flight")
+        if len(self.busy) >= MAX_LANES:
+            raise APIError(429, f"This socket has {MAX_LANES} lanes with responses running; at most that many "
+                           "run at once.", param="stream_id", code="too_many_lanes")
+        task = asyncio.create_task(self.run(event, lane_id))
+        self.busy[lane_id] = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
-    async def drain(self, lane_id: str | None, lane: Lane) -> None:
-        """A lane's responses, in the order they came."""
+    def ended(self, lane_id: str | None) -> bool:
+        """The calling lane task's response has ended (its last events go out next): the lane takes the next.
+        False when it had ended already."""
+        if self.busy.get(lane_id) is asyncio.current_task():
+            del self.busy[lane_id]
+            return True
+        return False
+
+    async def run(self, event: dict, lane_id: str | None) -> None:
         try:
-            while lane.queue:
-                await self.create(lane.queue.popleft(), lane_id)
+            await self.create(event, lane_id)
         except (ClientStoppedReading, ConnectionResetError) as exc:
             # Its connection is aborted (or gone): the socket's loop sees it closed and stops the other lanes.
             log.info("WebSocket %s dropped: %s", self.id, exc)
         finally:
-            self.lanes.pop(lane_id, None)
+            self.ended(lane_id)
 
     async def create(self, event: dict, lane_id: str | None) -> None:
         try:
@@ -167,14 +173,21 @@ class Socket:
                 return
             async with traced(self.request, attr.ENDPOINT_RESPONSES_WEBSOCKET, {attr.TRANSPORT: "websocket"},
                               continued=False) as trace:  # a trace per turn, not one for the socket's life
-                await respond(self.request, trace, event, body, previous, sink=Frames(self.ws, lane_id),
+                await respond(self.request, trace, event, body, previous,
+                              sink=Frames(self.ws, lane_id, partial(self.ended, lane_id)),
                               conversation=f"{self.id}/{lane_id or ''}", kept=self.keep)
         except (APIError, Refused, Unavailable, BackendError) as err:
-            await self.error(err if isinstance(err, APIError) else answered(self.request, err), lane_id)
+            err = err if isinstance(err, APIError) else answered(self.request, err)
+            if self.ended(lane_id):  # refused before its stream: the error event is its end
+                await self.error(err, lane_id)
+            else:  # after its last event (the trace's own end): the lane may be answering another by now
+                log.warning("WebSocket %s: a response ended, then failed: %s", self.id, err.message)
         except (ClientStoppedReading, ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception:  # noqa: BLE001 - a bug must still answer, as an error event, and be logged
-            await self.error(internal_error(f"WebSocket {self.id}: response.create failed"), lane_id)
+            err = internal_error(f"WebSocket {self.id}: response.create failed")
+            if self.ended(lane_id):
+                await self.error(err, lane_id)
 
     async def previous(self, previous_id: str | None) -> list | None:
         """The conversation `previous_response_id` continues: this socket's own first (stored or not)."""
@@ -199,8 +212,8 @@ class Socket:
         builder = ResponseBuilder(options.model, names, options.echo, stream=True)
         events = builder.start() + builder.without_output()
         self.keep(builder.final, options.items)
-        frames = Frames(self.ws, lane_id)
-        await frames.write(frames.frames(events))
+        frames = Frames(self.ws, lane_id, partial(self.ended, lane_id))
+        await frames.write(frames.end(events, True))
 
     async def steer_refused(self, event: dict) -> None:
         asked = Steer.model_validate(event)
@@ -227,7 +240,7 @@ class Socket:
 
     async def stop(self) -> None:
         """The socket closed: every lane's response stops (its generation with it)."""
-        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -240,14 +253,18 @@ class Socket:
 class Frames:
     """A response's events as WebSocket messages (a Framing: api/streaming.py): each event's JSON is one
     text message, with the lane's `stream_id` as its first field. SSE's `event:` lines, comments and
-    terminal `[DONE]` are not the socket's: nothing of them ever reaches it."""
+    terminal `[DONE]` are not the socket's: nothing of them ever reaches it. `ended` is called as the
+    response's last events are framed, before they are sent: its lane is free for the next response
+    from then on."""
 
-    __slots__ = ("ws", "tag")
+    __slots__ = ("ws", "tag", "ended")
     messages = True  # each frame is a message: the FrameWriter hands `write` a burst as a list
 
-    def __init__(self, ws: web.WebSocketResponse, lane_id: str | None) -> None:
+    def __init__(self, ws: web.WebSocketResponse, lane_id: str | None,
+                 ended: Callable[[], object] | None = None) -> None:
         self.ws = ws
         self.tag = b'{"stream_id":' + dumps(lane_id).encode() + b"," if lane_id is not None else b""
+        self.ended = ended
 
     def frames(self, events: list[Event]) -> list[bytes]:
         # Each event's JSON is an object the format made: the lane goes in after its opening brace.
@@ -255,6 +272,8 @@ class Frames:
         return [tag + data[1:] for _, data in events] if tag else [data for _, data in events]
 
     def end(self, events: list[Event], done: bool) -> list[bytes]:
+        if self.ended is not None:
+            self.ended()
         return self.frames(events)
 
     def keepalive(self, events: list[Event]) -> list[bytes]:
