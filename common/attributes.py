@@ -31,6 +31,7 @@ SPAN_RENDER = "render"  # the prompt rendered with the checkpoint's chat templat
 SPAN_PREFILL = "prefill"  # from submission to the first token
 SPAN_DECODE = "decode"  # the backend call: every generated token
 SPAN_EXECUTE_TOOL = "execute_tool"  # one tool call the model made; "execute_tool {name}" once it parsed
+SPAN_INVOKE_AGENT = "invoke_agent"  # over OTLP: a session's agent, "invoke_agent {name}" (trace_store/agent_spans.py)
 
 # -- the OpenTelemetry GenAI conventions' own names -----------------------------------------------
 
@@ -72,7 +73,7 @@ GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # what the tool returned (o
 # Phoenix derives its own names from the gen_ai.* ones (messages, model, tokens, session); these are
 # what it cannot derive. Never llm.input_messages.*: one written by us would stop that derivation.
 
-OPENINFERENCE_SPAN_KIND = "openinference.span.kind"  # PROMPT (render), CHAIN (prefill, decode)
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"  # PROMPT (render), CHAIN (prefill, decode), AGENT (invoke_agent)
 INPUT_VALUE = "input.value"  # a request's input as a person reads it: the messages after the model's last answer
 INPUT_MIME_TYPE = "input.mime_type"  # text/plain
 OUTPUT_VALUE = "output.value"  # its answer: the text, then each tool call made
@@ -112,7 +113,13 @@ AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Cod
 AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says
 AGENT_TYPE = "looptrace.agent.type"  # the subagent's kind, as the harness names it
 AGENT_SIDE = "looptrace.agent.side"  # true: a side request the harness labels (a title, a review), its own line
-LINK = "looptrace.link"  # on a link: what the linked span is to this one ("forked_from", "replay_of")
+# On an invoke_agent span (over OTLP only: trace_store/agent_spans.py):
+AGENT_STEPS = "looptrace.agent.steps"  # the agent's steps the exporting process served
+AGENT_STEP_TRACE_IDS = "looptrace.agent.step_trace_ids"  # their traces (the first 64), each also a link
+AGENT_SPAWNED_BY_TRACE_ID = "looptrace.agent.spawned_by.trace_id"  # the parent's step whose tool call spawned it
+AGENT_SPAWNED_BY_TOOL_CALL_ID = "looptrace.agent.spawned_by.tool_call_id"  # that call's id
+# On a link: what the linked span is to this one ("forked_from", "replay_of"; an agent's "step", "spawned_by").
+LINK = "looptrace.link"
 
 # -- looptrace.* of a fork (on its request span) ---------------------------------------------------
 

@@ -13,6 +13,9 @@ process's own render span, or from the store where another process sharing it se
 (--workers, several machines), asked every LOOKUP_SECONDS. A span whose result has not come within
 WAIT_SECONDS, one pushed out by the bounds on what is held, and all of them at shutdown go without it.
 Everything here runs on the OTLP sink's exporting thread, never on the serving path.
+
+Beside them go a session's `invoke_agent` spans where more than one agent sent its requests: its
+agent tree, as agent_spans.py builds it from the spans that pass here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from looptrace.common import attributes as attr
 
+from .agent_spans import AgentSpans
 from .chains import exported
 from .processor import span_bytes
 
@@ -53,8 +57,9 @@ class OutgoingSpans:
 
     def __init__(self, *, hold: bool = True, lookup: Lookup | None = None, wait: float = WAIT_SECONDS,
                  lookup_every: float = LOOKUP_SECONDS, max_held: int = MAX_HELD, max_bytes: int = MAX_HELD_BYTES,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, agents: AgentSpans | None = None) -> None:
         self.hold = hold  # False where content is not recorded: no result would ever be added
+        self.agents = agents if agents is not None else AgentSpans(clock=clock)  # the sessions' agent trees
         self._lookup, self._wait, self._lookup_every = lookup, wait, lookup_every
         self._max_held, self._max_bytes, self._clock = max_held, max_bytes, clock
         self._held: OrderedDict[str, Held] = OrderedDict()  # by call id, oldest first
@@ -64,12 +69,13 @@ class OutgoingSpans:
 
     @property
     def held(self) -> int:
-        return len(self._held)
+        return len(self._held) + self.agents.held
 
     def take(self, batch: list[ReadableSpan], everything: bool = False) -> list[ReadableSpan]:
         """What to send of `batch` and of what was held; `everything`: all that is held, result or not."""
         now, out = self._clock(), []
         for span in batch:
+            out += self.agents.saw(span)
             attributes = span.attributes or {}
             call_id = attributes.get(attr.GEN_AI_TOOL_CALL_ID)
             if self.hold and call_id and span.name.startswith(attr.SPAN_EXECUTE_TOOL) and not everything:
@@ -81,16 +87,17 @@ class OutgoingSpans:
         if self._held and self._lookup is not None and not everything and now - self._looked_up >= self._lookup_every:
             out += self._looked_up_results(now)
         out += self._expired(now, everything)
-        return out
+        return out + self.agents.take(everything)
 
     def due_in(self) -> float | None:
+        agents = self.agents.due_in()
         if not self._held:
-            return None
+            return agents
         now, oldest = self._clock(), next(iter(self._held.values()))
         due = oldest.since + self._wait - now
         if self._lookup is not None:
             due = min(due, self._looked_up + self._lookup_every - now)
-        return max(due, 0.0)
+        return max(min(due, agents) if agents is not None else due, 0.0)
 
     def _hold(self, call_id: str, held: Held) -> list[ReadableSpan]:
         out = [self._release(call_id)] if call_id in self._held else []  # a call id again: the first goes

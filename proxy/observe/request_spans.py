@@ -10,8 +10,10 @@ Span tree, one trace per request (an incoming traceparent is continued):
     │                                     (looptrace.route.*: the receipt) and any retry
     └── execute_tool {name}               one per tool call the model made
 
-Every name is a constant of common/attributes.py. The per-token path (`token`) is one append;
-the decode span gets its token events in groups, built in bulk (trace_store/tokens.py's `columns`).
+A session's agents go over OTLP as a trace of their own, `invoke_agent` spans linked to their steps'
+request spans (trace_store/agent_spans.py). Every name is a constant of common/attributes.py. The
+per-token path (`token`) is one append; the decode span gets its token events in groups, built in bulk
+(trace_store/tokens.py's `columns`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """OTLP export read back from a real receiver, Arize Phoenix's own server: a three-turn tool-calling
 session (Chat Completions, then Chat Completions streamed, then Responses streamed) arrives whole on
 every turn, each tool call with its result, as Phoenix's LLM spans, session, trace list and session
-view; and every token of a long answer arrives. One Phoenix for the module."""
+view; every token of a long answer arrives; and a session in Claude Code's header shapes (main → a1 →
+a2) shows as its agent tree, invoke_agent spans nested, beside each request's own trace. One Phoenix
+for the module."""
 
 from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 
 import pytest
@@ -77,28 +80,101 @@ def conversation(client: OpenAI) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def exported(serve, qwen3_5_dir, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("phoenix")
-    phoenix = Phoenix(workdir / "phoenix")
+def phoenix(tmp_path_factory):
+    found = Phoenix(tmp_path_factory.mktemp("phoenix") / "phoenix")
     try:
-        phoenix.wait_ready()
-        replay = workdir / "steps.jsonl"
-        replay.write_text("".join(json.dumps({"text": s}) + "\n" for s in [*CALLS, ANSWER, LONG]))
-        server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", "qwen",
-                       "--otlp-endpoint", phoenix.url)
-        client = OpenAI(base_url=server.base_url, api_key="unused")
-        turns = conversation(client)
-        long = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Talk."}],
-                                              max_tokens=5000,
-                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-        traces = wait_until(lambda: found if len(found := server.get("/v1/traces")[1]["data"]) >= 4 else None, 60,
-                            every=0.2, what="the four requests stored")
-        trace_ids = [t["trace_id"] for t in reversed(traces)]
-        for turn, trace_id in zip(turns, trace_ids):
-            turn["trace_id"] = trace_id
-        yield phoenix, server, turns, long, trace_ids[3]
+        found.wait_ready()
+        yield found
     finally:
-        phoenix.stop()
+        found.stop()
+
+
+def replay_file(folder, answers: list[str]):
+    replay = folder / "steps.jsonl"
+    replay.write_text("".join(json.dumps({"text": s}) + "\n" for s in answers))
+    return replay
+
+
+@pytest.fixture(scope="module")
+def exported(phoenix, serve, qwen3_5_dir, tmp_path_factory):
+    replay = replay_file(tmp_path_factory.mktemp("replay"), [*CALLS, ANSWER, LONG])
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", "qwen",
+                   "--otlp-endpoint", phoenix.url)
+    client = OpenAI(base_url=server.base_url, api_key="unused")
+    turns = conversation(client)
+    long = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Talk."}],
+                                          max_tokens=5000,
+                                          extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    traces = wait_until(lambda: found if len(found := server.get("/v1/traces")[1]["data"]) >= 4 else None, 60,
+                        every=0.2, what="the four requests stored")
+    trace_ids = [t["trace_id"] for t in reversed(traces)]
+    for turn, trace_id in zip(turns, trace_ids):
+        turn["trace_id"] = trace_id
+    yield phoenix, server, turns, long, trace_ids[3]
+
+
+# A session in Claude Code's header shapes: the main agent spawns a1 (Explore) with its Task tool, a1
+# spawns a2, a2 reads a file and answers, then a1 and the main agent answer.
+AGENT_SESSION = "phoenix-agents-1"
+TASK = {"type": "function", "function": {"name": "Task", "parameters": {
+    "type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}}}
+READ = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+SAID = {"x-claude-code-session-id": AGENT_SESSION}
+AGENTS = {"main": SAID, "a1": {**SAID, "x-claude-code-agent-id": "a1", "x-claude-code-agent-type": "Explore"},
+          "a2": {**SAID, "x-claude-code-agent-id": "a2", "x-claude-code-parent-agent-id": "a1",
+                 "x-claude-code-agent-type": "general-purpose"}}
+TASKS = {"main": "Find the word, with a subagent.", "a1": "Explore the repository for the word.",
+         "a2": "Read notes.txt."}
+
+
+def qwen_call(name: str, parameter: str, value: str) -> str:
+    return (f"On it.\n</think>\n\n<tool_call>\n<function={name}>\n<parameter={parameter}>\n{value}\n"
+            "</parameter>\n</function>\n</tool_call><|im_end|>")
+
+
+def said(text: str) -> str:
+    return f"Done.\n</think>\n\n{text}<|im_end|>"
+
+
+# (whose turn, the replayed answer): six requests, in the order the harness sends them.
+AGENT_TURNS = [("main", qwen_call("Task", "prompt", TASKS["a1"])), ("a1", qwen_call("Task", "prompt", TASKS["a2"])),
+               ("a2", qwen_call("read_file", "path", "notes.txt")), ("a2", said("It is in notes.txt.")),
+               ("a1", said("notes.txt holds it.")), ("main", said("The word is in notes.txt."))]
+
+
+def agent_conversation(client: OpenAI) -> None:
+    """Each agent's own conversation; a Task call's result is the subagent's last answer."""
+    messages = {name: [{"role": "user", "content": task}] for name, task in TASKS.items()}
+    last: dict[str, str] = {}
+    waiting: dict[str, str] = {}  # agent → its call's id, answered by the agent it spawned (or a file)
+    child = {"main": "a1", "a1": "a2"}
+    for name, _ in AGENT_TURNS:
+        if name in waiting:
+            messages[name].append({"role": "tool", "tool_call_id": waiting.pop(name),
+                                   "content": last.get(child.get(name), "the word")})
+        answer = client.chat.completions.create(model="qwen", messages=messages[name], tools=[TASK, READ],
+                                                extra_headers=AGENTS[name]).choices[0].message
+        calls = [c.model_dump() for c in answer.tool_calls or []]
+        messages[name].append({"role": "assistant", "content": answer.content or "",
+                               **({"tool_calls": calls} if calls else {})})
+        if answer.tool_calls:
+            waiting[name] = answer.tool_calls[0].id
+        last[name] = answer.content or ""
+
+
+@pytest.fixture(scope="module")
+def agent_tree(phoenix, serve, qwen3_5_dir, tmp_path_factory):
+    """The agent session through a server of its own, stopped once stored: its agent spans go at shutdown
+    (else once each agent has been quiet a minute). The store's session record: its agents and steps."""
+    replay = replay_file(tmp_path_factory.mktemp("agents"), [answer for _, answer in AGENT_TURNS])
+    server = serve(str(qwen3_5_dir), "--backend", "replay", "--replay", str(replay), "--served-model-name", "qwen",
+                   "--otlp-endpoint", phoenix.url)
+    agent_conversation(OpenAI(base_url=server.base_url, api_key="unused"))
+    record = wait_until(lambda: found if len((found := server.get(f"/v1/sessions/{AGENT_SESSION}")[1]).get(
+        "steps", [])) == 6 else None, 60, every=0.2, what="the six requests stored")
+    server.stop()
+    return record
 
 
 def received(phoenix, trace_id, count, timeout=60):
@@ -211,8 +287,8 @@ def test_the_steps_inside_a_request_have_a_kind_and_the_tool_span_its_result(exp
     assert tool["attributes"]["output.value"] == RESULTS[0]  # Phoenix's, from gen_ai.tool.call.result
 
 
-def phoenix_session(phoenix) -> dict:
-    with urllib.request.urlopen(f"{phoenix.url}/v1/sessions/{SESSION}", timeout=30) as response:
+def phoenix_session(phoenix, session: str = SESSION) -> dict:
+    with urllib.request.urlopen(f"{phoenix.url}/v1/sessions/{session}", timeout=30) as response:
         return json.loads(response.read())["data"]
 
 
@@ -238,5 +314,67 @@ def test_phoenix_trace_list_and_session_view_show_each_turns_input_and_answer(ex
                 p.get_by_text(text, exact=False).first.wait_for(timeout=30_000)
             if os.environ.get("LOOPTRACE_SCREENSHOTS"):
                 p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], picture))
+    finally:
+        page.close()
+
+
+def session_traces(phoenix, session: str) -> list[str]:
+    """The trace ids of Phoenix's session, [] until it knows the session."""
+    try:
+        return [t["trace_id"] for t in phoenix_session(phoenix, session)["traces"]]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise
+
+
+def test_phoenix_shows_the_agent_tree_nested_beside_each_requests_own_trace(phoenix, agent_tree):
+    """The session's agent tree as Phoenix reports it: one more trace in the session, its AGENT spans
+    main → Explore → general-purpose by parentage, each naming its steps as the store's session record
+    does, and the spawning call; each request still a trace of its own, an LLM span of its agent."""
+    steps = {s["trace_id"]: s["agent"] for s in agent_tree["steps"]}
+    agents = {a["id"]: a for a in agent_tree["agents"]}
+    traces = wait_until(lambda: found if len(found := session_traces(phoenix, AGENT_SESSION)) >= 7 else None, 60,
+                        every=0.5, what="the six requests and the tree")
+    (tree,) = [t for t in traces if t not in steps]
+    assert set(traces) - {tree} == set(steps)
+    spans = {s["attributes"][attr.GEN_AI_AGENT_ID]: s for s in received(phoenix, tree, 3)}
+    assert {k: s["name"] for k, s in spans.items()} == {
+        "main": "invoke_agent main", "a1": "invoke_agent Explore", "a2": "invoke_agent general-purpose"}
+    main, a1, a2 = spans["main"], spans["a1"], spans["a2"]
+    assert {s["span_kind"] for s in spans.values()} == {"AGENT"}
+    assert main["parent_id"] is None
+    assert a1["parent_id"] == main["context"]["span_id"] and a2["parent_id"] == a1["context"]["span_id"]
+    for name, span in spans.items():
+        a = span["attributes"]
+        assert a["session.id"] == AGENT_SESSION  # Phoenix's, from gen_ai.conversation.id
+        own = [trace for trace, agent in steps.items() if agent == name]
+        assert list(a[attr.AGENT_STEP_TRACE_IDS]) == own and a[attr.AGENT_STEPS] == agents[name]["steps"] == 2
+        assert a["input.value"] == TASKS[name]
+        if name != "main":  # the parent's step whose Task call spawned it, as the session record says
+            spawned = agents[name]["spawned_by"]
+            assert (a[attr.AGENT_SPAWNED_BY_TRACE_ID], a[attr.AGENT_SPAWNED_BY_TOOL_CALL_ID]) == (
+                spawned["trace_id"], spawned["tool_call_id"])
+    assert a1["attributes"]["output.value"] == "notes.txt holds it."
+    assert main["attributes"]["output.value"] == "The word is in notes.txt."
+    # A parent spans its subagents: the tree's root covers every step.
+    assert main["start_time"] <= a1["start_time"] <= a2["start_time"] and a2["end_time"] <= main["end_time"]
+    for trace, agent in steps.items():
+        root = root_of(phoenix, trace)
+        assert root["span_kind"] == "LLM" and root["attributes"][attr.GEN_AI_AGENT_ID] == agent
+
+
+def test_phoenix_draws_the_agent_tree_in_its_trace_view(phoenix, agent_tree, browser):
+    traces = wait_until(lambda: found if len(found := session_traces(phoenix, AGENT_SESSION)) >= 7 else None, 60,
+                        every=0.5, what="the six requests and the tree")
+    (tree,) = [t for t in traces if t not in {s["trace_id"] for s in agent_tree["steps"]}]
+    page = Page(browser, width=1400, height=900)
+    try:
+        p = page.page
+        p.goto(f"{phoenix.url}/redirects/traces/{tree}")
+        for name in ("invoke_agent main", "invoke_agent Explore", "invoke_agent general-purpose"):
+            p.get_by_text(name, exact=True).first.wait_for(timeout=30_000)
+        if os.environ.get("LOOPTRACE_SCREENSHOTS"):
+            p.screenshot(path=os.path.join(os.environ["LOOPTRACE_SCREENSHOTS"], "phoenix-agents.png"))
     finally:
         page.close()
