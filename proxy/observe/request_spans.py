@@ -10,10 +10,8 @@ Span tree, one trace per request (an incoming traceparent is continued):
     │                                     (looptrace.route.*: the receipt) and any retry
     └── execute_tool {name}               one per tool call the model made
 
-A session's agents go over OTLP as a trace of their own, `invoke_agent` spans linked to their steps'
-request spans (trace_store/agent_spans.py). Every name is a constant of common/attributes.py. The
-per-token path (`token`) is one append; the decode span gets its token events in groups, built in bulk
-(trace_store/tokens.py's `columns`).
+Names: common/attributes.py (a session's agents: trace_store/agent_spans.py). Per token (`token`): one
+append; the decode span's token events come in groups, built in bulk (trace_store/tokens.py's `columns`).
 """
 
 from __future__ import annotations
@@ -113,6 +111,14 @@ class RequestSpans(Observer):
 
     def grouped(self, how: str) -> None:
         self.span.set_attribute(attr.SESSION_GROUPED_BY, how)
+
+    def asked(self, attributes: dict, texts: dict | None = None) -> None:
+        """What the request asked for and nothing here acts on, as asked; `texts` (a schema) only
+        where content is recorded, its credentials replaced as the prompt's are."""
+        if texts and self.content:
+            attributes = {**attributes, **{name: self._text(value) for name, value in texts.items()}}
+        if attributes:
+            self.span.set_attributes(attributes)
 
     def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
         self.span.set_attributes({attr.COMPACTION: how, attr.COMPACTION_REPLACED_ITEMS: replaced,
