@@ -1,10 +1,11 @@
 """Secrets never stored (issue 55): the detector finds each kind of credential and leaves code, SHAs and
 UUIDs alone; its markers match for one secret and keep a prompt's length; and a server with the SQLite
-store, sent a corpus of credentials in messages, tool arguments and tool results over Chat Completions,
-Responses (HTTP and WebSocket, a stored response continued), Messages and the Gemini API, answers every
-request, hands the model the real text (the continued turn too: the state store keeps it sealed), and
-keeps none of them, nor their base64, in any byte of its store's files (traces and state, their -wal and
--shm), its OTLP export, its log or any `looptrace export` format.
+store or the PostgreSQL one, sent a corpus of credentials in messages, tool arguments and tool results
+over Chat Completions, Responses (HTTP and WebSocket, a stored response continued), Messages and the
+Gemini API, answers every request, hands the model the real text (the continued turn too: the state
+store keeps it sealed), and keeps none of them, nor their base64, in what its store holds (SQLite: every
+byte of its files, traces and state, their -wal and -shm; PostgreSQL: every row of every table of its
+schema, read raw, and the schema's `pg_dump`), its OTLP export, its log or any `looptrace export` format.
 
 Every secret is assembled from parts here at test time, with random bodies: nothing in this file is a
 live-looking key that a push-protection scanner would flag.
@@ -22,9 +23,11 @@ import logging
 import random
 import string
 import sqlite3
+import subprocess
 import threading
 import zlib
 from array import array
+from unittest import mock
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -33,9 +36,12 @@ from looptrace.common.redaction import Redactor
 from looptrace.backends.recorded import ReplayBackend
 from looptrace.proxy.api.keys import TELEMETRY
 from looptrace.proxy.export.arguments import export_arguments
+from looptrace.proxy.export import command as export_command
 from looptrace.proxy.export.command import run as run_export
 from looptrace.proxy.settings import Settings
+from looptrace.trace_store.recorded_sessions import open_reader
 
+import stores as store_kinds
 from app_thread import AppThread, Reading
 
 ALNUM = string.ascii_letters + string.digits
@@ -184,19 +190,73 @@ class Receiver:
         self.server.server_close()
 
 
-def _serve(model_dir, folder, **settings) -> AppThread:
-    placeholder = folder / "none.jsonl"
+class Kept:
+    """The store a server under test writes (`kind`: SQLite files in `folder`, or a fresh schema of the
+    tests' PostgreSQL database), and all that it holds, as bytes."""
+
+    def __init__(self, made: store_kinds.Stores, folder) -> None:
+        self.kind, self.folder, self._made = made.kind, folder, made
+        self.setting = str(folder / "traces.sqlite3") if made.kind == "sqlite" else made.setting()
+
+    def everything(self) -> bytes:
+        """SQLite: every byte of the store's files (traces and state, each with its -wal and -shm).
+        PostgreSQL: every value of every row of every table in the schema, bytea as its raw bytes and the
+        rest as text, and the schema's `pg_dump` (what a backup of it holds)."""
+        if self.kind == "sqlite":
+            files = [p for p in self.folder.iterdir() if p.name.startswith(("traces.sqlite3", "traces.state.sqlite3"))]
+            assert {"traces.sqlite3", "traces.state.sqlite3", "traces.state.sqlite3-wal"} <= {p.name for p in files}
+            return b"".join(p.read_bytes() for p in files)
+        import psycopg
+
+        schema = self.setting.rsplit("%3D", 1)[-1]
+        found = []
+        with psycopg.connect(self.setting, autocommit=True) as conn:
+            tables = [row[0] for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE'", (schema,))]
+            kept = {"spans", "traces", "trace_text", "sessions", "state_responses", "state_turns"}
+            assert kept <= set(tables), tables
+            for table in tables:
+                for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'):
+                    found.extend(v if isinstance(v, bytes) else bytes(v) if isinstance(v, memoryview)
+                                 else str(v).encode() for v in row if v is not None)
+        dump = subprocess.run(["pg_dump", "--no-owner", "--schema", schema, "--dbname", self.setting],
+                              capture_output=True, timeout=120)
+        assert dump.returncode == 0 and f"CREATE TABLE {schema}.spans".encode() in dump.stdout, dump.stderr
+        return b"\n".join(found) + dump.stdout
+
+    def state_rows(self, statement: str) -> list[tuple]:
+        """A statement on the state store's tables (SQLite's state file; PostgreSQL's schema)."""
+        if self.kind == "sqlite":
+            with sqlite3.connect(self.folder / "traces.state.sqlite3") as db:
+                return db.execute(statement).fetchall()
+        import psycopg
+
+        with psycopg.connect(self.setting, autocommit=True) as conn:
+            return [tuple(row) for row in conn.execute(statement)]
+
+
+@pytest.fixture(scope="module", params=store_kinds.KINDS)
+def store_kind(request, tmp_path_factory):
+    """A fixture's store, on each kind (PostgreSQL's skipped where the tests have none: conftest.py)."""
+    folder = tmp_path_factory.mktemp(f"redaction-{request.param}")
+    made = store_kinds.of_param(request, folder)
+    yield Kept(made, folder)
+    made.close()
+
+
+def _serve(model_dir, kept: Kept, **settings) -> AppThread:
+    placeholder = kept.folder / "none.jsonl"
     placeholder.write_text('{"text": "unused"}\n')
     return AppThread(Settings(model=str(model_dir), backend="replay", replay=str(placeholder),
-                              served_model_name=MODEL, trace_db=str(folder / "traces.sqlite3"), **settings)).start()
+                              served_model_name=MODEL, trace_db=kept.setting, **settings)).start()
 
 
 @pytest.fixture(scope="module")
-def served(qwen3_5_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("redaction")
+def served(qwen3_5_dir, store_kind):
     receiver = Receiver()
-    app = _serve(qwen3_5_dir, folder, otlp_endpoint=receiver.url)
-    yield app, folder, receiver
+    app = _serve(qwen3_5_dir, store_kind, otlp_endpoint=receiver.url)
+    yield app, store_kind, receiver
     app.stop()
     receiver.close()
 
@@ -208,16 +268,24 @@ def _read_everything(app: AppThread, *texts: str) -> Reading:
     return reading
 
 
-def _export(store: str, fmt: str) -> str:
+def _export(kept: Kept, fmt: str) -> str:
     """An export's text; a Parquet file's (compressed) rows read back as JSON Lines."""
     parser = argparse.ArgumentParser()
     export_arguments(parser)
     parquet = fmt in ("parquet", "prime-rl")
-    out_file = f"{store}.{fmt}.parquet"
+    store, out_file = kept.setting, str(kept.folder / f"export.{fmt}.parquet")
     args = parser.parse_args(["--store", store, "--since", "0", "--format", fmt, *(["--out", out_file] * parquet)])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert run_export(args) == 0
+    out, opened = io.StringIO(), []
+
+    def reader(spec: str):  # the command, a process of its own, never closes it: a test in this one does
+        opened.append(open_reader(spec))
+        return opened[-1]
+    try:
+        with contextlib.redirect_stdout(out), mock.patch.object(export_command, "open_reader", reader):
+            assert run_export(args) == 0
+    finally:
+        for store in opened:
+            getattr(store, "close", lambda: None)()
     if not parquet:
         return out.getvalue()
     import pyarrow.parquet as pq
@@ -233,14 +301,13 @@ def _gemini(env: str) -> dict:
                                                                           "response": {"output": env}}}]}]}
 
 
-def _state_unsealed(folder, tokenizer) -> str:
-    """The state file's records as one who copied it would read them without the key secret: JSON blobs
+def _state_unsealed(kept: Kept, tokenizer) -> str:
+    """The state store's records as one who copied it would read them without the key secret: JSON blobs
     decompressed, a turn's packed ids decoded. Its responses and turns are there (else this reads nothing)."""
     found = []
-    with sqlite3.connect(folder / "traces.state.sqlite3") as db:
-        blobs = [*db.execute("SELECT conversation, response FROM state_responses"),
-                 *db.execute("SELECT summary FROM state_compactions")]
-        turns = [row[0] for row in db.execute("SELECT ids FROM state_turns")]
+    blobs = [*kept.state_rows("SELECT conversation, response FROM state_responses"),
+             *kept.state_rows("SELECT summary FROM state_compactions")]
+    turns = [row[0] for row in kept.state_rows("SELECT ids FROM state_turns")]
     assert len(blobs) >= 2 and turns, (len(blobs), len(turns))
     for blob in (bytes(b) for row in blobs for b in row):
         with contextlib.suppress(zlib.error):
@@ -270,7 +337,7 @@ def _websocket(app: AppThread, *bodies: dict) -> None:
             previous = event["response"]["id"]
 
 
-def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str, dict, list[str]]:
+def _send_corpus(app: AppThread, kept: Kept, caplog) -> tuple[list[str], bytes, str, dict, list[str]]:
     """The corpus sent in every place a request carries text, over each API: every request answered 200
     and the model given the real text. Then the secrets, and what was kept: the trace files' bytes, the
     log, each export format, and the exported token ids decoded."""
@@ -323,12 +390,10 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
         for secret in secrets[:-1]:
             assert secret in prompt or secret.replace("\n", "\\n") in prompt
     app.settled()
-    # Every byte of the store: the traces and the state beside them, each with its -wal and -shm.
-    files = [p for p in folder.iterdir() if p.name.startswith(("traces.sqlite3", "traces.state.sqlite3"))]
-    assert {"traces.sqlite3", "traces.state.sqlite3", "traces.state.sqlite3-wal"} <= {p.name for p in files}
-    stored = b"".join(p.read_bytes() for p in files) + _state_unsealed(folder, app.runtime.tokenizer).encode()
+    # All the store holds: the traces and the state beside them (Kept.everything).
+    stored = kept.everything() + _state_unsealed(kept, app.runtime.tokenizer).encode()
     log = caplog.text
-    exports = {fmt: _export(str(folder / "traces.sqlite3"), fmt)
+    exports = {fmt: _export(kept, fmt)
                for fmt in ("jsonl", "parquet", "verl", "skyrl", "prime-rl", "nemo-gym", "tinker", "atif")}
     decoded = []
     for text in (exports["jsonl"], exports["verl"]):
@@ -342,8 +407,9 @@ def _send_corpus(app: AppThread, folder, caplog) -> tuple[list[str], bytes, str,
 
 
 def test_no_secret_reaches_the_store_the_log_or_an_export(served, caplog):
-    app, folder, receiver = served
-    secrets, stored, log, exports, decoded = _send_corpus(app, folder, caplog)
+    app, kept, receiver = served
+    secrets, stored, log, exports, decoded = _send_corpus(app, kept, caplog)
+    assert b"[REDACTED:" in stored  # the store was read: the corpus is there, redacted
     assert any("[REDACTED:" in text for text in exports.values())
     # Every step here held a credential: exported masked 0 throughout, and ATIF says it is not token-exact.
     rows = [json.loads(line) for fmt in ("jsonl", "verl") for line in exports[fmt].splitlines()]
@@ -371,13 +437,21 @@ def test_the_gemini_api_is_in_the_corpus(served):
     assert served[0].call("GET", "/v1beta/models")[0] == 200
 
 
-def test_with_redact_off_the_same_requests_keep_every_secret_and_say_so(qwen3_5_dir, tmp_path, caplog):
-    """The check above can fail: with `--redact off` the same corpus is found in the files and exports."""
+@pytest.fixture(params=store_kinds.KINDS)
+def fresh_store(request, tmp_path):
+    made = store_kinds.of_param(request, tmp_path)
+    yield Kept(made, tmp_path)
+    made.close()
+
+
+def test_with_redact_off_the_same_requests_keep_every_secret_and_say_so(qwen3_5_dir, fresh_store, caplog):
+    """The check above can fail: with `--redact off` the same corpus is found in the store (its files, or
+    its rows and dump) and the exports."""
     caplog.set_level(logging.WARNING)
-    app = _serve(qwen3_5_dir, tmp_path, redact=False)
+    app = _serve(qwen3_5_dir, fresh_store, redact=False)
     try:
         assert "--redact off" in caplog.text
-        secrets, stored, _, exports, decoded = _send_corpus(app, tmp_path, caplog)
+        secrets, stored, _, exports, decoded = _send_corpus(app, fresh_store, caplog)
     finally:
         app.stop()
     assert all(secret.encode() in stored for secret in secrets if "\n" not in secret)

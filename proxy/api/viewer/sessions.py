@@ -10,7 +10,8 @@ from aiohttp import web
 
 from looptrace.common.jsonio import dumps
 
-from ..auth import sees
+from ..auth import CACHE_SECONDS, GUARD, sees
+from ..cross_site import streamed_to_pages
 from ..errors import APIError, invalid
 from ..keys import TELEMETRY
 from ..query import Cursor, Query, Time, between
@@ -104,28 +105,55 @@ async def get_session(request: web.Request) -> web.Response:
     return web.json_response(found, dumps=dumps)
 
 
+RECHECK_SECONDS = CACHE_SECONDS  # how often an open feed asks again whether its caller may still read
+
+
+@streamed_to_pages  # a page on another origin may not open it (cross_site.py)
 async def live(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `data:` a stored step (its `session` says where it belongs) for every
-    request as it is stored; `event: gap` when this client fell behind and should reload."""
+    request as it is stored; `event: gap` when this client fell behind and should reload.
+
+    The caller is asked for again every RECHECK_SECONDS, as a new request's would be (auth.py, from a
+    cache of CACHE_SECONDS): a feed opened with the viewer's cookie ends within a second of its logout
+    or expiry, one opened with a key within a second of the key's revoking, on every worker, with
+    `event: ended` and the refusal (in the API's error shape) that a new feed would get."""
     store_of(request)  # a 404 when there is no store to watch
     feed = request.app[TELEMETRY].feed
     tenant = sees(request)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+    loop = asyncio.get_running_loop()
     async with feed.subscribe() as queue:
         try:
             await response.write(b": watching\n\n")
+            quiet_since = loop.time()
             while True:
                 try:
-                    batch = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                    batch = await asyncio.wait_for(queue.get(), RECHECK_SECONDS)
                 except TimeoutError:
-                    await response.write(b": keepalive\n\n")
-                    continue
+                    batch = ()
+                if (refused := await _refused(request)) is not None:
+                    await response.write(b"event: ended\ndata: " + dumps(refused.body()).encode() + b"\n\n")
+                    return response
                 if batch is None:
                     await response.write(b"event: gap\ndata: {}\n\n")
+                    quiet_since = loop.time()
                     continue
                 shown = [step for step in batch if tenant is None or step.get("tenant") == tenant]
                 if shown:
                     await response.write(b"".join(f"data: {dumps(step)}\n\n".encode() for step in shown))
+                    quiet_since = loop.time()
+                elif loop.time() - quiet_since >= KEEPALIVE_SECONDS:
+                    await response.write(b": keepalive\n\n")
+                    quiet_since = loop.time()
         except ConnectionError:
             return response  # the page went away
+
+
+async def _refused(request: web.Request) -> APIError | None:
+    """Why the feed's caller may no longer read it (its login ended, its key was revoked), or None."""
+    try:
+        await request.app[GUARD].caller(request)
+    except APIError as refused:
+        return refused
+    return None

@@ -111,7 +111,9 @@ export function watch({onStep, onGap, onState}) {
               else if (line.startsWith("data:")) data += line.slice(5).trim();
             }
             if (event === "gap") onGap();
-            else if (data) onStep(JSON.parse(data));
+            else if (event === "message" && data) onStep(JSON.parse(data));
+            // `ended`: the login ended (logout, expiry) or its key was revoked; the server closes the
+            // stream, and the reconnect below is told so (401: "locked").
           }
         }
       } catch (err) {
