@@ -108,6 +108,13 @@ WEIGHT_VERSION = "looptrace.weight_version"  # the weights' label: X-Weight-Vers
 WEIGHT_VERSION_SOURCE = "looptrace.weight_version.source"  # where it came from: header or vllm
 TENANT = "looptrace.tenant"  # whose request it was: its key's tenant (api/auth.py); none on an open server
 SESSION_GROUPED_BY = "looptrace.session.grouped_by"  # how its session was found: a header's name, "prompt_cache_key" or "history"
+# What a request asked for and nothing here acts on, as asked (the Gemini API's). gen_ai.request.model stays
+# the served model, which forks, replays and the viewer read:
+REQUEST_MODEL_ASKED = "looptrace.request.model_asked"  # the model its path named (flash-lite, …)
+REQUEST_RESPONSE_MIME_TYPE = "looptrace.request.response_mime_type"  # the answer's type asked for: not enforced
+REQUEST_RESPONSE_SCHEMA = "looptrace.request.response_schema"  # JSON: the schema asked for, as given: not enforced
+REQUEST_THINKING_BUDGET = "looptrace.request.thinking_budget"  # thinking tokens asked for (-1: the model's choice)
+REQUEST_THINKING_LEVEL = "looptrace.request.thinking_level"  # the thinking level asked for (LOW, HIGH, …)
 ROLLOUT_GROUP = "looptrace.rollout.group"  # the rollout's group (X-Rollout-Group), for a request of a rollout
 AGENT_ID = "looptrace.agent.id"  # a subagent's id, from its harness (Claude Code's agent id, codex's thread)
 AGENT_PARENT_ID = "looptrace.agent.parent_id"  # the agent that spawned it, where the harness says

@@ -3,7 +3,7 @@ immutable pydantic models, and a validation error becomes the house's 400 naming
 (`tools[0].type`), in the words the API's own servers use.
 
 Each surface has a protocol module of its own (openai/chat/protocol.py, openai/responses/protocol.py,
-anthropic/protocol.py); its request module turns the model into the engine's request.
+anthropic/protocol.py, gemini/protocol.py); its request module turns the model into the engine's request.
 
 - Fields a model does not name are kept (`model_extra`) and pass through as they do today.
 - Types are strict, as JSON's are: an integer is not a bool, a string is not a number; a number is
@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Tag, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
 from pydantic_core import PydanticCustomError
+
+from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
 
 from .errors import APIError, invalid
 from .validation import TOOL_NAME, describe
@@ -93,6 +95,20 @@ def _tool_name(name: str) -> str:
 
 
 ToolName = Annotated[str, AfterValidator(_tool_name)]  # an offered tool's name, on every surface
+
+
+def capped(kind: str) -> BeforeValidator:
+    """An array's validator (`Annotated[list[Message], capped("messages")]`): refused before any of its
+    items is read when it holds more than the engine would take of `kind` (families/prompt_items.py),
+    so that the parse never builds what is refused anyway. Anything not a list is the type's to refuse."""
+    limit = ITEM_LIMITS[kind][0]
+    message = str(TooManyItems(kind, limit, ""))
+
+    def bounded(items: Any) -> Any:
+        if type(items) is list and len(items) > limit:
+            raise refused("too_many_items", message)
+        return items
+    return BeforeValidator(bounded)
 
 
 # pydantic's error types → what a value should have been, in OpenAI's words ("expected a string").

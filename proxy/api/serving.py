@@ -1,18 +1,22 @@
-"""What every generating endpoint (/v1/chat/completions, /v1/responses, /v1/messages) does around its own
-format: trace the request from arrival to end, check the model, and prepare the generation, so that
-every refusal leaves before a byte of the answer; /v1/messages/count_tokens prepares one untraced."""
+"""What every generating endpoint (/v1/chat/completions, /v1/responses, /v1/messages, the Gemini API's
+:generateContent) does around its own format: trace the request from arrival to end, check the model,
+and prepare the generation, so that every refusal leaves before a byte of the answer; the count_tokens
+endpoints prepare one untraced. Then, for an answer that is one stream or one body and nothing more
+(Messages, the Gemini API), run it: `streamed` or `collected`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
+from typing import Protocol
 
 from aiohttp import web
 from opentelemetry.propagate import extract
 
 from ..engine.continuity import MODES
 from ..engine.generation import Generation
-from ..engine.request import GenerationRequest
+from ..engine.request import GenerationRequest, Step
 from ..observe.telemetry import RequestTelemetry
 from looptrace.common import attributes as attr
 
@@ -24,6 +28,7 @@ from .errors import failure_of, invalid, model_not_found
 from .history_sessions import HISTORY
 from .keys import CACHE_SALTS, HISTORY_SESSIONS, MEMORY, RUNTIME, TELEMETRY
 from .media_fetch import fetch_media
+from .streaming import Framing, StreamFormat, relay
 
 
 @asynccontextmanager
@@ -117,3 +122,46 @@ def continuity_asked(headers, body: dict) -> str | None:
     if asked is not None and asked not in MODES:
         raise invalid(f"'token_continuity' must be one of {', '.join(MODES)}.", param="token_continuity")
     return asked
+
+
+class Answering(StreamFormat, Protocol):
+    """A stream format whose answer has its id before its first event (MessageStream, ContentStream)."""
+
+    id: str
+
+
+class Collector(Protocol):
+    """A whole answer, built as the generation runs (MessageCollector, ContentCollector)."""
+
+    id: str
+
+    def add(self, step: Step) -> None:
+        """What a step of the generation adds to the answer."""
+
+    def body(self, generation: Generation) -> dict:
+        """The answer's JSON, once the generation ended."""
+
+
+async def streamed(http: web.Request, trace: RequestTelemetry, generation: Generation, stream: Answering,
+                   sink: Framing | None = None) -> web.StreamResponse:
+    """The prepared generation streamed as `stream`'s events (into `sink` where given: see relay), its
+    answer's id on the trace first. However it ends, the generation stops: a client that went away
+    stops its generation."""
+    try:
+        trace.responded(stream.id)
+        return await relay(http, generation, stream, trace, sink=sink)
+    finally:
+        generation.cancel()
+
+
+async def collected(trace: RequestTelemetry, generation: Generation, collector: Collector) -> web.Response:
+    """The prepared generation run to its end into `collector`, and answered whole as its body; the
+    generation stops however this ends, as a stream's does."""
+    try:
+        async with aclosing(generation.run()) as steps:
+            async for step in steps:
+                collector.add(step)
+        trace.responded(collector.id)
+        return web.json_response(collector.body(generation))
+    finally:
+        generation.cancel()

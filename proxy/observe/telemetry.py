@@ -136,6 +136,12 @@ class RequestTelemetry:
         """How the request's session was found: a header's name, "prompt_cache_key" or "history"."""
         self.spans.grouped(how)
 
+    def asked(self, attributes: dict, texts: dict | None = None) -> None:
+        """What the request asked for that this server records and does not act on (the model name a
+        Gemini path gave, its response schema, its thinking budget): on the request's span. `texts`:
+        what is recorded only with trace content."""
+        self.spans.asked(attributes, texts)
+
     def compacted(self, how: str, summary_id: str | None, replaced: int) -> None:
         """This request was a compaction (how: trigger, compact, threshold; client: the client's own, whose
         summary it keeps): its summary replaces `replaced` items."""

@@ -52,6 +52,11 @@ def test_cline_runs_a_command_and_submits(installed_harnesses, serve, qwen3_5_di
     assert assistant["reasoning_content"] == "I will run it."
     assert tool["tool_call_id"] == call["id"] and "looptrace-ok" in tool["content"]
     assert tool["content"] in last_prompt(server)
+    # Nothing it sends names it: ai-sdk's User-Agent alone, none of the headers its bundle holds for its
+    # other providers (OpenRouter's X-Title and HTTP-Referer, its own X-CLIENT-TYPE and X-Task-ID).
+    for sent in proxy.requests:
+        assert sent["headers"]["User-Agent"].startswith("ai-sdk/openai-compatible/")
+        assert not {"x-title", "http-referer", "x-client-type", "x-task-id"} & {h.lower() for h in sent["headers"]}
     # Behind ai-sdk's User-Agent Cline is an unknown client; it sends no session id, and its history
     # groups its two requests into one session.
     assert grouping(server, 2) == [(None, 2)]

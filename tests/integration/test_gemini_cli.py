@@ -66,6 +66,7 @@ def test_gemini_cli_runs_a_command_and_reads_its_output(gemini, serve, qwen3_5_d
     assert f"Output: {MARKER}" in render["looptrace.prompt.text"]
     root = next(s for s in trace["spans"] if s["attributes"].get("looptrace.endpoint"))["attributes"]
     assert root["looptrace.endpoint"] == "gemini"
+    assert root["gen_ai.request.model"] == root["looptrace.request.model_asked"] == MODEL  # as -m named it
     # It sends no session id: its two steps are one session by their history.
     (session,) = server.get("/v1/sessions")[1]["data"]
     assert (session["steps"], session["tool_calls"]["valid"], session["client"]) == (2, 1, "GeminiCLI-tui"), session

@@ -14,7 +14,8 @@ from google import genai
 from google.genai import errors, types
 
 from looptrace.proxy.api import streaming
-from looptrace.proxy.api.gemini.request import json_schema
+from looptrace.proxy.api.errors import APIError
+from looptrace.proxy.api.gemini.request import json_schema, parse_generate
 from looptrace.proxy.settings import Settings
 
 from app_thread import AppThread, Wrapped
@@ -237,6 +238,17 @@ def test_bad_requests_are_googles_400(replay_app, body, says):
     assert (status, kind) == (400, "INVALID_ARGUMENT") and says in message, message
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"contents": ASK * 16_385}, "contents"),
+    ({"contents": [{"parts": [{"text": "x"}] * 16_385}]}, "contents[0].parts"),
+    ({"contents": ASK, "tools": [{"functionDeclarations": [{"name": "f"}] * 4_097}]}, "tools[0].functionDeclarations"),
+])
+def test_too_many_items_are_refused_before_they_are_built(body, param):
+    with pytest.raises(APIError) as refused:
+        parse_generate(body)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, "too_many_items")
+
+
 def test_the_sdk_raises_googles_errors(replay_app):
     client = sdk(replay_app)
     with pytest.raises(errors.ClientError) as raised:
@@ -296,6 +308,31 @@ def test_a_gemini_request_is_traced(replay_app):
     assert root["looptrace.endpoint"] == "gemini" and root["gen_ai.request.model"] == MODEL
     assert root["looptrace.client.name"] == "GeminiCLI"
     assert any(s["name"].startswith("execute_tool") for s in trace["spans"])
+    # The name the path asked for beside the served model; nothing it did not ask for.
+    assert root["looptrace.request.model_asked"] == "gemini-2.5-pro"
+    assert not {"looptrace.request.response_mime_type", "looptrace.request.response_schema",
+                "looptrace.request.thinking_budget", "looptrace.request.thinking_level"} & set(root)
+
+
+@pytest.mark.parametrize("field", ["responseJsonSchema", "responseSchema"])
+def test_what_a_utility_call_asks_for_and_is_not_enforced_is_traced(replay_app, field):
+    """A JSON-mode call as Gemini CLI makes one, under another model's name: the name, the MIME type,
+    the schema (as given) and the thinking budget and level on its trace, served by the one model."""
+    replay_app.replay(REASONED)
+    trace_id = secrets.token_hex(16)
+    schema = {"type": "OBJECT", "properties": {"score": {"type": "INTEGER"}}}
+    status, data = post_messages(replay_app, {"contents": ASK, "generationConfig": {
+        "responseMimeType": "application/json", field: schema,
+        "thinkingConfig": {"thinkingBudget": 512, "thinkingLevel": "LOW"}}},
+        {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}, path=path("generateContent", "flash-lite"))
+    assert status == 200 and json.loads(data)["modelVersion"] == MODEL, data
+    trace = replay_app.stored(f"/v1/traces/{trace_id}", timeout=30)
+    root = next(s for s in trace["spans"] if s["attributes"].get("looptrace.endpoint"))["attributes"]
+    assert root["gen_ai.request.model"] == root["gen_ai.response.model"] == MODEL
+    assert root["looptrace.request.model_asked"] == "flash-lite"
+    assert root["looptrace.request.response_mime_type"] == "application/json"
+    assert json.loads(root["looptrace.request.response_schema"]) == schema
+    assert (root["looptrace.request.thinking_budget"], root["looptrace.request.thinking_level"]) == (512, "LOW")
 
 
 @pytest.fixture(scope="module")

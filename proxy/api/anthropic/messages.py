@@ -3,7 +3,6 @@ POST /v1/messages/count_tokens. Errors on these routes leave in Anthropic's shap
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from dataclasses import replace
 
 from aiohttp import web
@@ -12,8 +11,7 @@ from looptrace.common import attributes as attr
 
 from ...engine.request import GenerationRequest
 from ..keys import RUNTIME
-from ..serving import prepared, traced
-from ..streaming import relay
+from ..serving import collected, prepared, streamed, traced
 from ..validation import json_body
 from . import context_edits
 from .answer import MessageCollector
@@ -29,19 +27,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         generation = await prepared(request, trace, body, generation_request, model=options.model,
                                     stream=options.stream)
         shown = {"token_ids": options.token_ids, "thinking_shown": options.thinking_shown, "applied_edits": applied}
-        try:
-            if options.stream:
-                stream = MessageStream(options.model, **shown)
-                trace.responded(stream.id)
-                return await relay(request, generation, stream, trace)
-            collector = MessageCollector(options.model, **shown)
-            async with aclosing(generation.run()) as steps:
-                async for step in steps:
-                    collector.add(step)
-            trace.responded(collector.id)
-            return web.json_response(collector.body(generation))
-        finally:
-            generation.cancel()  # a client that went away stops its generation
+        if options.stream:
+            return await streamed(request, trace, generation, MessageStream(options.model, **shown))
+        return await collected(trace, generation, MessageCollector(options.model, **shown))
 
 
 async def edited(request: web.Request, body: dict, generation: GenerationRequest,

@@ -11,26 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
-from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
-
-from ..protocol import Protocol, ToolName, by_type, one_of, refused
+from ..protocol import Protocol, ToolName, by_type, capped, one_of
 from ..request_parts import MAX_STOP_LENGTH, MAX_STOPS
-
-
-def _at_most(kind: str) -> BeforeValidator:
-    """An array refused before any of its items is read when it holds more than the engine would take
-    (families/prompt_items.py): the parse must not build what is refused anyway."""
-    limit = ITEM_LIMITS[kind][0]
-    message = str(TooManyItems(kind, limit, ""))
-
-    def bounded(items: Any) -> Any:
-        if type(items) is list and len(items) > limit:
-            raise refused("too_many_items", message)
-        return items
-    return BeforeValidator(bounded)
-
 
 # -- sources of images and documents --
 
@@ -136,7 +120,7 @@ class Message(Protocol):
 
     role: Literal["user", "assistant", "system"]
     # The array first: of two refusals at one place, the 400 names the first branch's (too many parts).
-    content: Annotated[list[Block], _at_most("content parts")] | str
+    content: Annotated[list[Block], capped("content parts")] | str
 
 
 # -- tools --
@@ -227,9 +211,9 @@ class CountTokensRequest(Protocol):
     checked as a request's are (a client counts the body it will send)."""
 
     model: str
-    messages: Annotated[list[Message], _at_most("messages")]
+    messages: Annotated[list[Message], capped("messages")]
     system: str | list[Block] | None = None
-    tools: Annotated[list[Tool], _at_most("tools")] | None = None
+    tools: Annotated[list[Tool], capped("tools")] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
-
-from ..protocol import Protocol, refused
+from ..protocol import Protocol, capped, refused
 from ..request_parts import MAX_STOP_LENGTH, MAX_STOPS
 from ..validation import TOOL_NAME
 
@@ -37,18 +35,6 @@ def _plain_name(name: str) -> str:
 
 
 FunctionName = Annotated[str, AfterValidator(_plain_name)]
-
-
-def _at_most(kind: str) -> BeforeValidator:
-    """An array refused before any of its items is read when it holds more than the engine would take."""
-    limit = ITEM_LIMITS[kind][0]
-    message = str(TooManyItems(kind, limit, ""))
-
-    def bounded(items: Any) -> Any:
-        if type(items) is list and len(items) > limit:
-            raise refused("too_many_items", message)
-        return items
-    return BeforeValidator(bounded)
 
 
 # -- parts --
@@ -93,7 +79,7 @@ class Content(Gemini):
     """A turn: `user` or `model` (`function`, the older name of a turn of function responses, is the user's)."""
 
     role: Literal["user", "model", "function"] | None = None
-    parts: Annotated[list[Part], _at_most("content parts")] | None = None
+    parts: Annotated[list[Part], capped("content parts")] | None = None
 
 
 # -- tools --
@@ -109,7 +95,7 @@ class Tool(Gemini):
     """Only functionDeclarations run here; Google's own tools (googleSearch, codeExecution, urlContext)
     run on Google's servers and are dropped (request.py)."""
 
-    function_declarations: Annotated[list[FunctionDeclaration], _at_most("tools")] | None = None
+    function_declarations: Annotated[list[FunctionDeclaration], capped("tools")] | None = None
 
 
 class FunctionCallingConfig(Gemini):
@@ -142,14 +128,18 @@ class GenerationConfig(Gemini):
     seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    # Gemini CLI's utility calls (JSON-mode classifiers) ask for JSON, with a JSON Schema or Google's
+    # Schema (request.py): recorded, not enforced.
     response_mime_type: str | None = None
+    response_json_schema: Any = None
+    response_schema: Any = None
     thinking_config: ThinkingConfig | None = None
 
 
 class GenerateContentRequest(Gemini):
     """The body of `:generateContent` and `:streamGenerateContent` (the model is the path's)."""
 
-    contents: Annotated[list[Content], _at_most("messages")]
+    contents: Annotated[list[Content], capped("messages")]
     system_instruction: Content | None = None
     tools: list[Tool] | None = None
     tool_config: ToolConfig | None = None
@@ -160,5 +150,5 @@ class CountTokensRequest(Gemini):
     """`:countTokens`: `contents`, or a whole `generateContentRequest` (system instruction and tools
     counted too, as they are rendered)."""
 
-    contents: Annotated[list[Content], _at_most("messages")] | None = None
+    contents: Annotated[list[Content], capped("messages")] | None = None
     generate_content_request: GenerateContentRequest | None = None

@@ -3,9 +3,11 @@ naming the place of anything wrong), then converted.
 
 The model is the path's: this server serves one, and every name maps to it (Gemini CLI asks for
 several, `gemini-2.5-flash-lite` for its utility calls among them). `responseMimeType` with
-`responseSchema`/`responseJsonSchema` is accepted and not enforced (said once in the log): the answer
-is whatever the model writes. `safetySettings`, `cachedContent` and the other fields Google's servers
-act on are accepted and ignored.
+`responseSchema`/`responseJsonSchema` is accepted and not enforced (said once in the log, and on each
+request's trace): nothing here constrains decoding, so the answer is whatever the model writes. A
+`thinkingBudget` turns thinking on or off and is not held to (no family here has a budget knob):
+recorded too. `safetySettings`, `cachedContent` and the other fields Google's servers act on are
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ _SCHEMA_CHILDREN = ("items", "anyOf", "any_of", "properties")
 @dataclass(slots=True)
 class GeminiOptions:
     include_thoughts: bool = False  # thought parts in the answer (thinkingConfig.includeThoughts)
+    # Asked for and not acted on: recorded on the trace (generate.py).
+    response_mime_type: str | None = None
+    response_schema: object = None  # responseJsonSchema, else responseSchema, as given
+    thinking_budget: int | None = None
+    thinking_level: str | None = None
 
 
 def parse_generate(body: dict) -> tuple[GenerationRequest, GeminiOptions]:
@@ -69,7 +76,12 @@ def convert(request: GenerateContentRequest) -> tuple[GenerationRequest, GeminiO
         frequency_penalty=config.frequency_penalty or 0.0,
         stop=list(config.stop_sequences or ()),
     )
-    return generation, GeminiOptions(include_thoughts=bool(thinking and thinking.include_thoughts))
+    schema = config.response_json_schema if config.response_json_schema is not None else config.response_schema
+    return generation, GeminiOptions(
+        include_thoughts=bool(thinking and thinking.include_thoughts),
+        response_mime_type=config.response_mime_type, response_schema=schema,
+        thinking_budget=thinking.thinking_budget if thinking else None,
+        thinking_level=thinking.thinking_level if thinking else None)
 
 
 def _tools(tools: list[Tool] | None) -> list[dict] | None:
