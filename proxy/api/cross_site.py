@@ -57,9 +57,14 @@ def _same_address(origin: str, host: str | None) -> bool:
     return (sent_from.host, sent_from.port) == (sent_to.host, sent_to.port)
 
 
+def _fetch_site(request: web.Request) -> str:
+    """What the browser says of who sent it (`Sec-Fetch-Site`): "cross-site", "same-site", … or ""."""
+    return request.headers.get("Sec-Fetch-Site", "").strip().lower()
+
+
 def _sent_from_elsewhere(request: web.Request) -> bool:
     """The browser says another site sent it, or its Origin is not the address it was sent to."""
-    if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+    if _fetch_site(request) == "cross-site":
         return True
     origin = request.headers.get("Origin")
     return origin is not None and not _same_address(origin, request.headers.get("Host"))
@@ -69,7 +74,7 @@ def _opened_elsewhere(request: web.Request) -> bool:
     """As `_sent_from_elsewhere`, and also a page of another origin of the same site (another port of the
     host: `Sec-Fetch-Site: same-site`), which a fetch in `no-cors` mode sends without an Origin. The
     viewer's own page says `same-origin`; an address typed in, `none`."""
-    if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "same-site":
+    if _fetch_site(request) == "same-site":
         return True
     return _sent_from_elsewhere(request)
 

@@ -45,6 +45,7 @@ from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from ....engine.errors import Refused, Unavailable
+from ...cross_site import is_websocket_upgrade
 from ...errors import APIError, ClientStoppedReading, answered, internal_error, invalid
 from ...protocol import parse
 from ...serving import traced
@@ -67,7 +68,7 @@ KEPT_RESPONSES = 64  # the socket's own responses that previous_response_id may 
 
 
 async def responses_socket(request: web.Request) -> web.WebSocketResponse:
-    if request.headers.get("Upgrade", "").lower() != "websocket":
+    if not is_websocket_upgrade(request):
         raise APIError(426, "GET /v1/responses is the Responses API's WebSocket mode: connect with a WebSocket "
                        "upgrade (POST /v1/responses creates a response over HTTP).", code="upgrade_required")
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, compress=False)  # no deflate on the token path
