@@ -337,3 +337,29 @@ def test_an_open_feed_on_a_server_without_keys_goes_on(open_server):
             feed.next(1.0)  # still open: nothing ended it
     finally:
         feed.close()
+
+
+def test_an_open_responses_socket_refuses_its_next_response_once_its_key_is_revoked(server):
+    """A key revoked while its WebSocket is open: the next response.create is refused with the key's 401, and
+    the socket is closed; a new handshake with the key is refused as an HTTP request is."""
+    from websockets.sync.client import connect as ws_connect
+
+    app, keys, _ = server
+    key = keys.create("erin")
+    app.replay(ANSWER)
+    headers = {"Authorization": f"Bearer {key}"}
+    with ws_connect(app.url.replace("http", "ws") + "/v1/responses", open_timeout=30,
+                    additional_headers=headers) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
+        while (event := json.loads(socket.recv(timeout=60)))["type"] not in ("response.completed", "error"):
+            pass
+        assert event["type"] == "response.completed", event
+        assert keys.revoke("erin")
+        time.sleep(1.0)  # past the guard's cache of a key's answer (auth.py)
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "again"}))
+        refused = json.loads(socket.recv(timeout=30))
+        assert refused["type"] == "error" and refused["status"] == 401, refused
+        assert refused["error"]["code"] == "invalid_api_key", refused
+        with pytest.raises(Exception):  # closed by the server (1008)
+            socket.recv(timeout=10)
+    assert handshake(app, "/v1/responses", headers)[0] == 401

@@ -38,13 +38,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from looptrace.backends.base import BackendError
 from looptrace.common import attributes as attr
 from looptrace.common.jsonio import dumps
 
 from ....engine.errors import Refused, Unavailable
+from ...auth import GUARD
 from ...cross_site import is_websocket_upgrade
 from ...errors import APIError, ClientStoppedReading, answered, internal_error, invalid
 from ...protocol import parse
@@ -128,9 +129,22 @@ class Socket:
             if envelope.type != "response.create":
                 raise invalid(f"Unknown event type {envelope.type!r}: this socket takes 'response.create' (and "
                               "'response.steer').", param="type", code="unknown_event")
+            if (refused := await self.refused()) is not None:  # its key revoked, its login ended
+                await self.error(refused, lane)
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"credential refused")
+                return
             self.start(event, lane)
         except APIError as err:
             await self.error(err, lane)
+
+    async def refused(self) -> APIError | None:
+        """Why the socket's caller may no longer ask (as a new request's would be: auth.py, cached for a
+        moment), or None: a key revoked while its socket is open gets no further response."""
+        try:
+            await self.request.app[GUARD].caller(self.request)
+        except APIError as refused:
+            return refused
+        return None
 
     def start(self, event: dict, lane_id: str | None) -> None:
         """The response on its lane, or refused: one at a time on a lane, as OpenAI's protocol says."""
