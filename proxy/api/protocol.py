@@ -59,15 +59,34 @@ def refused(code: str, message: str) -> PydanticCustomError:
 def one_of(kind_of: Callable[[Any], str | None], **models: type) -> Any:
     """A union picked by `kind_of(value)` (the name of one of `models`, or None: a 400 naming the
     value's `type`), as OpenAI's item and part unions are: by their `type`, not by trying each."""
-    by_model = {model: name for name, model in models.items()}
+    tags = {name: f"<{name}>" for name in models}
+    by_model = {model: tags[name] for name, model in models.items()}
+    first = tags[next(iter(models))]
 
-    def tag(value: Any) -> str | None:
+    def named(kind: str | None) -> str | None:
+        return None if kind is None else tags.get(kind) or f"<{kind}>"
+
+    def other(value: Any) -> str | None:
         if isinstance(value, BaseModel):  # a dump: the value's own model's branch
-            return f"<{by_model[type(value)]}>" if type(value) in by_model else None
+            return by_model.get(type(value))
         if not isinstance(value, dict):
-            return f"<{next(iter(models))}>"  # any branch refuses a non-object with "expected an object"
-        kind = kind_of(value)
-        return f"<{kind}>" if kind is not None else None
+            return first  # any branch refuses a non-object with "expected an object"
+        return named(kind_of(value))
+
+    table = getattr(kind_of, "table", None)
+    if table is None:
+        def tag(value: Any) -> str | None:
+            return named(kind_of(value)) if type(value) is dict else other(value)
+    else:  # by_type's table read here, in one call: `tag` runs for every item of every request
+        branches, otherwise, absent = table
+        found = {kind: named(name) for kind, name in branches.items()}
+        rest = named(otherwise)
+
+        def tag(value: Any) -> str | None:
+            if type(value) is not dict:
+                return other(value)
+            kind = value.get("type", absent)
+            return found.get(kind, rest) if kind is None or isinstance(kind, str) else rest
 
     branches = tuple(Annotated[model, Tag(f"<{name}>")] for name, model in models.items())
     return Annotated[Union[branches], Discriminator(tag, custom_error_type="unknown_type",
@@ -81,6 +100,7 @@ def by_type(branches: dict[str | None, str], other: str | None,
     def kind_of(value: dict) -> str | None:
         kind = value.get("type", absent)
         return branches.get(kind, other) if kind is None or isinstance(kind, str) else other
+    kind_of.table = (branches, other, absent)  # for one_of, which reads it inline
     return kind_of
 
 
