@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationError
 from pydantic_core import PydanticCustomError
 
 from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
@@ -104,31 +104,24 @@ def by_type(branches: dict[str | None, str], other: str | None,
     return kind_of
 
 
-def _tool_name(name: str) -> str:
-    """A tool's name as the model will write it in a call (validation.TOOL_NAME): never a control token."""
-    if not name:
-        raise refused("invalid_value", "'{param}' must not be empty.")
-    if not TOOL_NAME.fullmatch(name):
-        raise refused("invalid_value", "Invalid '{param}': string does not match pattern. Expected a string that "
-                      f"matches the pattern '^{TOOL_NAME.pattern}$' (letters, digits, '_', '-' and '.', at most 128).")
-    return name
+# An offered tool's name, on every surface, as the model will write it in a call (validation.TOOL_NAME):
+# never a control token. pydantic-core checks the pattern itself; `refusal` words its error.
+_TOOL_NAME = f"^{TOOL_NAME.pattern}$"
+ToolName = Annotated[str, StringConstraints(pattern=_TOOL_NAME)]
+
+# (the field's name, its limit) -> the kind of item `capped` counts there, for `refusal`'s words; the
+# name folded, since an error's place names a field by its alias where one was sent (functionDeclarations).
+_CAPS: dict[tuple[str, int], str] = {}
 
 
-ToolName = Annotated[str, AfterValidator(_tool_name)]  # an offered tool's name, on every surface
-
-
-def capped(kind: str) -> BeforeValidator:
-    """An array's validator (`Annotated[list[Message], capped("messages")]`): refused before any of its
-    items is read when it holds more than the engine would take of `kind` (families/prompt_items.py),
-    so that the parse never builds what is refused anyway. Anything not a list is the type's to refuse."""
+def capped(kind: str, field: str) -> Any:
+    """An array's bound (`messages: Annotated[list[Message], capped("messages", "messages")]`): more
+    items than the engine would take of `kind` (families/prompt_items.py) are refused. pydantic-core
+    checks it natively, and stops at the first item past the limit, so that the parse never builds
+    more than it would of a request at the limit."""
     limit = ITEM_LIMITS[kind][0]
-    message = str(TooManyItems(kind, limit, ""))
-
-    def bounded(items: Any) -> Any:
-        if type(items) is list and len(items) > limit:
-            raise refused("too_many_items", message)
-        return items
-    return BeforeValidator(bounded)
+    _CAPS[_folded(field), limit] = kind
+    return Field(max_length=limit)
 
 
 # pydantic's error types → what a value should have been, in OpenAI's words ("expected a string").
@@ -169,9 +162,29 @@ def refusal(exc: ValidationError, where: str = "") -> APIError:
     if kind == "unknown_type":  # one_of found no branch for the value's `type`
         given = error["input"].get("type") if isinstance(error.get("input"), dict) else None
         return invalid(f"Invalid value for '{param}.type': {given!r}.", param=f"{param}.type")
+    if kind == "string_pattern_mismatch" and context.get("pattern") == _TOOL_NAME:
+        return _bad_tool_name(error["input"], param)
+    if kind == "too_long" and (kind_of := _CAPS.get((_folded(_field(error["loc"])), context.get("max_length")))):
+        return invalid(str(TooManyItems(kind_of, context["max_length"], param)), param=param, code="too_many_items")
     if kind in _OURS:  # raised by a model's validator (`refused`)
         return invalid(error["msg"].replace("{param}", param), param=param, code=context.get("code", kind))
     return invalid(f"Invalid value for '{param}': {error['msg']}.", param=param)
+
+
+def _bad_tool_name(name: str, param: str) -> APIError:
+    if not name:
+        return invalid(f"'{param}' must not be empty.", param=param, code="invalid_value")
+    return invalid(f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern "
+                   f"'{_TOOL_NAME}' (letters, digits, '_', '-' and '.', at most 128).", param=param, code="invalid_value")
+
+
+def _field(loc: tuple) -> str:
+    """The name of the field an error's place ends at (`content` of messages[3].content)."""
+    return next((part for part in reversed(loc) if isinstance(part, str) and not _is_branch(part)), "")
+
+
+def _folded(name: str) -> str:
+    return name.replace("_", "").lower()
 
 
 def _place(where: str, loc: tuple) -> str:

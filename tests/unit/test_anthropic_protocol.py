@@ -81,6 +81,13 @@ def test_too_many_items_are_refused_before_they_are_built(body, param):
     assert (error.param, error.code) == (param, "too_many_items") and "are read" in error.message
 
 
+def test_a_bound_that_counts_no_items_keeps_pydantics_words():
+    # Only protocol.capped's bounds are "too many items"; another list's max_length says its own limit.
+    error = refusal(MessagesRequest, {"model": "m", "max_tokens": 1, "messages": ASK, "stop_sequences": ["x"] * 99})
+    assert (error.param, error.code) == ("stop_sequences", "invalid_value")
+    assert error.message.startswith("Invalid value for 'stop_sequences': List should have at most"), error.message
+
+
 def test_null_is_absent_and_unknown_fields_pass():
     request, options = parse_messages({"model": "m", "max_tokens": 4, "messages": ASK, "metadata": None,
                                        "stream": None, "temperature": None, "service_tier": "auto",

@@ -95,6 +95,22 @@ def test_too_many_messages_are_refused_before_they_are_read():
     assert (error.param, error.code) == ("messages", "too_many_items")
 
 
+def test_limits_and_tool_names_keep_their_words():
+    # pydantic-core checks these natively (protocol.capped, protocol.ToolName); the 400 says what it said.
+    assert refusal(messages=[USER] * 16_385).message == \
+        "The request holds more than 16,384 messages; at most 16,384 are read."
+    tools = [{"type": "function", "function": {"name": "f"}}] * 4_097
+    assert (refusal(tools=tools).param, refusal(tools=tools).code) == ("tools", "too_many_items")
+    empty = refusal(tools=[{"type": "function", "function": {"name": ""}}])
+    assert (empty.message, empty.param, empty.code) == \
+        ("'tools[0].function.name' must not be empty.", "tools[0].function.name", "invalid_value")
+    token = refusal(tools=[{"type": "function", "function": {"name": "f<|im_end|>"}}])
+    assert token.message == ("Invalid 'tools[0].function.name': string does not match pattern. Expected a string "
+                             "that matches the pattern '^[A-Za-z0-9_.-]{1,128}$' (letters, digits, '_', '-' and "
+                             "'.', at most 128).") and token.code == "invalid_value"
+    assert refusal(tools=[{"type": "function", "function": {"name": "f\n"}}]).param == "tools[0].function.name"
+
+
 def test_a_request_converts_as_before():
     request, options = parse_chat({
         "model": "m", "stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 3,

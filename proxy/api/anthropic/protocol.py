@@ -120,7 +120,7 @@ class Message(Protocol):
 
     role: Literal["user", "assistant", "system"]
     # The array first: of two refusals at one place, the 400 names the first branch's (too many parts).
-    content: Annotated[list[Block], capped("content parts")] | str
+    content: Annotated[list[Block], capped("content parts", "content")] | str
 
 
 # -- tools --
@@ -211,9 +211,9 @@ class CountTokensRequest(Protocol):
     checked as a request's are (a client counts the body it will send)."""
 
     model: str
-    messages: Annotated[list[Message], capped("messages")]
+    messages: Annotated[list[Message], capped("messages", "messages")]
     system: str | list[Block] | None = None
-    tools: Annotated[list[Tool], capped("tools")] | None = None
+    tools: Annotated[list[Tool], capped("tools", "tools")] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -79,7 +79,7 @@ class Content(Gemini):
     """A turn: `user` or `model` (`function`, the older name of a turn of function responses, is the user's)."""
 
     role: Literal["user", "model", "function"] | None = None
-    parts: Annotated[list[Part], capped("content parts")] | None = None
+    parts: Annotated[list[Part], capped("content parts", "parts")] | None = None
 
 
 # -- tools --
@@ -95,7 +95,7 @@ class Tool(Gemini):
     """Only functionDeclarations run here; Google's own tools (googleSearch, codeExecution, urlContext)
     run on Google's servers and are dropped (request.py)."""
 
-    function_declarations: Annotated[list[FunctionDeclaration], capped("tools")] | None = None
+    function_declarations: Annotated[list[FunctionDeclaration], capped("tools", "function_declarations")] | None = None
 
 
 class FunctionCallingConfig(Gemini):
@@ -139,7 +139,7 @@ class GenerationConfig(Gemini):
 class GenerateContentRequest(Gemini):
     """The body of `:generateContent` and `:streamGenerateContent` (the model is the path's)."""
 
-    contents: Annotated[list[Content], capped("messages")]
+    contents: Annotated[list[Content], capped("messages", "contents")]
     system_instruction: Content | None = None
     tools: list[Tool] | None = None
     tool_config: ToolConfig | None = None
@@ -150,5 +150,5 @@ class CountTokensRequest(Gemini):
     """`:countTokens`: `contents`, or a whole `generateContentRequest` (system instruction and tools
     counted too, as they are rendered)."""
 
-    contents: Annotated[list[Content], capped("messages")] | None = None
+    contents: Annotated[list[Content], capped("messages", "contents")] | None = None
     generate_content_request: GenerateContentRequest | None = None

@@ -5,12 +5,12 @@ checked where the vocabulary is known (stored_run.token_ids)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from ..openai.chat.protocol import FunctionTool, Sampling, at_most
-from ..protocol import Protocol
+from ..openai.chat.protocol import FunctionTool, Sampling
+from ..protocol import Protocol, capped
 
 
 class ForkRequest(Sampling):
@@ -30,13 +30,8 @@ class GenerateRequest(Served, Sampling):
     prompt_ids: list[int]
     answer_prefix: list[int] | None = None  # what the answer starts with, forced
     thinking: bool | None = None  # none: as the family reads the prompt's end
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool], capped("tools", "tools")] | None = None
     max_tokens: int | None = Field(None, ge=1)
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _few_tools(cls, tools: Any) -> Any:
-        return at_most(tools, "tools", "tools")
 
 
 class ScoreRequest(Served):

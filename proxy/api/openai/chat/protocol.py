@@ -3,36 +3,24 @@ door (`parse(ChatRequest, body)`); request.py turns it into the engine's request
 
 Fields the models do not name pass through as they do today (`extra="allow"`), and a null is absent:
 an optional field's default is given where request.py reads it. What cannot be a type is said once
-here: the limits on how many messages and tools are read (checked before any is parsed), and what a
+here: the limits on how many messages and tools are read (protocol.capped), and what a
 tool's name may hold (it is written into the prompt, where `f<|im_end|>` must not become a token).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from looptrace.backends.events import TOP_N
-from looptrace.families.prompt_items import ITEM_LIMITS, TooManyItems
-
-from ...protocol import Protocol, ToolName, by_type, one_of, refused
+from ...protocol import Protocol, ToolName, by_type, capped, one_of
 from ...request_parts import MEDIA_PARTS, SEED_RANGE, Attachment
 from ..service_tiers import ServiceTier
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 REFUSAL = "refusal"  # an assistant's refusal part (OpenAI's SDKs send its content back as parts)
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-
-
-def at_most(items: Any, kind: str, param: str) -> Any:
-    """`items`, refused before any is parsed when there are more than the engine would take
-    (families/prompt_items.py): a parser must not build what is refused anyway. For a `mode="before"`
-    validator: anything not a list is left to the type's own refusal."""
-    limit = ITEM_LIMITS[kind][0]
-    if isinstance(items, list) and len(items) > limit:
-        raise refused("too_many_items", str(TooManyItems(kind, limit, param)))
-    return items
 
 
 class ContentPart(Attachment):
@@ -152,8 +140,8 @@ class Sampling(Protocol):
 
 class ChatRequest(Sampling):
     model: str
-    messages: list[Message]
-    tools: list[Tool] | None = None
+    messages: Annotated[list[Message], capped("messages", "messages")]
+    tools: Annotated[list[Tool], capped("tools", "tools")] | None = None
     tool_choice: str | dict[str, Any] | None = None  # checked against the tools (request_parts.parse_tool_choice)
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name: read first
@@ -173,13 +161,3 @@ class ChatRequest(Sampling):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     service_tier: ServiceTier | None = None  # said back in the answer (service_tiers.py)
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _few_messages(cls, messages: Any) -> Any:
-        return at_most(messages, "messages", "messages")
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _few_tools(cls, tools: Any) -> Any:
-        return at_most(tools, "tools", "tools")
