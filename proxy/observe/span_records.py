@@ -52,7 +52,7 @@ def redact_tokens(spans) -> int:
     """A credential the model wrote, in the decode span's token events: the answer's text is searched
     once, at its end (a secret may span groups), and each token overlapping one gets the marker's
     characters for its text and piece, the id of `*`, and no candidates. Each group's arrays are the
-    ones its event holds (_add_event keeps them, not a copy), changed before the span ends and is
+    ones its event holds (span_arrays.add_event keeps them, not a copy), changed before the span ends and is
     seen by any processor. Returns how many were found."""
     groups, spans._groups = spans._groups, []
     if not groups:
