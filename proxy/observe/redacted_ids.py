@@ -22,8 +22,8 @@ CONTEXT_CHARS = 24  # of text each side of a credential: its edge tokens may tok
 def redacted_ids(tokenizer, ids, text: str, redacted: str, found: list[Found]) -> list[int]:
     """`ids` (the encoding of `text`) with the tokens of each credential in `found` replaced by ids of
     `redacted`'s markers there: the same count, decoding to no credential."""
+    haystack = array("i", ids).tobytes()  # searched as first encoded: windows do not overlap
     out = list(ids)
-    haystack = array("i", out).tobytes()  # searched as first encoded: windows do not overlap
     for a, b, spans in _windows(text, found):
         run = _run(tokenizer, out, haystack, text, a, b, spans)
         if run is None:
@@ -68,7 +68,7 @@ def _run(tokenizer, ids: list[int], haystack: bytes, text: str, a: int, b: int,
         return None
     start = at // 4
     end = start + len(inner)
-    run_text = tokenizer.decode(ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    run_text = _decode(tokenizer, ids[start:end])
     if any(text[span.start:span.end] not in run_text for span in spans):
         return None
     return start, end, run_text
@@ -93,6 +93,14 @@ def same_count(tokenizer, text: str, count: int) -> list[int]:
 @functools.lru_cache(maxsize=8)
 def _star(tokenizer) -> list[int]:
     return _encode(tokenizer, "*") or [0]
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    """The fast tokenizer's own decoding where there is one (transformers' checks each id first)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
