@@ -3,6 +3,10 @@
 - the messages of each conversation's last request (a digest each), to find which messages are new;
 - tool calls waiting for their result to come back in a later request, to link the two.
 
+Each conversation's last messages (their JSON) are kept here too, bounded by bytes, with their
+digests: a message whose text is the one kept at its place takes the kept digest (the same text, the
+same digest), so that a long session's turn digests what it adds, not its whole history again.
+
 What each conversation's model read and sampled is the engine's memory (proxy/engine/memory.py), which
 observers read from the generation they watch and never write.
 
@@ -21,6 +25,7 @@ on the event loop's time beyond that; while the store does not answer, it serves
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 
 from opentelemetry.trace import SpanContext, TraceFlags
@@ -33,6 +38,7 @@ from ..engine.state_calls import UNANSWERED, StateCalls
 from ..engine.turn_digests import digest
 
 Call = tuple[SpanContext, str]  # the span that made a tool call, and the tool's name
+MAX_DIGESTED_BYTES = 64 << 20  # the messages' JSON kept to digest only what is new (about: 4 bytes a character)
 
 
 class Conversations:
@@ -42,6 +48,7 @@ class Conversations:
         self._messages: Bounded = Bounded(conversations)
         self._calls: Bounded = Bounded(calls)
         self._lock = threading.Lock()
+        self._digested = _DigestedTexts(MAX_DIGESTED_BYTES)
 
     def begin(self, conversation: str | None) -> Turn:
         return Turn(self, conversation, None)
@@ -49,6 +56,15 @@ class Conversations:
     @staticmethod
     def digest(message: str) -> int:
         return hash(message)  # this process's own hash: the digests never leave it
+
+    def digests(self, conversation: str | None, messages: list[str]) -> list[int]:
+        """A digest for each message (as JSON): the kept one where the conversation's last messages had
+        the same text at the same place, else made."""
+        kept_texts, kept = self._digested.get(conversation) or ((), ())
+        n = len(kept_texts)
+        digests = [kept[i] if i < n and kept_texts[i] == m else self.digest(m) for i, m in enumerate(messages)]
+        self._digested.put(conversation, (messages, digests))
+        return digests
 
     def _recall(self, turn: Turn) -> Recalled:
         with self._lock:
@@ -99,7 +115,7 @@ class Turn:
         """Where this request's messages (as JSON) stop repeating the last request's, and the trace
         of that last request."""
         if self._digested is not messages:  # asked again for the same messages: digested once
-            self.digests = [self.owner.digest(m) for m in messages]
+            self.digests = self.owner.digests(self.conversation, messages)
             self._digested = messages
         recalled = self._recall()
         return common_prefix(recalled.digests or [], self.digests), recalled.digests_trace
@@ -178,6 +194,42 @@ class StoredConversations(Conversations):
     def close(self) -> None:
         self._store.close()
         self.state.close()
+
+
+class _DigestedTexts:
+    """Each conversation's last messages and their digests, within a bound on bytes (least recently
+    used out). A cache of a pure function: whichever request puts last, what it gives is exact."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[str, tuple[list[str], list[int]]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str | None) -> tuple[list[str], list[int]] | None:
+        if key is None:
+            return None
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+            return found
+
+    def put(self, key: str | None, entry: tuple[list[str], list[int]]) -> None:
+        size = 4 * sum(len(m) for m in entry[0]) + 16 * len(entry[1])
+        if key is None:
+            return
+        with self._lock:
+            if self._kept.pop(key, None) is not None:
+                self._bytes -= self._sizes.pop(key)
+            if size > self.max_bytes:
+                return
+            self._kept[key], self._sizes[key] = entry, size
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                gone, _ = self._kept.popitem(last=False)
+                self._bytes -= self._sizes.pop(gone)
 
 
 def _context(trace_id: str, span_id: str) -> SpanContext:
