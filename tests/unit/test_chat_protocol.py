@@ -159,3 +159,17 @@ def test_reasoning_effort_stands_for_thinking_when_enable_thinking_is_not_said()
     assert parse_chat({"model": "m", "messages": [USER], "reasoning_effort": "none"})[0].enable_thinking is False
     assert parse_chat({"model": "m", "messages": [USER], "reasoning_effort": "low"})[0].enable_thinking is True
     assert parse_chat({"model": "m", "messages": [USER]})[0].enable_thinking is None
+
+
+def test_a_custom_tool_choice_names_its_tool_and_other_objects_pass_as_sent():
+    tools = [{"type": "custom", "custom": {"name": "apply_patch"}}, {"type": "function", "function": {"name": "f"}}]
+    custom = {"type": "custom", "custom": {"name": "apply_patch"}, "extra": 1}
+    assert parse_chat({"model": "m", "messages": [USER], "tools": tools, "tool_choice": custom})[0].tool_choice == \
+        {"name": "apply_patch"}
+    function = {"type": "function", "function": {"name": "f"}}
+    assert parse_chat({"model": "m", "messages": [USER], "tools": tools, "tool_choice": function})[0].tool_choice == \
+        {"name": "f"}
+    odd = refusal(tools=tools, tool_choice={"type": "custom", "custom": "apply_patch"})
+    assert (odd.param, odd.message) == ("tool_choice", "'tool_choice' names no function.")
+    assert refusal(tool_choice=5).message == \
+        "Invalid type for 'tool_choice': expected a string or an object, but got an integer."

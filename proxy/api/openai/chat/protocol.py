@@ -112,6 +112,17 @@ class CustomTool(Protocol):
 Tool = one_of(by_type({"custom": "custom"}, "function", absent="function"), function=FunctionTool, custom=CustomTool)
 
 
+class CustomChoiceName(Protocol):
+    name: Any = None  # held to the rule on names where the choice is checked against the tools
+
+
+class CustomChoice(Protocol):
+    """A custom tool forced, as OpenAI names it: `{"type": "custom", "custom": {"name": …}}`."""
+
+    type: Literal["custom"]
+    custom: CustomChoiceName
+
+
 class ReasoningOptions(Protocol):
     """OpenRouter's `reasoning` field (Cline's, through OpenRouter-style providers)."""
 
@@ -142,7 +153,9 @@ class ChatRequest(Sampling):
     model: str
     messages: Annotated[list[Message], capped("messages", "messages")]
     tools: Annotated[list[Tool], capped("tools", "tools")] | None = None
-    tool_choice: str | dict[str, Any] | None = None  # checked against the tools (request_parts.parse_tool_choice)
+    # Checked against the tools (request_parts.parse_tool_choice); a custom one read as CustomChoice, any
+    # other object as sent: tried in this order, so that an object not a CustomChoice is still taken.
+    tool_choice: Annotated[str | CustomChoice | dict[str, Any], Field(union_mode="left_to_right")] | None = None
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name: read first
     max_tokens: int | None = Field(None, ge=1)

@@ -13,8 +13,8 @@ from ...request_parts import MAX_STOP_LENGTH, MAX_STOPS, call_arguments, joined,
     parse_tool_choice
 from . import custom_tools
 from ..service_tiers import served
-from .protocol import REFUSAL, TEXT_PARTS, ChatRequest, ContentPart, CustomTool, CustomToolCall, Message, Tool, \
-    ToolCall
+from .protocol import REFUSAL, TEXT_PARTS, ChatRequest, ContentPart, CustomChoice, CustomTool, CustomToolCall, Message, \
+    Tool, ToolCall
 from .reasoning import BOTH, reasoning_fields, thinking_of
 
 
@@ -151,10 +151,10 @@ def _history_call(call: ToolCall | CustomToolCall, where: str) -> dict:
     return out
 
 
-def _choice(choice: str | dict | None) -> str | dict | None:
+def _choice(choice: str | CustomChoice | dict | None) -> str | dict | None:
     """A custom tool named as OpenAI names it (`{"type": "custom", "custom": {"name"}}`) → `{"name"}`."""
-    if isinstance(choice, dict) and choice.get("type") == "custom" and isinstance(choice.get("custom"), dict):
-        return {"name": choice["custom"].get("name")}
+    if isinstance(choice, CustomChoice):
+        return {"name": choice.custom.name}
     return choice
 
 
