@@ -160,7 +160,7 @@ def refusal(exc: ValidationError, where: str = "") -> APIError:
         limit = next(iter(v for k, v in context.items() if k in ("ge", "le", "gt", "lt")), "")
         return invalid(f"Invalid value for '{param}': {error.get('input')} is not {bound} {limit}.", param=param)
     if kind == "unknown_type":  # one_of found no branch for the value's `type`
-        given = error["input"].get("type") if isinstance(error.get("input"), dict) else None
+        given = error["input"].get("type") if isinstance(error["input"], dict) else None
         return invalid(f"Invalid value for '{param}.type': {given!r}.", param=f"{param}.type")
     if kind == "string_pattern_mismatch" and context.get("pattern") == _TOOL_NAME:
         return _bad_tool_name(error["input"], param)

@@ -25,7 +25,8 @@ async def with_model(http: web.Request, body: ResponsesRequest, previous_model: 
     model = previous_model
     if model is None and body.previous_response_id is not None:
         stored = await responses_of(http).response(body.previous_response_id)
-        model = stored.get("model") if isinstance(stored.get("model"), str) else None
+        model = stored.get("model")
+        model = model if isinstance(model, str) else None
     if model is None:
         runtime = http.app[RUNTIME]
         await runtime.ready()
