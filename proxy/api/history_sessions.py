@@ -13,7 +13,9 @@ The messages are read as a sequence of units (an assistant's text, each of its c
 message whole), each digested as canonical JSON (keys sorted), the history as a chain of BLAKE2b
 over them: so an answer split by a client into several assistant messages, or its arguments
 re-serialized, reads the same. A turn walks its request's messages once (the client sends them all);
-what it keeps costs only its answer's units, chained on from there.
+what it keeps costs only its answer's units, chained on from there. A unit of strings alone (a
+message's text, an answer's text) is digested once: its digest is kept by its text, per tenant and
+bounded by bytes, so that a long session's turn writes as JSON only what it adds.
 
 The map is this process's memory: with `--workers` a turn that lands on another worker starts a
 session of its own (the headers in clients.py group across workers; these are a fallback).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 
 from ..engine.observer import Generation, Observer
@@ -31,6 +34,7 @@ MAX_ENTRIES = 4096  # digests kept per tenant
 MAX_BYTES = 1 << 20  # and their bytes (session keys included), per tenant
 MAX_TENANTS = 1024  # tenants with a map: the least recently served one's is dropped first
 ENTRY_OVERHEAD = 120  # bytes an entry costs beyond its key's text (two 16-byte digests, the dict's slot)
+MAX_UNIT_BYTES = 64 << 20  # units' text kept with their digests, every tenant together (about: 4 bytes a character)
 
 HISTORY = "history"  # the grouping recorded (attr.SESSION_GROUPED_BY) for a request that named no session
 
@@ -83,6 +87,40 @@ def _chain(start: bytes, unit: list) -> bytes:
     return _digest(start + _digest(_canonical(unit)))
 
 
+class _UnitDigests:
+    """Each tenant's units of strings alone (and None), their digest kept by their text, least recently
+    used out past a bound on bytes. Only such units: equal strings are the same JSON, where an equal
+    number may not be (1, 1.0 and true are equal in Python), so any other unit is digested each time."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[tuple, tuple[bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def digest(self, tenant: str | None, unit: list) -> bytes:
+        if not all(type(part) is str or part is None for part in unit):
+            return _digest(_canonical(unit))
+        key = (tenant, tuple(unit))
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+                return found[0]
+        made = _digest(_canonical(unit))
+        size = ENTRY_OVERHEAD + 4 * sum(len(part) for part in unit if part)
+        if size > self.max_bytes:
+            return made
+        with self._lock:
+            if self._kept.get(key) is None:
+                self._kept[key] = (made, size)
+                self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, gone) = self._kept.popitem(last=False)
+                self._bytes -= gone
+        return made
+
+
 class _TenantMap:
     """One tenant's digests → session keys, least recently used dropped first, bounded by count and bytes."""
 
@@ -112,6 +150,7 @@ class HistorySessions:
 
     def __init__(self) -> None:
         self._tenants: OrderedDict[str | None, _TenantMap] = OrderedDict()
+        self._units = _UnitDigests(MAX_UNIT_BYTES)
 
     def _map(self, tenant: str | None) -> _TenantMap:
         found = self._tenants.get(tenant)
@@ -129,7 +168,7 @@ class HistorySessions:
         chain, found, calls = b"", None, None
         flat = [u for m in messages for u in units(m)]
         for n, unit in enumerate(flat):
-            chain = _chain(chain, unit)
+            chain = _digest(chain + self._units.digest(tenant, unit))
             if unit[0] == "call" and isinstance(unit[1], str):
                 calls = known.get(b"c" + _digest(unit[1].encode("utf-8", "surrogatepass"))) or calls
             if unit[0] in ("text", "call") and (n + 1 == len(flat) or flat[n + 1][0] not in ("text", "call")):
