@@ -20,6 +20,7 @@ client yet. After the first token a failure is the client's error.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -224,6 +225,8 @@ class VLLMBackend:
             if tokens.prefilled:  # what its wait teaches the server's price (vLLM counts cached tokens at the end)
                 up.cost.learn(ticket, len(tokens.upstream_prompt or request.prompt_ids) - tokens.cached,
                               tokens.first_at - tokens.started)
+                # The fits it changes, made once this turn of the loop is done: not before the next request's first token.
+                asyncio.get_running_loop().call_soon(up.cost.refit)
         yield done
 
     async def close(self) -> None:

@@ -448,3 +448,22 @@ def test_a_few_noisy_waits_are_not_all_taken_as_overhead(clock):
     price = server.price(1000)
     # No request waited less than the fixed part of every wait; the rest goes to tokens, at a CPU's rate.
     assert price.overhead <= 2.86 and 20 < price.rate < 1000, price
+
+
+def test_a_refit_after_an_answer_makes_the_fits_the_next_price_would_and_leaves_none_to_make(clock, monkeypatch):
+    pool = pool_of(2)
+    first, second = pool.upstreams
+    teach(first, CPU_RATE, overhead=0.2)
+    lazily = [tuple(u.cost.theta) for u in pool.upstreams]  # the fits a price makes when it needs them
+    answer(first, [0.3])  # one more answer: both servers' fits are stale again
+    first.cost.refit()
+    made = [tuple(u.cost.theta) for u in pool.upstreams]
+    assert made != lazily
+    fits = []
+    with monkeypatch.context() as patched:
+        patched.setattr(cost, "_fit", lambda *args: fits.append(args))
+        second.cost.price(500), first.cost.price(500)
+    assert fits == []  # the next request's prices made no fit of their own
+    for server, theta in zip(pool.upstreams, made):
+        server.cost._fitted = None  # fitted again from scratch: the same
+        assert tuple(server.cost.theta) == pytest.approx(theta, rel=1e-12)

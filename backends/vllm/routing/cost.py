@@ -229,6 +229,12 @@ class ServerCost:
             miss = ttft - ticket.expected
             self._misses = FORGET * self._misses + np.array([1.0, miss, miss * miss])
 
+    def refit(self) -> None:
+        """Each fit this server's last answer changed (its own, its peers'), made now: called after the answer's stream,
+        so that the next request's price (made before its first token) finds them made. The same fits as made lazily."""
+        for server in (self, *self.peers):
+            server.theta  # noqa: B018 - the property fits and keeps the result
+
     def closed(self, ticket: Ticket) -> None:
         """The request ended (done, failed or cancelled): no longer ahead of anything, nor decoding."""
         if not ticket.open:
