@@ -21,12 +21,15 @@ from build_cache import cache_root
 from processes import Service, answers_ok, free_port
 from server import Server
 
+from looptrace.proxy.settings import Settings
+
 # 1.108.7: the newest LiteLLM whose [proxy] extra installs from this machine's index (1.108.8 and
 # later pin litellm-proxy-extras releases it lacks, 1.110 a separate litellm-proxy package), and
 # the one the brief's measurement used. The OTLP/HTTP exporter is not one of its dependencies.
 LITELLM = ("litellm[proxy]==1.108.7", "opentelemetry-sdk==1.45.2", "opentelemetry-exporter-otlp-proto-http==1.45.2")
 # LiteLLM's proxy refuses to start without a master key; requests carry it (sent to every target).
 MASTER_KEY = "sk-looptrace-relay-bench-7f3c9a1e5b2d4c6f8a0e"
+RENDER_CHECK_EVERY = Settings().render_check_every  # looptrace's default
 BENCH = Path(__file__).resolve().parent
 
 
@@ -75,8 +78,9 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def looptrace(upstream_url: str, trace_db: str, logs: Path, workers: int = 1) -> Server:
     # Log level info: the workers' "ready" lines are what await_workers reads.
+    # --render-check-every as served (the tests' Server checks every prompt, a whole second encoding on each one).
     return Server("--backend", "vllm", "--vllm-url", upstream_url, "--trace-db", trace_db, "--workers", str(workers),
-                  log_dir=logs)
+                  "--render-check-every", str(RENDER_CHECK_EVERY), log_dir=logs)
 
 
 def await_workers(server: Server, workers: int, timeout: float) -> None:
