@@ -106,6 +106,9 @@ def _decode(tokenizer, ids: list[int]) -> str:
 def _encode(tokenizer, text: str) -> list[int]:
     """The fast tokenizer's own encoding where there is one (a fifth of transformers' cost for a line)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text, add_special_tokens=False)
+    if backend is None:
+        return tokenizer.encode(text, add_special_tokens=False)
+    fast = getattr(backend, "encode_batch_fast", None)  # tokenizers ≥ 0.21: no offsets made, half the cost
+    if fast is not None:
+        return fast([text], add_special_tokens=False)[0].ids
+    return backend.encode(text, add_special_tokens=False).ids
