@@ -2,7 +2,7 @@
 against the same request with all of them off (`--redact off`, no keys). Issue 55's bound: 0.5 ms p50
 added to a Chat Completions request carrying 10 KB of new text.
 
-    python bench/tenancy_cost.py [--runs 300] [--kb 10] [--warmup 20]
+    python bench/tenancy_cost.py [--runs 300] [--kb 10] [--warmup 20] [--split]
 
 Two `looptrace serve` side by side, each on the replay backend (no model time) with the tiny Qwen3.5's
 real vocabulary and template and an SQLite store of its own: "on" has a key made in its store (as
@@ -12,7 +12,8 @@ so a machine's drift falls on both alike. Each is a new conversation whose one u
 fresh text (a counter in every line: nothing of it was rendered, tokenized or redacted before), with a
 few credentials in it, so redaction has work to do; the answer is a short replayed "Done.".
 
-It reports each server's p50 and p95 request time (client side, in this process) and the p50
+`--split` adds two servers, each with one part on (a key with `--redact off`; redaction with no keys), to
+say which part costs what. It reports each server's p50 and p95 request time (client side, in this process) and the p50
 difference. Prints one JSON object. Measure on a quiet machine (/work/shared/tools/quiet-run): the
 difference is a fraction of a millisecond beside requests of several.
 """
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300, help="timed requests to each server")
     parser.add_argument("--kb", type=int, default=10, help="KB of new text in each request")
     parser.add_argument("--warmup", type=int, default=20, help="untimed requests to each server first")
+    parser.add_argument("--split", action="store_true",
+                        help="two servers more, each with one part on: keys alone (--redact off) and redaction alone")
     args = parser.parse_args()
 
     import tiny_qwen3_5
@@ -106,8 +109,14 @@ def main() -> None:
                             env={"LOOPTRACE_KEY_SECRET": SECRET}),
                "off": Server(*common, "--trace-db", str(logs / "off.sqlite3"), "--redact", "off", log_dir=logs)}
     keys = {"on": key, "off": None}
+    if args.split:  # which part costs what: a key in a store of its own, and redaction with no keys
+        keyed = make_key(logs / "keys.sqlite3")
+        servers["keys"] = Server(*common, "--trace-db", str(logs / "keys.sqlite3"), "--redact", "off", log_dir=logs,
+                                 env={"LOOPTRACE_KEY_SECRET": SECRET})
+        servers["redact"] = Server(*common, "--trace-db", str(logs / "redact.sqlite3"), log_dir=logs)
+        keys.update(keys=keyed, redact=None)
     rnd = random.Random(55)
-    times: dict[str, list[float]] = {"on": [], "off": []}
+    times: dict[str, list[float]] = {name: [] for name in servers}
     try:
         for server in servers.values():
             server.wait_ready()
@@ -116,16 +125,19 @@ def main() -> None:
         for n in range(args.warmup + args.runs):
             body = {"model": MODEL, "max_tokens": 8, "messages": [
                 {"role": "user", "content": new_text(args.kb, n, rnd)}]}
-            for name in (("on", "off") if n % 2 else ("off", "on")):  # alternating which goes first
+            names = list(servers)
+            for name in (names if n % 2 else names[::-1]):  # alternating which goes first
                 ms = timed(servers[name], body, keys[name])
                 if n >= args.warmup:
                     times[name].append(ms)
     finally:
         for server in servers.values():
             server.stop()
-    on, off = figures(times["on"]), figures(times["off"])
-    added = round(on["p50_ms"] - off["p50_ms"], 3)
-    print(json.dumps({"args": vars(args), "on": on, "off": off, "added_p50_ms": added, "goal_ms": GOAL_MS,
+    result = {name: figures(times[name]) for name in servers}
+    added = round(result["on"]["p50_ms"] - result["off"]["p50_ms"], 3)
+    parts = {f"{name}_added_p50_ms": round(result[name]["p50_ms"] - result["off"]["p50_ms"], 3)
+             for name in servers if name not in ("on", "off")}
+    print(json.dumps({"args": vars(args), **result, "added_p50_ms": added, **parts, "goal_ms": GOAL_MS,
                       "goal_met": added <= GOAL_MS}))
 
 
