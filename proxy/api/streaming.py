@@ -131,9 +131,10 @@ class FrameWriter:
             return
         self._frames += frames
         self.last = time.monotonic()
-        if not self._frames:
-            return
         burst = self._burst()
+        if not burst and self._messages:
+            return
+        # An SSE response's headers may wait for its first frame (FirstFrameResponse): with no frame yet, they go alone.
         try:
             async with asyncio.timeout(self._write_timeout):  # in place: a task would wait a turn
                 await self._response.write(burst)
@@ -239,6 +240,14 @@ SSE_DONE = b"data: [DONE]\n\n"
 SSE_KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
+class FirstFrameResponse(web.StreamResponse):
+    """A stream response whose headers wait for its first write and go out with it, as aiohttp's own
+    Response sends them: a write and a wake of the client fewer before the first token. (An aiohttp
+    that predates the switch sends them at once, as StreamResponse does.)"""
+
+    _send_headers_immediately = False
+
+
 class Opened(NamedTuple):
     """A stream whose headers went out: the generation's steps after the first, the first as a
     task, the writer for the response's frames, and how its transport frames events."""
@@ -263,7 +272,9 @@ async def opened_stream(request: web.Request, steps: AsyncIterator,
         await wait_before_opening(first)
         response, framing = sink, sink
         if sink is None:
-            response, framing = web.StreamResponse(headers=SSE_HEADERS), SSE()
+            # The first step here already (nearly always): the headers go out with its frames, in one write.
+            opening = FirstFrameResponse if first.done() else web.StreamResponse
+            response, framing = opening(headers=SSE_HEADERS), SSE()
             await response.prepare(request)
         out = FrameWriter(response, write_timeout, request.transport, messages=framing.messages)
         try:

@@ -284,3 +284,44 @@ def test_a_burst_of_messages_reaches_the_sink_as_one_list_in_order():
     before, bursts = asyncio.run(run())
     assert before == [[b"created", b"in_progress", b"item added", b"delta 0"]]
     assert bursts == [before[0], [b"delta 1", b"delta 2", b"delta 3"]]
+
+
+@pytest.mark.parametrize("first_frame", [b"data: token 0\n\n", None])
+def test_the_headers_leave_with_the_first_frame_in_one_write_of_the_socket(first_frame):
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    writes: list[bytes] = []
+
+    async def steps():
+        yield "token"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        write, writelines = transport.write, transport.writelines
+        transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
+        transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))[1]
+        async with streaming.opened_stream(request, steps(), None) as (response, _, first, out, _):
+            await first
+            await out.write_now(*([first_frame] if first_frame else []))
+            sent_before_any_turn = list(writes)
+            await out.write(b"data: [DONE]\n\n")
+            await out.flush()
+            assert sent_before_any_turn and len(sent_before_any_turn) == 1
+            return response
+
+    async def run() -> bytes:
+        app = web.Application()
+        app.router.add_get("/", handler)
+        async with TestServer(app) as server, ClientSession() as client:
+            async with client.get(server.make_url("/")) as answer:
+                return await answer.read()
+
+    body = asyncio.run(run())
+    assert writes[0].startswith(b"HTTP/1.1 200") and b"text/event-stream" in writes[0]
+    if first_frame:  # one write: the headers, then the first frame (chunked)
+        assert writes[0].endswith(first_frame + b"\r\n")
+        assert body == first_frame + b"data: [DONE]\n\n"
+    else:  # nothing to send yet: the headers go at once, alone, as before
+        assert writes[0].endswith(b"\r\n\r\n") and b"data:" not in writes[0]
+        assert body == b"data: [DONE]\n\n"
