@@ -1,7 +1,7 @@
 """A long tool-calling session per family, its chat template rendered from windows and whole, side by side.
 
     python bench/render_windows.py [--families qwen3_5 gemma4 chatml] [--turns 150] [--tokens 126000]
-                                   [--check-every 10]
+                                   [--check-every 10] [--before PYTHON]
 
 For each family's real template (the tiny Qwen3.5 and Gemma 4 the tests build, SmolLM2's GGUF for
 ChatML), two `looptrace serve` on the replay backend (no model time: every millisecond is
@@ -12,6 +12,8 @@ whole conversation, alternating which goes first. Reported per server: the p50 o
 (11 to 30) and of the last 20, their ratio, the last prompt's tokens, and from /metrics the turns
 rendered by window, whole or fallback and the drift counter (`--check-every` sets
 `--render-check-every`, so that sampled whole renderings are there to contradict a window).
+With `--before PYTHON` a third server, as it ships but run by another interpreter (one that imports
+an older looptrace), gets every turn too: before and after side by side, on the same load.
 
 Prints a table and then one JSON object.
 """
@@ -78,6 +80,8 @@ def run_family(family: str, args: argparse.Namespace, logs: Path) -> dict:
     checks = ("--render-check-every", str(args.check_every))
     targets = [Target(f"{family}-windows", sys.executable, model, replay, logs, checks),
                Target(f"{family}-whole", sys.executable, model, replay, logs, (*checks, "--no-render-windows"))]
+    if args.before:
+        targets.append(Target(f"{family}-before", args.before, model, replay, logs, checks))
     times: dict[str, list[float]] = {t.name: [] for t in targets}
     tokens = {t.name: 0 for t in targets}
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
@@ -122,6 +126,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=150)
     parser.add_argument("--tokens", type=int, default=126_000, help="prompt tokens the session reaches at its end")
     parser.add_argument("--check-every", type=int, default=10, help="--render-check-every for both servers")
+    parser.add_argument("--before", metavar="PYTHON", help="a third server, run by this interpreter")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     if args.turns < 40:
