@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from looptrace.backends.base import BackendError
-from looptrace.backends.vllm.stream import _upstream_error
+from looptrace.backends.vllm.stream import _upstream_error, read_chunk
 from looptrace.backends.vllm.upstream import Upstream
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -156,3 +156,18 @@ def test_weight_info_is_read_where_offered_and_asked_no_more_where_not():
         return first, second, len(asked)
 
     assert asyncio.run(run()) == ("step-9", None, 2)
+
+
+def test_a_chunk_reads_as_json_reads_it_minus_infinity_logprobs_included():
+    import json
+    import math
+
+    ordinary = (b'{"id":"gen-1","created":1765000000,"choices":[{"index":0,"token_ids":[248045],'
+                b'"logprobs":{"content":[{"token":"token_id:248045","logprob":-0.0012345678901234567,'
+                b'"top_logprobs":[{"token":"token_id:12","logprob":-7.25}]}]},"finish_reason":null}]}')
+    assert read_chunk(ordinary) == json.loads(ordinary)
+    # Python's json writes a -inf logprob as -Infinity (a vLLM server built on it sends that): still read.
+    refused_by_orjson = b'{"choices":[{"token_ids":[7],"logprobs":{"content":[{"logprob":-Infinity}]}}]}'
+    assert read_chunk(refused_by_orjson)["choices"][0]["logprobs"]["content"][0]["logprob"] == -math.inf
+    with pytest.raises(ValueError):
+        read_chunk(b'{"choices": [')  # not JSON: the backend's protocol error, as before
