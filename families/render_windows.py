@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from looptrace.common.byte_bounded import ByteBounded
 from looptrace.common.sequences import common_prefix
 
 log = logging.getLogger("looptrace")
@@ -81,9 +81,8 @@ class RenderWindows:
         self.check_every = check_every
         self.rewrites_roles = rewrites_roles
         self.windows = self.checks = self.drift = 0
-        self._kept: OrderedDict[str, KeptChat] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._kept: ByteBounded[KeptChat] = ByteBounded(max_bytes)
+        self._lock = threading.Lock()  # the counters'
 
     @property
     def enabled(self) -> bool:
@@ -150,23 +149,8 @@ class RenderWindows:
             return self.windows % self.check_every == 0
 
     def _get(self, key: str | None) -> KeptChat | None:
-        if key is None:
-            return None
-        with self._lock:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-            return found
+        return self._kept.get(key) if key is not None else None
 
     def _put(self, key: str | None, chat: KeptChat) -> None:
-        if key is None or chat.size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._kept.pop(key, None)
-            if old is not None:
-                self._bytes -= old.size
-            self._kept[key] = chat
-            self._bytes += chat.size
-            while self._bytes > self.max_bytes and self._kept:
-                _, gone = self._kept.popitem(last=False)
-                self._bytes -= gone.size
+        if key is not None:
+            self._kept.put(key, chat, chat.size)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections import OrderedDict
+
+from looptrace.common.byte_bounded import ByteBounded
 
 from ..engine.observer import Generation, Observer
 
@@ -93,32 +94,17 @@ class _UnitDigests:
     number may not be (1, 1.0 and true are equal in Python), so any other unit is digested each time."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._kept: OrderedDict[tuple, tuple[bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._kept: ByteBounded[bytes] = ByteBounded(max_bytes)
 
     def digest(self, tenant: str | None, unit: list) -> bytes:
         if not all(type(part) is str or part is None for part in unit):
             return _digest(_canonical(unit))
         key = (tenant, tuple(unit))
-        with self._lock:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-                return found[0]
-        made = _digest(_canonical(unit))
-        size = ENTRY_OVERHEAD + 4 * sum(len(part) for part in unit if part)
-        if size > self.max_bytes:
-            return made
-        with self._lock:
-            if self._kept.get(key) is None:
-                self._kept[key] = (made, size)
-                self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, gone) = self._kept.popitem(last=False)
-                self._bytes -= gone
-        return made
+        found = self._kept.get(key)
+        if found is None:
+            found = _digest(_canonical(unit))
+            self._kept.put(key, found, ENTRY_OVERHEAD + 4 * sum(len(part) for part in unit if part))
+        return found
 
 
 class _TenantMap:

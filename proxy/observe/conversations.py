@@ -25,11 +25,11 @@ on the event loop's time beyond that; while the store does not answer, it serves
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from looptrace.common.byte_bounded import ByteBounded
 from looptrace.common.sequences import common_prefix
 from looptrace.trace_store.state import MAX_CALLS, MAX_CONVERSATIONS, Recalled, StateStore
 
@@ -48,7 +48,7 @@ class Conversations:
         self._messages: Bounded = Bounded(conversations)
         self._calls: Bounded = Bounded(calls)
         self._lock = threading.Lock()
-        self._digested = _DigestedTexts(MAX_DIGESTED_BYTES)
+        self._digested: ByteBounded[tuple[list[str], list[int]]] = ByteBounded(MAX_DIGESTED_BYTES)
 
     def begin(self, conversation: str | None) -> Turn:
         return Turn(self, conversation, None)
@@ -60,10 +60,11 @@ class Conversations:
     def digests(self, conversation: str | None, messages: list[str]) -> list[int]:
         """A digest for each message (as JSON): the kept one where the conversation's last messages had
         the same text at the same place, else made."""
-        kept_texts, kept = self._digested.get(conversation) or ((), ())
+        kept_texts, kept = (self._digested.get(conversation) if conversation is not None else None) or ((), ())
         n = len(kept_texts)
         digests = [kept[i] if i < n and kept_texts[i] == m else self.digest(m) for i, m in enumerate(messages)]
-        self._digested.put(conversation, (messages, digests))
+        if conversation is not None:
+            self._digested.put(conversation, (messages, digests), 4 * sum(map(len, messages)) + 16 * len(digests))
         return digests
 
     def _recall(self, turn: Turn) -> Recalled:
@@ -194,42 +195,6 @@ class StoredConversations(Conversations):
     def close(self) -> None:
         self._store.close()
         self.state.close()
-
-
-class _DigestedTexts:
-    """Each conversation's last messages and their digests, within a bound on bytes (least recently
-    used out). A cache of a pure function: whichever request puts last, what it gives is exact."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._kept: OrderedDict[str, tuple[list[str], list[int]]] = OrderedDict()
-        self._sizes: dict[str, int] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str | None) -> tuple[list[str], list[int]] | None:
-        if key is None:
-            return None
-        with self._lock:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-            return found
-
-    def put(self, key: str | None, entry: tuple[list[str], list[int]]) -> None:
-        size = 4 * sum(len(m) for m in entry[0]) + 16 * len(entry[1])
-        if key is None:
-            return
-        with self._lock:
-            if self._kept.pop(key, None) is not None:
-                self._bytes -= self._sizes.pop(key)
-            if size > self.max_bytes:
-                return
-            self._kept[key], self._sizes[key] = entry, size
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                gone, _ = self._kept.popitem(last=False)
-                self._bytes -= self._sizes.pop(gone)
 
 
 def _context(trace_id: str, span_id: str) -> SpanContext:

@@ -69,4 +69,4 @@ def test_what_is_kept_stays_within_its_bytes(monkeypatch):
     written.clear()
     assert sessions.join("t", long, "b").chain == expected
     assert len(written) == 1
-    assert sessions._units._bytes <= 400
+    assert sessions._units._kept.bytes <= 400
